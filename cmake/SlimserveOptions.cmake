@@ -1,0 +1,18 @@
+# Project-only options: on when slimserve is the top-level project, off when an engine pulls it
+# in with add_subdirectory, so consumers get no tests, flags or sanitizers forced on them.
+include(CMakeDependentOption)
+
+set(_slimserve_top_level ${PROJECT_IS_TOP_LEVEL})
+
+option(SLIMSERVE_BUILD_TESTS "Build slimserve's tests" ${_slimserve_top_level})
+option(SLIMSERVE_BUILD_EXAMPLES "Build slimserve's examples" ${_slimserve_top_level})
+option(SLIMSERVE_BUILD_BENCHMARKS "Build slimserve's benchmarks" ${_slimserve_top_level})
+cmake_dependent_option(SLIMSERVE_BUILD_GPU_TESTS
+  "Also build the kernel tests with nvcc (they report skipped without a GPU)" ON
+  "SLIMSERVE_BUILD_TESTS" OFF)
+cmake_dependent_option(SLIMSERVE_BUILD_PACKAGE_TEST
+  "Test the installed package with an out-of-tree consumer" ON "SLIMSERVE_BUILD_TESTS" OFF)
+option(SLIMSERVE_WERROR "Treat warnings as errors in slimserve's own targets" ${_slimserve_top_level})
+set(SLIMSERVE_SANITIZE "" CACHE STRING
+    "Sanitizers for the CPU-emulated and host targets: '', 'address,undefined' or 'thread'")
+set_property(CACHE SLIMSERVE_SANITIZE PROPERTY STRINGS "" "address,undefined" "thread")

@@ -1,0 +1,150 @@
+#pragma once
+/// \file
+/// \brief Device memory, copies and stream sync, the same on the GPU and on the CPU emulator.
+///
+/// On the emulator "device" memory is host memory that starts poisoned (0xFF bytes: NaN for
+/// floats, -1 for integers), as freshly allocated GPU memory holds garbage, so a kernel that
+/// reads what nothing wrote produces visibly wrong results. All emulated operations complete
+/// before they return, which is one legal schedule of an asynchronous stream.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
+
+#include "slimserve/runtime/platform.hpp"
+#include "slimserve/status.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace rt {
+
+enum class CopyDirection { host_to_device, device_to_host, device_to_device };
+
+#if defined(SLIMSERVE_PLATFORM_CUDA)
+namespace detail {
+inline Status cuda_status(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return {};
+  return make_status(StatusCode::device_error, what, ": ", cudaGetErrorString(err));
+}
+}  // namespace detail
+
+inline int device_count() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return count;
+}
+inline Status device_malloc(void** ptr, std::size_t bytes) {
+  return detail::cuda_status(cudaMalloc(ptr, bytes), "cudaMalloc");
+}
+inline Status device_free(void* ptr) { return detail::cuda_status(cudaFree(ptr), "cudaFree"); }
+inline Status pinned_malloc(void** ptr, std::size_t bytes) {
+  return detail::cuda_status(cudaMallocHost(ptr, bytes), "cudaMallocHost");
+}
+inline Status pinned_free(void* ptr) {
+  return detail::cuda_status(cudaFreeHost(ptr), "cudaFreeHost");
+}
+inline Status copy_async(void* dst, const void* src, std::size_t bytes, CopyDirection direction,
+                         cudaStream_t stream) {
+  cudaMemcpyKind kind = direction == CopyDirection::host_to_device   ? cudaMemcpyHostToDevice
+                        : direction == CopyDirection::device_to_host ? cudaMemcpyDeviceToHost
+                                                                     : cudaMemcpyDeviceToDevice;
+  return detail::cuda_status(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync");
+}
+inline Status memset_async(void* dst, int value, std::size_t bytes, cudaStream_t stream) {
+  return detail::cuda_status(cudaMemsetAsync(dst, value, bytes, stream), "cudaMemsetAsync");
+}
+inline Status stream_synchronize(cudaStream_t stream) {
+  return detail::cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+#else
+inline int device_count() noexcept { return 0; }  // the emulator is not a GPU
+inline Status device_malloc(void** ptr, std::size_t bytes) {
+  return emu::device_malloc(ptr, bytes);
+}
+inline Status device_free(void* ptr) { return emu::device_free(ptr); }
+inline Status pinned_malloc(void** ptr, std::size_t bytes) {
+  return emu::device_malloc(ptr, bytes);
+}
+inline Status pinned_free(void* ptr) { return emu::device_free(ptr); }
+inline Status copy_async(void* dst, const void* src, std::size_t bytes, CopyDirection,
+                         cudaStream_t) {
+  if (bytes != 0) std::memmove(dst, src, bytes);
+  return {};
+}
+inline Status memset_async(void* dst, int value, std::size_t bytes, cudaStream_t) {
+  if (bytes != 0) std::memset(dst, value, bytes);
+  return {};
+}
+inline Status stream_synchronize(cudaStream_t) { return {}; }
+#endif
+
+/// Owning, move-only device allocation of `count` elements of T.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static Result<DeviceBuffer> create(std::size_t count) {
+    DeviceBuffer buffer;
+    if (count == 0) return buffer;
+    void* ptr = nullptr;
+    Status status = device_malloc(&ptr, count * sizeof(T));
+    if (!status.ok()) return status;
+    buffer.data_ = static_cast<T*>(ptr);
+    buffer.size_ = count;
+    return buffer;
+  }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
+
+  Status upload(std::span<const T> host, cudaStream_t stream = nullptr) {
+    if (host.size() > size_) {
+      return make_status(StatusCode::out_of_range, "upload of ", host.size(),
+                         " elements into a device buffer of ", size_);
+    }
+    return copy_async(data_, host.data(), host.size_bytes(), CopyDirection::host_to_device,
+                      stream);
+  }
+  Status download(std::span<T> host, cudaStream_t stream = nullptr) const {
+    if (host.size() > size_) {
+      return make_status(StatusCode::out_of_range, "download of ", host.size(),
+                         " elements from a device buffer of ", size_);
+    }
+    return copy_async(host.data(), data_, host.size_bytes(), CopyDirection::device_to_host,
+                      stream);
+  }
+  /// Fills every byte with `byte` (tests poison outputs with this before each run).
+  Status fill_bytes(int byte, cudaStream_t stream = nullptr) {
+    return memset_async(data_, byte, size_bytes(), stream);
+  }
+
+ private:
+  void reset() noexcept {
+    if (data_ != nullptr) (void)device_free(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace rt
+SLIMSERVE_NAMESPACE_END
