@@ -1,0 +1,50 @@
+#pragma once
+/// \file
+/// \brief Non-owning views of a batch's page table in device memory, as kernels take them.
+///
+/// CSR form (FlashInfer's and most engines'): request b owns pages
+/// `indices[indptr[b] .. indptr[b+1])`, in order; its length in tokens is
+/// `(indptr[b+1] - indptr[b] - 1) * page_size + last_page_len[b]` with
+/// `1 <= last_page_len[b] <= page_size` (a request with no pages has length 0).
+/// `expected_tags[j]` is the generation tag the owner recorded for `indices[j]`; the GPU tag
+/// check compares it with the page's current tag. All arrays are int32/uint32 device pointers.
+
+#include <cstdint>
+
+#include "slimserve/config.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace kv {
+
+using PageId = std::int32_t;
+using PageTag = std::uint32_t;
+
+struct PageTableView {
+  const std::int32_t* indptr = nullptr;         ///< [batch_size + 1]
+  const PageId* indices = nullptr;              ///< [indptr[batch_size]]
+  const std::int32_t* last_page_len = nullptr;  ///< [batch_size]
+  const PageTag* expected_tags = nullptr;       ///< [indptr[batch_size]], parallel to indices
+  std::int32_t batch_size = 0;
+  std::int32_t page_size = 0;  ///< tokens per page
+};
+
+/// 2-D block-table form ([batch_size, max_pages_per_request], row-major) for engines that use it.
+struct BlockTableView {
+  const PageId* block_table = nullptr;        ///< [batch_size, max_pages_per_request]
+  const PageTag* expected_tags = nullptr;     ///< [batch_size, max_pages_per_request]
+  const std::int32_t* seq_lens = nullptr;     ///< [batch_size] tokens per request
+  std::int32_t batch_size = 0;
+  std::int32_t max_pages_per_request = 0;
+  std::int32_t page_size = 0;
+};
+
+SLIMSERVE_HOST_DEVICE constexpr std::int64_t request_length(const PageTableView& table, int b,
+                                                           const std::int32_t* indptr,
+                                                           const std::int32_t* last_page_len) {
+  const std::int32_t pages = indptr[b + 1] - indptr[b];
+  return pages == 0 ? 0
+                    : static_cast<std::int64_t>(pages - 1) * table.page_size + last_page_len[b];
+}
+
+}  // namespace kv
+SLIMSERVE_NAMESPACE_END
