@@ -38,12 +38,12 @@ struct BlockTableView {
   std::int32_t page_size = 0;
 };
 
-SLIMSERVE_HOST_DEVICE constexpr std::int64_t request_length(const PageTableView& table, int b,
-                                                           const std::int32_t* indptr,
-                                                           const std::int32_t* last_page_len) {
-  const std::int32_t pages = indptr[b + 1] - indptr[b];
+/// Tokens in request b (reads the view's arrays: call where they are addressable).
+SLIMSERVE_HOST_DEVICE constexpr std::int64_t request_length(const PageTableView& table, int b) {
+  const std::int32_t pages = table.indptr[b + 1] - table.indptr[b];
   return pages == 0 ? 0
-                    : static_cast<std::int64_t>(pages - 1) * table.page_size + last_page_len[b];
+                    : static_cast<std::int64_t>(pages - 1) * table.page_size +
+                          table.last_page_len[b];
 }
 
 }  // namespace kv
