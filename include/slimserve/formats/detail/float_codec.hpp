@@ -104,9 +104,13 @@ SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr std::uint32_t encode_rne(f
 }
 
 /// Exact decode of a code into float32 (every code of these formats is a float32 value).
-/// NaN codes decode to the canonical float NaN, as the GPU's cvt.f32.f16 does.
+/// NaN codes decode to the canonical float NaN, as the GPU's cvt.f32.f16 does, except that a
+/// format with float32's exponent range (BF16) decodes by a shift, NaN payload included.
 template <class Layout>
 SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr float decode(std::uint32_t code) {
+  if constexpr (Layout::exponent_bits == 8) {
+    return float_from_bits(code << (32 - Layout::total_bits));
+  }
   const std::uint32_t sign = ((code & Layout::sign_mask) != 0u) ? 0x80000000u : 0u;
   const std::uint32_t exponent = (code >> Layout::mantissa_bits) & Layout::exponent_all_ones;
   const std::uint32_t mantissa = code & Layout::mantissa_mask;
