@@ -143,17 +143,39 @@ PageId PagePool::pop_available() noexcept {
   return victim;
 }
 
-void PagePool::unregister(PageId page) noexcept {
-  PageMeta& m = meta_[page];
-  m.registered = false;
-  const PageHandle parent = m.cache_parent;
+void PagePool::unlink_parent(PageId page) noexcept {
+  const PageHandle parent = meta_[page].cache_parent;
   // The parent link is a handle: if the parent has had a new owner since, it is not touched.
   if (in_range(parent.id) && meta_[parent.id].tag == parent.tag && meta_[parent.id].registered &&
       meta_[parent.id].cached_children > 0) {
     --meta_[parent.id].cached_children;
   }
-  m.cache_parent = PageHandle{};
+  meta_[page].cache_parent = PageHandle{};
+}
+
+void PagePool::link_parent(PageId page, PageHandle parent) noexcept {
+  if (in_range(parent.id) && parent.id != guard_page_id && meta_[parent.id].tag == parent.tag &&
+      meta_[parent.id].registered) {
+    meta_[page].cache_parent = parent;
+    ++meta_[parent.id].cached_children;
+  }
+}
+
+void PagePool::unregister(PageId page) noexcept {
+  meta_[page].registered = false;
+  unlink_parent(page);
   if (listener_ != nullptr) listener_->on_page_evicted(page);
+}
+
+Status PagePool::relink_cached(PageHandle page, PageHandle parent) {
+  if (!is_live(page)) return handle_error(page, "relink_cached");
+  if (!meta_[page.id].registered) {
+    return make_status(StatusCode::failed_precondition, "relink_cached: page ", page.id,
+                       " is not in the prefix cache");
+  }
+  unlink_parent(page.id);
+  link_parent(page.id, parent);
+  return {};
 }
 
 void PagePool::lru_push_back(PageId page) noexcept {
@@ -194,11 +216,7 @@ Status PagePool::register_cached(PageHandle page, PageHandle parent) {
   }
   m.registered = true;
   m.cache_parent = PageHandle{};
-  if (in_range(parent.id) && parent.id != guard_page_id && meta_[parent.id].tag == parent.tag &&
-      meta_[parent.id].registered) {
-    m.cache_parent = parent;
-    ++meta_[parent.id].cached_children;
-  }
+  link_parent(page.id, parent);
   return {};
 }
 

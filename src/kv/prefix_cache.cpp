@@ -173,13 +173,31 @@ Result<std::int32_t> PrefixCache::insert(std::span<const TokenId> tokens,
       parent = PageHandle{existing, entries_[existing].tag};
       continue;
     }
-    if (entries_[page.id].indexed) {
-      // The page is indexed under another identity (the caller passed the wrong tokens).
-      return make_status(StatusCode::invalid_argument, "insert: page ", page.id,
-                         " is already cached with other contents (page ", i, " of the sequence)");
+    Entry& entry = entries_[page.id];
+    if (entry.indexed) {
+      // Already indexed along another chain of pages with the same contents (twins cached by
+      // different requests). Its contents must be these tokens; otherwise the caller passed
+      // the wrong ones.
+      if (!(entry.extras == extras) ||
+          !std::equal(page_tokens.begin(), page_tokens.end(), stored_tokens(page.id).begin())) {
+        return make_status(StatusCode::invalid_argument, "insert: page ", page.id,
+                           " is already cached with other contents (page ", i,
+                           " of the sequence)");
+      }
+      // If its parent left the index (evicted while this page stayed held), adopt the new one
+      // so lookups along this chain reach it again.
+      const bool parent_gone = entry.parent.id != -1 &&
+                               (!is_indexed(entry.parent.id) ||
+                                entries_[entry.parent.id].tag != entry.parent.tag);
+      if (parent_gone && entry.hash == hash) {
+        SLIMSERVE_RETURN_IF_ERROR(pool_->relink_cached(page, parent));
+        entry.parent = parent;
+      }
+      ++indexed;
+      parent = page;
+      continue;
     }
     SLIMSERVE_RETURN_IF_ERROR(pool_->register_cached(page, parent));
-    Entry& entry = entries_[page.id];
     entry = Entry{hash, parent, page.tag, extras, true};
     std::copy(page_tokens.begin(), page_tokens.end(),
               tokens_.begin() + static_cast<std::ptrdiff_t>(page.id) * page_size_);

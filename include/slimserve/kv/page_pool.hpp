@@ -145,6 +145,8 @@ class PagePool {
   /// Marks a live page as indexed by the prefix cache; `parent` (may be invalid) is the cached
   /// page before it in its sequence, which stays non-evictable-first while this one is cached.
   Status register_cached(PageHandle page, PageHandle parent);
+  /// Moves a cached page under a new parent (its old parent left the cache).
+  Status relink_cached(PageHandle page, PageHandle parent);
   /// Takes a reference to a cached page (a prefix hit): unreferenced pages leave the LRU list.
   /// The tag does not change.
   Status acquire_cached(PageHandle page);
@@ -171,6 +173,8 @@ class PagePool {
   PageId pop_available() noexcept;             // free list first, else evict
   void drop_last_reference(PageId page) noexcept;
   void unregister(PageId page) noexcept;
+  void unlink_parent(PageId page) noexcept;
+  void link_parent(PageId page, PageHandle parent) noexcept;
   void lru_push_back(PageId page) noexcept;
   void lru_remove(PageId page) noexcept;
   void mark_dirty(PageId page) {
