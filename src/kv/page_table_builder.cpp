@@ -8,6 +8,9 @@ namespace kv {
 
 namespace {
 
+// The fast scan below relies on it: tag 0 is valid exactly for the guard page.
+static_assert(guard_page_tag == never_owned_tag);
+
 Status check_shape(const PageTableShape& shape) {
   if (shape.page_size < 1) {
     return make_status(StatusCode::invalid_argument, "page_size must be >= 1, got ",
@@ -56,6 +59,13 @@ Status check_requests(std::span<const RequestPages> requests, const PageTableSha
     const auto count = static_cast<std::int64_t>(request.pages.size());
     const auto index = static_cast<std::int64_t>(b);
     SLIMSERVE_RETURN_IF_ERROR(check_length(count, request.num_tokens, shape.page_size, index));
+    // Branch-free scan first (the hot path); the slow loop below only names the culprit.
+    bool bad = false;
+    for (const PageHandle page : request.pages) {
+      bad |= static_cast<std::uint32_t>(page.id) >= static_cast<std::uint32_t>(shape.num_pages);
+      bad |= (page.id == guard_page_id) != (page.tag == guard_page_tag);
+    }
+    if (!bad) [[likely]] continue;
     for (std::int64_t slot = 0; slot < count; ++slot) {
       const PageHandle page = request.pages[static_cast<std::size_t>(slot)];
       SLIMSERVE_RETURN_IF_ERROR(check_entry(page.id, page.tag, shape.num_pages, index, slot));
