@@ -54,13 +54,13 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
                        " pages synced with a pool of ", pool.num_pages());
   }
   const std::span<const PageId> dirty = pool.dirty_pages();
-  const auto count = static_cast<std::int32_t>(dirty.size());
+  const std::size_t count = dirty.size();  // <= num_pages: each page is listed once
   if (count == 0) {
     last_sync_ = LastSync::nothing;
     return {};
   }
   const int slot = next_slot_;
-  if (count > scatter_capacity_) {
+  if (count > static_cast<std::size_t>(scatter_capacity_)) {
     PageTag* mirror = mirror_.data() + static_cast<std::size_t>(slot) * num_pages_;  // [num_pages]
     for (PageId page = 0; page < num_pages_; ++page) mirror[page] = pool.tag(page);
     SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(tags_.data(), mirror, tags_.size_bytes(),
@@ -70,8 +70,8 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
     const std::size_t slot_entries = tag_batch_header_slots + scatter_capacity_;
     TagUpdate* host_batch = staging_.data() + slot * slot_entries;  // [1 + count]
     TagUpdate* device_batch = updates_.data() + slot * slot_entries;
-    host_batch[0] = TagUpdate{count, 0};
-    for (std::int32_t i = 0; i < count; ++i) {
+    host_batch[0] = TagUpdate{static_cast<PageId>(count), 0};
+    for (std::size_t i = 0; i < count; ++i) {
       host_batch[tag_batch_header_slots + i] = TagUpdate{dirty[i], pool.tag(dirty[i])};
     }
     SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(
@@ -81,7 +81,7 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
     const TagScatterParams params{device_batch, tags_.data(), num_pages_};
     SLIMSERVE_RETURN_IF_ERROR(rt::launch(
         scatter_page_tags_kernel<scatter_block_threads>,
-        rt::LaunchConfig{dim3(blocks_for(count, scatter_block_threads)),
+        rt::LaunchConfig{dim3(blocks_for(static_cast<std::int64_t>(count), scatter_block_threads)),
                          dim3(scatter_block_threads), 0, stream},
         params));
 #else
