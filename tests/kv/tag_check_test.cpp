@@ -166,7 +166,9 @@ TEST_CASE("tag check: guard padding passes, a guard id with another tag and bad 
   const PageHandle a = *pool.allocate();
   // Hand-built tables (as an engine might): guard-padded, tag-0 forgery, bad last_page_len.
   std::vector<std::int32_t> indptr{0, 3, 4, 5, 5};
-  std::vector<PageId> indices{a.id, guard_page_id, guard_page_id, a.id, a.id};
+  // Page 50 was never allocated: its device tag is 0, so only the "tag 0 is the guard's" rule
+  // catches a table that names it with tag 0.
+  std::vector<PageId> indices{a.id, guard_page_id, guard_page_id, 50, a.id};
   std::vector<PageTag> tags{a.tag, guard_page_tag, guard_page_tag, never_owned_tag, a.tag};
   std::vector<std::int32_t> last{16, 3, 17, 4};
   DeviceTable table(4, 8);
@@ -188,7 +190,7 @@ TEST_CASE("tag check: guard padding passes, a guard id with another tag and bad 
   REQUIRE(table.aborted.download(std::span<std::int32_t>(&aborted, 1)).ok());
   REQUIRE(rt::stream_synchronize(nullptr).ok());
   CHECK(statuses[0].state == RequestState::ok);             // real page + guard padding
-  CHECK(statuses[1].state == RequestState::stale_tag);      // tag 0 on a real page
+  CHECK(statuses[1].state == RequestState::stale_tag);      // tag 0 on a never-owned page
   CHECK(statuses[2].state == RequestState::bad_page_table); // last_page_len 17 > 16
   CHECK(statuses[3].state == RequestState::bad_page_table); // no pages but last_page_len 4
   CHECK(aborted == 3);
