@@ -105,6 +105,8 @@ class World {
     REQUIRE(pool_.release(std::span<const PageHandle>(request.pages)).ok());
   }
   std::mt19937_64& rng() { return rng_; }
+  void sync_tags() { REQUIRE(tags_.sync(pool_, nullptr).ok()); }
+  DeviceTagArray::LastSync last_sync() const { return tags_.last_sync(); }
   PagePool& pool() { return pool_; }
   PrefixCache& cache() { return *cache_; }
 
@@ -246,28 +248,8 @@ TEST_CASE("fault injection: every stale read and write is caught, others untouch
   int caught_total = 0;
   for (int round = 0; round < 12; ++round) {
     INFO("round " << round);
-    std::vector<Request> healthy(4);
-    for (Request& request : healthy) REQUIRE(world.admit(request, room_to_append(rng)));
+    std::vector<Request> healthy;
     std::vector<Request> zombies;
-
-    // 1. Free then reuse (an async scheduler frees a request while its step is in flight).
-    Request finished;
-    REQUIRE(world.admit(finished, room_to_append(rng)));
-    world.finish(finished);
-    Request reuser;
-    REQUIRE(world.admit(reuser, static_cast<std::int64_t>(finished.pages.size()) * page_size - 1));
-    zombies.push_back(finished);
-    healthy.push_back(reuser);
-
-    // 2. Preempt then resume with the old page list.
-    Request preempted;
-    REQUIRE(world.admit(preempted, room_to_append(rng)));
-    world.finish(preempted);  // preemption frees its pages
-    Request taker;
-    REQUIRE(world.admit(taker, static_cast<std::int64_t>(preempted.pages.size()) * page_size - 2));
-    zombies.push_back(preempted);  // resumed without reallocation: the bug
-    healthy.push_back(taker);
-
     // 3. Evict then hit: a connector kept handles of cached pages without a reference; the
     // pages are evicted and reused by a new request, then the connector's read comes in.
     Request prompt;
@@ -290,11 +272,38 @@ TEST_CASE("fault injection: every stale read and write is caught, others untouch
     REQUIRE(world.admit(evictor, 2 * page_size - 3));
     zombies.push_back(connector_view);
     healthy.push_back(evictor);
+    // The evictions touched many tags; send them now, so the step's own sync carries only
+    // the few changes below (the scatter path).
+    world.sync_tags();
+
+    for (int i = 0; i < 4; ++i) {
+      healthy.emplace_back();
+      REQUIRE(world.admit(healthy.back(), room_to_append(rng)));
+    }
+
+    // 1. Free then reuse (an async scheduler frees a request while its step is in flight).
+    Request finished;
+    REQUIRE(world.admit(finished, room_to_append(rng)));
+    world.finish(finished);
+    Request reuser;
+    REQUIRE(world.admit(reuser, static_cast<std::int64_t>(finished.pages.size()) * page_size - 1));
+    zombies.push_back(finished);
+    healthy.push_back(reuser);
+
+    // 2. Preempt then resume with the old page list.
+    Request preempted;
+    REQUIRE(world.admit(preempted, room_to_append(rng)));
+    world.finish(preempted);  // preemption frees its pages
+    Request taker;
+    REQUIRE(world.admit(taker, static_cast<std::int64_t>(preempted.pages.size()) * page_size - 2));
+    zombies.push_back(preempted);  // resumed without reallocation: the bug
+    healthy.push_back(taker);
 
     std::vector<Request*> batch;
     for (Request& request : healthy) batch.push_back(&request);
     for (Request& request : zombies) batch.push_back(&request);
     const auto [stale, caught] = world.step(batch);
+    CHECK(world.last_sync() == DeviceTagArray::LastSync::scatter);
     CHECK(stale == 3);
     stale_total += stale;
     caught_total += caught;
