@@ -49,9 +49,11 @@ struct AsyncCopy {
 struct AsyncCopyQueue {
   std::vector<AsyncCopy> copies;  // oldest first
   std::uint64_t committed_groups = 0;
+  std::uint64_t completed_groups = 0;
   void reset() noexcept {
     copies.clear();
     committed_groups = 0;
+    completed_groups = 0;
   }
 };
 
