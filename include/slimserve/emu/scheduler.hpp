@@ -152,6 +152,7 @@ class Scheduler {
   Status prepare_threads(unsigned threads) {
     while (pool_.size() < threads) {
       auto thread = std::make_unique<EmulatedThread>();
+      thread->pool_index = static_cast<unsigned>(pool_.size());
       if (!thread->stack.allocate(fiber_stack_bytes)) {
         return make_status(StatusCode::resource_exhausted, "emulator: cannot map a ",
                            fiber_stack_bytes, "-byte fiber stack");
@@ -169,6 +170,10 @@ class Scheduler {
     if (context_.tsan_fiber == nullptr) context_.tsan_fiber = __tsan_get_current_fiber();
     if (thread.context.tsan_fiber != nullptr) __tsan_destroy_fiber(thread.context.tsan_fiber);
     thread.context.tsan_fiber = __tsan_create_fiber(0);
+    // Pool slot i always runs the block's thread with linear index i: name it in reports.
+    const std::string name =
+        "emulated CUDA thread, linear index " + std::to_string(thread.pool_index);
+    __tsan_set_fiber_name(thread.context.tsan_fiber, name.c_str());
 #endif
     make_fiber_context(thread.context, thread.stack, &fiber_main, &thread);
     thread.needs_fresh_fiber = false;
@@ -358,26 +363,38 @@ class Scheduler {
     return {};
   }
 
+  // Lists each distinct place where threads wait, with a count and the first thread there.
   Status deadlock(const LaunchState& launch, unsigned threads) const {
-    std::ostringstream text;
-    text << "deadlock: " << live_ << " emulated threads wait and none can run;";
-    const EmulatedThread* first = nullptr;
-    int listed = 0;
-    for (unsigned i = 0; i < threads && listed < 4; ++i) {
+    struct WaitGroup {
+      const EmulatedThread* first;
+      CallSite site;
+      unsigned mask;
+      unsigned count;
+    };
+    std::vector<WaitGroup> groups;
+    for (unsigned i = 0; i < threads; ++i) {
       const EmulatedThread& thread = *pool_[i];
       const ThreadState state = relaxed_load(thread.state);
       if (state != ThreadState::at_barrier && state != ThreadState::at_warp_op) continue;
-      if (first == nullptr) first = &thread;
-      text << " thread " << format_index(thread.thread_idx) << " waits in "
-           << format_site(thread.posted_site());
-      if (state == ThreadState::at_warp_op) {
-        text << " (mask " << format_mask(relaxed_load(thread.warp_mask)) << ")";
+      const CallSite site = thread.posted_site();
+      const unsigned mask = state == ThreadState::at_warp_op ? relaxed_load(thread.warp_mask) : 0;
+      auto same = std::find_if(groups.begin(), groups.end(), [&](const WaitGroup& g) {
+        return g.site.same_place(site) && g.mask == mask;
+      });
+      if (same != groups.end()) {
+        ++same->count;
+      } else {
+        groups.push_back(WaitGroup{&thread, site, mask, 1});
       }
-      text << ';';
-      ++listed;
     }
-    if (first == nullptr) first = pool_[0].get();
-    return thread_error(launch, *first, text.str());
+    std::ostringstream text;
+    text << "deadlock: " << live_ << " emulated threads wait and none can run:";
+    for (const WaitGroup& group : groups) {
+      text << ' ' << group.count << " wait in " << format_site(group.site);
+      if (group.mask != 0) text << " (mask " << format_mask(group.mask) << ')';
+      text << " (first: thread " << format_index(group.first->thread_idx) << ");";
+    }
+    return thread_error(launch, groups.empty() ? *pool_[0] : *groups.front().first, text.str());
   }
 
   FiberContext context_;

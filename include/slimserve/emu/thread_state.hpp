@@ -71,6 +71,7 @@ struct EmulatedThread {
   LaunchState* launch = nullptr;
   WarpState* warp_state = nullptr;
 
+  unsigned pool_index = 0;  // the slot always runs the block's thread of this linear index
   FiberContext context;
   FiberStack stack;
   bool needs_fresh_fiber = true;  // never started, or abandoned mid-kernel
