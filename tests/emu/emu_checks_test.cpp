@@ -75,6 +75,38 @@ __global__ void trap_kernel(int* out) {
   out[threadIdx.x] = 1;
 }
 
+// Thread 0 spin-waits (backing off with __nanosleep) for a flag that thread 33 sets after
+// publishing a value behind a fence: the usual flag pattern, which must work and be
+// race-free under TSan.
+__global__ void spin_wait_kernel(int* data, int* flag, int* out) {
+  if (threadIdx.x == 33) {
+    data[0] = 42;
+    __threadfence();
+    atomicExch(flag, 1);
+  }
+  if (threadIdx.x == 0) {
+    while (atomicAdd(flag, 0) == 0) __nanosleep(100);
+    __threadfence();
+    out[0] = data[0];
+  }
+}
+
+// Waits for a flag that only another block could set: blocks run one at a time.
+__global__ void spin_forever_kernel(int* flag) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    while (atomicAdd(flag, 0) == 0) __nanosleep(100);
+  }
+  if (blockIdx.x == 1) atomicExch(flag, 1);
+}
+
+// The same wait without __nanosleep: atomics yield now and then, so it ends too.
+__global__ void atomic_spin_forever_kernel(int* flag) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    while (atomicAdd(flag, 0) == 0) {
+    }
+  }
+}
+
 // A healthy kernel: proves the emulator recovers after an aborted launch.
 __global__ void healthy_kernel(int* out) {
   int v = static_cast<int>(threadIdx.x);
@@ -175,5 +207,33 @@ TEST_CASE("__trap fails the launch at the trapping thread", "[emu][checks]") {
   REQUIRE(out.ok());
   expect_error(rt::launch(&trap_kernel, {dim3(4), dim3(32), 0, nullptr}, out->data()),
                {"block (2,0,0) thread (7,0,0)", "__trap"});
+  expect_healthy_launch_works();
+}
+
+TEST_CASE("spin-waits that back off with __nanosleep make progress", "[emu][checks]") {
+  auto data = rt::DeviceBuffer<int>::create(1);
+  auto flag = rt::DeviceBuffer<int>::create(1);
+  auto out = rt::DeviceBuffer<int>::create(1);
+  REQUIRE((data.ok() && flag.ok() && out.ok()));
+  REQUIRE(flag->fill_bytes(0).ok());
+  REQUIRE(out->fill_bytes(0xFF).ok());
+  const Status status = rt::launch(&spin_wait_kernel, {dim3(1), dim3(64), 0, nullptr},
+                                   data->data(), flag->data(), out->data());
+  INFO(status.to_string());
+  REQUIRE(status.ok());
+  std::vector<int> host(1);
+  REQUIRE(out->download(host).ok());
+  CHECK(host[0] == 42);
+}
+
+TEST_CASE("a spin-wait on another block is reported as a livelock", "[emu][checks]") {
+  auto flag = rt::DeviceBuffer<int>::create(1);
+  REQUIRE(flag.ok());
+  REQUIRE(flag->fill_bytes(0).ok());
+  expect_error(rt::launch(&spin_forever_kernel, {dim3(2), dim3(32), 0, nullptr}, flag->data()),
+               {"livelock", "block (0,0,0) thread (0,0,0)", "__nanosleep at"});
+  expect_error(
+      rt::launch(&atomic_spin_forever_kernel, {dim3(2), dim3(32), 0, nullptr}, flag->data()),
+      {"livelock", "block (0,0,0) thread (0,0,0)", "atomic operations"});
   expect_healthy_launch_works();
 }

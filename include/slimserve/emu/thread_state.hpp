@@ -30,7 +30,7 @@ struct CallSite {
   }
 };
 
-enum class ThreadState : std::uint8_t { running, at_barrier, at_warp_op, exited, failed };
+enum class ThreadState : std::uint8_t { running, at_barrier, at_warp_op, yielded, exited, failed };
 
 class WarpGroup;
 /// Computes every lane's result of one warp operation once all lanes of its mask arrived.
@@ -87,6 +87,7 @@ struct EmulatedThread {
   std::string error;  // written by a failing fiber right before its last switch
 
   AsyncCopyQueue async_copies;  // cp.async emulation (arch/cp_async.cuh)
+  unsigned atomics_since_yield = 0;  // a spin loop on atomics yields now and then
 
   void post_site(const CallSite& where) noexcept {
     relaxed_store(site.what, where.what);
