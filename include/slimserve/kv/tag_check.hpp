@@ -29,9 +29,18 @@ struct TagCheckArguments {
   std::int32_t* aborted_count = nullptr;    ///< device, [1], optional: number of failing requests
 };
 
+/// The same for the 2-D block-table form.
+struct BlockTagCheckArguments {
+  BlockTableView table;                     ///< device arrays (upload_block_table)
+  const DeviceTagArray* page_tags = nullptr;
+  RequestStatus* statuses = nullptr;        ///< device, [table.batch_size]
+  std::int32_t* aborted_count = nullptr;    ///< device, [1], optional: number of failing requests
+};
+
 /// Enqueues the check on `stream`. Host preflight only (pointers, sizes); the verdicts are on
 /// the device when the stream reaches them.
 Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream);
+Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream);
 
 /// Copies `host.size()` statuses from the device (asynchronously; pinned host memory for a
 /// true async copy).
