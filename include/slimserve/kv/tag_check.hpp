@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "slimserve/config.hpp"
@@ -46,6 +47,16 @@ Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t str
 /// true async copy).
 Status copy_statuses_to_host(const RequestStatus* device_statuses, std::span<RequestStatus> host,
                              cudaStream_t stream);
+
+constexpr std::string_view to_string(RequestState state) noexcept {
+  switch (state) {
+    case RequestState::ok: return "ok";
+    case RequestState::stale_tag: return "stale tag";
+    case RequestState::page_out_of_range: return "page out of range";
+    case RequestState::bad_page_table: return "bad page table";
+  }
+  return "unknown";
+}
 
 struct AbortedRequest {
   std::int32_t request = 0;  ///< index in the batch
