@@ -15,7 +15,7 @@ constexpr int check_warps_per_block = 4;
 // Grid-stride loops cover any size; more blocks than this would only queue.
 constexpr unsigned max_grid_blocks = 1024;
 
-[[maybe_unused]] unsigned blocks_for(std::int64_t items, std::int64_t per_block) {
+unsigned blocks_for(std::int64_t items, std::int64_t per_block) {
   return static_cast<unsigned>(
       std::clamp<std::int64_t>((items + per_block - 1) / per_block, 1, max_grid_blocks));
 }
@@ -77,16 +77,12 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
     SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(
         device_batch, host_batch, (tag_batch_header_slots + count) * sizeof(TagUpdate),
         rt::CopyDirection::host_to_device, stream));
-#if defined(SLIMSERVE_KV_HAS_KERNELS)
     const TagScatterParams params{device_batch, tags_.data(), num_pages_};
     SLIMSERVE_RETURN_IF_ERROR(rt::launch(
         scatter_page_tags_kernel<scatter_block_threads>,
         rt::LaunchConfig{dim3(blocks_for(static_cast<std::int64_t>(count), scatter_block_threads)),
                          dim3(scatter_block_threads), 0, stream},
         params));
-#else
-    return make_status(StatusCode::unsupported, "this emulator cannot run kernels yet");
-#endif
     last_sync_ = LastSync::scatter;
   }
   next_slot_ = 1 - slot;
@@ -113,17 +109,12 @@ Status launch_tag_check(const Rows& rows, const DeviceTagArray* page_tags,
     SLIMSERVE_RETURN_IF_ERROR(rt::memset_async(aborted_count, 0, sizeof(std::int32_t), stream));
   }
   if (rows.batch_size() == 0) return {};
-#if defined(SLIMSERVE_KV_HAS_KERNELS)
   const TagCheckParams<Rows> params{rows, page_tags->data(), page_tags->num_pages(), statuses,
                                     aborted_count};
   return rt::launch(check_page_tags_kernel<check_warps_per_block, Rows>,
                     rt::LaunchConfig{dim3(blocks_for(rows.batch_size(), check_warps_per_block)),
                                      dim3(check_warps_per_block * detail::warp_size), 0, stream},
                     params);
-#else
-  (void)stream;
-  return make_status(StatusCode::unsupported, "this emulator cannot run kernels yet");
-#endif
 }
 
 }  // namespace

@@ -15,11 +15,6 @@
 #include "slimserve/kv/tag_update.hpp"
 #include "slimserve/runtime/platform.hpp"
 
-// TEMPORARY until the CPU emulator lands on main: its placeholder has no kernel support.
-#if !defined(SLIMSERVE_EMULATE) || __has_include("slimserve/emu/qualifiers.hpp")
-#define SLIMSERVE_KV_HAS_KERNELS 1
-#endif
-
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
@@ -76,7 +71,6 @@ namespace detail {
 constexpr int warp_size = 32;
 }  // namespace detail
 
-#if defined(SLIMSERVE_KV_HAS_KERNELS)
 namespace detail {
 
 constexpr unsigned full_warp_mask = 0xFFFFFFFFu;
@@ -156,8 +150,6 @@ __global__ void __launch_bounds__(WarpsPerBlock * detail::warp_size)
     }
   }
 }
-
-#endif  // SLIMSERVE_KV_HAS_KERNELS
 
 }  // namespace kv
 SLIMSERVE_NAMESPACE_END
