@@ -43,7 +43,8 @@ struct DecodeProblem {
 };
 
 inline constexpr std::int32_t max_query_tokens = 8;
-inline constexpr std::int32_t max_decode_block_threads = 1024;
+/// The decode kernel is compiled for at most this many threads (keeps it under 128 registers).
+inline constexpr std::int32_t max_decode_block_threads = 512;
 
 /// Thread-block shape of the decode kernel for a problem (see kernels/decode_kernel.cuh):
 /// `lanes` threads hold one head_dim vector (16 bytes of the stored type each), `rows` (the
