@@ -96,7 +96,7 @@ SLIMSERVE_DEVICE inline TokenDestination find_destination(const AppendParams& p,
 /// Max of |x| over the `Lanes` threads that hold one head vector (aligned groups of a warp).
 template <int Lanes>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float group_max(float x) {
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
   for (int offset = Lanes / 2; offset > 0; offset /= 2) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   }
@@ -138,7 +138,7 @@ __global__ void append_kernel(const AppendParams p) {
       kv = load16(static_cast<const InT*>(p.k_new) + in_offset);
       vv = load16(static_cast<const InT*>(p.v_new) + in_offset);
     }
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
     for (int i = 0; i < in_elements; ++i) {
       k[i] = element_to_float<InT>(kv, i);
       v[i] = element_to_float<InT>(vv, i);
@@ -165,7 +165,7 @@ __global__ void append_kernel(const AppendParams p) {
   }
   KvT kq[in_elements];
   KvT vq[in_elements];
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
   for (int i = 0; i < in_elements; ++i) {
     kq[i] = from_float<KvT>(k[i] / k_scale);
     vq[i] = from_float<KvT>(v[i] / v_scale);

@@ -105,7 +105,7 @@ struct DecodeSharedStorage {
 /// Sum over the `Lanes` threads of a head vector.
 template <int Lanes>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float group_sum(float x) {
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
   for (int offset = Lanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
@@ -179,11 +179,11 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
     const float factor = p.sm_scale * log2_e * k_static;
     const QT* q_ptr = static_cast<const QT*>(p.q) + out_row * HeadDim + lane * E;
     constexpr int q_vectors = E / vector_elements<QT>;  // 1 (16-bit cache) or 2 (FP8)
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
     for (int j = 0; j < q_vectors; ++j) {
       Vec16 raw = {};
       if (row_valid) raw = load16(q_ptr + j * vector_elements<QT>);
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < vector_elements<QT>; ++i) {
         q[j * vector_elements<QT> + i] = element_to_float<QT>(raw, i) * factor;
       }
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
   }
 
   float acc[E];
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
   for (int i = 0; i < E; ++i) acc[i] = 0.0f;
   float running_max = -INFINITY;
   float running_sum = 0.0f;
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
     return (page >= 0 && page < p.num_pages) ? page : -1;
   };
   auto fetch = [&](std::int64_t tile_begin, int count) {
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
     for (int j = 0; j < Tile::chunks_per_thread; ++j) {
       const int chunk = tid + j * threads;
       k_fetch[j] = Vec16{};
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
     const std::int64_t tile_begin = begin + i * Tile::tokens;
     const int count = tile_count(i);
     __syncthreads();  // the previous tile is no longer read
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
     for (int j = 0; j < Tile::chunks_per_thread; ++j) {
       const int chunk = tid + j * threads;
       if (chunk < Tile::chunks) {
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
       float k[E];
       unpack<KvT>(in_tile ? smem.u.tile.k[t * lanes + lane] : Vec16{}, k);
       float dot = 0.0f;
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
       for (int e = 0; e < E; ++e) dot = fmaf(q[e], k[e], dot);
       dot = group_sum<lanes>(dot);
       if (!in_tile || !row_valid || smem.token_ok[t] == 0 || tile_begin + t > row_limit) continue;
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
       if (score > running_max) {
         const float rescale = exp2f(running_max - score);  // 0 on the first token
         running_sum *= rescale;
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
         for (int e = 0; e < E; ++e) acc[e] *= rescale;
         running_max = score;
       }
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
       const float v_weight = per_token ? weight * smem.v_token_scale[t] : weight;
       float v[E];
       unpack<KvT>(smem.u.tile.v[t * lanes + lane], v);
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
       for (int e = 0; e < E; ++e) acc[e] = fmaf(v_weight, v[e], acc[e]);
     }
   }
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
   // Fold the token groups into group 0.
   if (p.token_groups > 1) {
     __syncthreads();  // tiles are dead; the merge scratch overlays them
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
     for (int e = 0; e < E; ++e) smem.u.merge.acc[tid * E + e] = acc[e];
     smem.u.merge.max[tid] = running_max;
     smem.u.merge.sum[tid] = running_sum;
@@ -318,17 +318,17 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
       if (total_max != -INFINITY) {
         float total_sum = 0.0f;
         float total[E];
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
         for (int e = 0; e < E; ++e) total[e] = 0.0f;
         for (int g = 0; g < p.token_groups; ++g) {
           const int other = tid + g * lanes * p.padded_rows;
           const float w = exp2f(smem.u.merge.max[other] - total_max);  // 0 for empty groups
           total_sum += w * smem.u.merge.sum[other];
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < E; ++e) total[e] = fmaf(w, smem.u.merge.acc[other * E + e], total[e]);
         }
         running_sum = total_sum;
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
         for (int e = 0; e < E; ++e) acc[e] = total[e];
       }
       running_max = total_max;
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
     const std::int64_t partial_row =
         (static_cast<std::int64_t>(work) * p.query_tokens + q_token) * p.num_qo_heads + qo_head;
     float* o = p.partial_o + partial_row * HeadDim + lane * E;
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
     for (int e = 0; e < E; e += 4) {
       Vec16 packed;
       float four[4] = {acc[e] * norm, acc[e + 1] * norm, acc[e + 2] * norm, acc[e + 3] * norm};
@@ -355,14 +355,14 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
     if (lane == 0) p.partial_lse[partial_row] = lse;
   } else {
     QT out[E];
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
     for (int e = 0; e < E; ++e) out[e] = from_float<QT>(acc[e] * norm);
     QT* o = static_cast<QT*>(p.o) + out_row * HeadDim + lane * E;
     constexpr int QE = vector_elements<QT>;
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
     for (int j = 0; j < E / QE; ++j) {
       QT part[QE];
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < QE; ++i) part[i] = out[j * QE + i];
       store_packed(o + j * QE, part);
     }

@@ -10,6 +10,13 @@
 #include "slimserve/formats/float_formats.hpp"
 #include "slimserve/runtime/platform.hpp"
 
+/// Full unrolling of short fixed-trip loops, spelled for nvcc/clang and for g++ (emulator).
+#if defined(__CUDACC__) || defined(__clang__)
+#define SLIMSERVE_ATTENTION_UNROLL _Pragma("unroll")
+#else
+#define SLIMSERVE_ATTENTION_UNROLL _Pragma("GCC unroll 32")
+#endif
+
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
 
@@ -73,7 +80,7 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float element_to_float(const Vec16& v, in
 /// All elements of a vector of T as floats.
 template <class T>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void unpack(const Vec16& v, float (&out)[vector_elements<T>]) {
-#pragma unroll
+SLIMSERVE_ATTENTION_UNROLL
   for (int i = 0; i < vector_elements<T>; ++i) out[i] = element_to_float<T>(v, i);
 }
 
