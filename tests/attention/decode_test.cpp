@@ -424,3 +424,33 @@ TEST_CASE("decode: preflight refuses before launching, outputs untouched", "[att
   const auto after = download(*o, f.q_bits.size());
   for (auto bits : after) CHECK(bits == 0x7F7F);
 }
+
+TEST_CASE("decode: full grid (GPU only; the emulator runs the representative grid)", "[attention][decode][full]") {
+  if (rt::device_count() == 0) {
+    WARN("no GPU: the full dtype x layout x head_dim x GQA x page grid runs only on a device");
+    return;
+  }
+  auto rng = slimserve_test::make_rng(405);
+  int index = 0;
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2})
+    for (KvLayout layout : {KvLayout::nhd, KvLayout::hnd})
+      for (int head_dim : {64, 128, 256})
+        for (int group : {1, 4, 8})
+          for (int page_size : {16, 32, 64, 128}) {
+            ++index;
+            const KvScaleMode mode = is_fp8(dtype) ? (index % 2 ? KvScaleMode::per_tensor : KvScaleMode::per_token)
+                                                   : (index % 2 ? KvScaleMode::none : KvScaleMode::per_tensor);
+            const ActivationDtype q_dtype = index % 3 ? ActivationDtype::bf16 : ActivationDtype::fp16;
+            const int query_tokens = index % 5 == 0 ? 2 : 1;
+            const std::int64_t ps = page_size;
+            DecodeCase c{dtype, layout, mode, head_dim, 2, group, page_size, q_dtype, query_tokens,
+                         {std::max<std::int64_t>(query_tokens, 1), ps - 1, ps, ps + 1, 2500}};
+            INFO("dtype " << to_string(dtype) << " layout " << to_string(layout) << " D " << head_dim
+                          << " group " << group << " ps " << page_size << " scales " << to_string(mode));
+            DecodeFixture f(c, rng);
+            const Reference ref = reference_decode(f.cache, f.table, f.q_values, f.num_qo_heads(), query_tokens,
+                                                   1.0 / std::sqrt(static_cast<double>(head_dim)));
+            check_against_reference(f, run(f, false, nullptr), ref);
+            check_against_reference(f, run(f, true, nullptr), ref);
+          }
+}
