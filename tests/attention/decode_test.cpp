@@ -130,7 +130,7 @@ struct DecodeOutput {
 
 /// Plans and runs on the device copy; outputs are poisoned (0xFF) before the run.
 DecodeOutput run(const DecodeFixture& f, bool allow_split, const std::vector<kv::RequestStatus>* status,
-                 const HostCache* cache_override = nullptr) {
+                 const HostCache* cache_override = nullptr, const HostPageTable* plan_table = nullptr) {
   DeviceCache cache(cache_override ? *cache_override : f.cache);
   auto indptr = upload(f.table.indptr);
   auto indices = upload(f.table.indices);
@@ -145,7 +145,9 @@ DecodeOutput run(const DecodeFixture& f, bool allow_split, const std::vector<kv:
   rt::DeviceBuffer<kv::RequestStatus> status_device;
   if (status != nullptr) status_device = upload(*status);
 
-  DecodePlanArguments plan_args{f.problem(), f.table.indptr, f.table.last_page_len};
+  // The plan may be made from other (stale, upper-bound) lengths than the device table's.
+  const HostPageTable& planned = plan_table != nullptr ? *plan_table : f.table;
+  DecodePlanArguments plan_args{f.problem(), planned.indptr, planned.last_page_len};
   plan_args.allow_split = allow_split;
   plan_args.max_ctas = 64;           // a small "device": long requests split
   plan_args.min_chunk_tokens = 64;
@@ -306,6 +308,24 @@ TEST_CASE("decode: aborted requests read no page and are marked", "[attention][d
     const DecodeOutput out = run(f, allow_split, &status, &poisoned);
     CHECK(out.split == allow_split);
     check_against_reference(f, out, ref, &aborted);
+  }
+}
+
+TEST_CASE("decode: a plan made for other lengths stays correct (graph replay)", "[attention][decode]") {
+  auto rng = slimserve_test::make_rng(406);
+  DecodeCase c{KvDtype::fp8_e4m3, KvLayout::hnd, KvScaleMode::per_tensor, 128, 1, 4, 16,
+               ActivationDtype::bf16, 1, {700, 40, 1}};
+  DecodeFixture f(c, rng);
+  const Reference ref = reference_decode(f.cache, f.table, f.q_values, f.num_qo_heads(), 1,
+                                         1.0 / std::sqrt(128.0));
+  // Planned for shorter requests (the last split must run to the real end) and for longer ones
+  // (trailing splits are empty and must weigh nothing in the merge).
+  for (const std::vector<std::int64_t>& planned_lengths :
+       {std::vector<std::int64_t>{300, 17, 1}, std::vector<std::int64_t>{1500, 200, 90}}) {
+    const HostPageTable planned = make_page_table(planned_lengths, 16, rng, false);
+    const DecodeOutput out = run(f, true, nullptr, nullptr, &planned);
+    CHECK(out.split);
+    check_against_reference(f, out, ref);
   }
 }
 
