@@ -1,0 +1,156 @@
+#pragma once
+// Internal: the one place that turns checkpoint elements into float and back. Everything
+// else in the INT4 host code converts through decode_run / round_to / encode_float.
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "slimserve/int4/tensor.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace int4::detail {
+
+inline float bf16_bits_to_float(std::uint16_t bits) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
+
+inline float fp16_bits_to_float(std::uint16_t bits) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const std::uint32_t magnitude = bits & 0x7FFFu;
+  if (magnitude >= 0x7C00u) {  // infinity or NaN: keep the payload
+    return std::bit_cast<float>(sign | 0x7F800000u | ((magnitude & 0x3FFu) << 13));
+  }
+  if (magnitude >= 0x0400u) {  // normal: rebias the exponent from 15 to 127
+    return std::bit_cast<float>(sign | ((magnitude << 13) + (112u << 23)));
+  }
+  const float subnormal = static_cast<float>(magnitude) * 0x1p-24f;  // exact
+  return sign ? -subnormal : subnormal;
+}
+
+inline float e4m3_bits_to_float(std::uint8_t bits) noexcept {
+  const int exponent = (bits >> 3) & 0xF;
+  const int mantissa = bits & 0x7;
+  float magnitude;
+  if (exponent == 0xF && mantissa == 0x7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();  // e4m3fn: S.1111.111 is NaN
+  } else if (exponent == 0) {
+    magnitude = static_cast<float>(mantissa) * 0x1p-9f;
+  } else {
+    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) * 0.125f, exponent - 7);
+  }
+  return (bits & 0x80u) ? -magnitude : magnitude;
+}
+
+inline float e5m2_bits_to_float(std::uint8_t bits) noexcept {
+  return fp16_bits_to_float(static_cast<std::uint16_t>(bits << 8));  // e5m2 = top byte of fp16
+}
+
+/// Round-to-nearest-even float -> bfloat16 bits (NaN stays NaN).
+inline std::uint16_t float_to_bf16_bits(float value) noexcept {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
+  const std::uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>(rounded >> 16);
+}
+
+/// Round-to-nearest-even float -> IEEE half bits (overflow -> infinity, NaN stays NaN).
+inline std::uint16_t float_to_fp16_bits(float value) noexcept {
+  std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  bits &= 0x7FFFFFFFu;
+  if (bits > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);
+  if (bits >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // >= 65520
+  if (bits < 0x38800000u) {  // below 2^-14: a subnormal half, counted in units of 2^-24
+    const float units = std::nearbyint(std::bit_cast<float>(bits) * 0x1p24f);
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(units));
+  }
+  const std::uint32_t odd = (bits >> 13) & 1u;
+  bits = bits - (112u << 23) + 0xFFFu + odd;
+  return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(bits >> 13));
+}
+
+/// True for the types the quantizer and the scale readers accept as real numbers.
+constexpr bool is_float_type(ElementType type) noexcept {
+  return type == ElementType::float32 || type == ElementType::float16 ||
+         type == ElementType::bfloat16 || type == ElementType::float8_e4m3 ||
+         type == ElementType::float8_e5m2 || type == ElementType::float64;
+}
+
+/// Converts `count` contiguous elements starting at `src` (any alignment) to float.
+/// Precondition: is_float_type(type).
+inline void decode_run(ElementType type, const std::byte* src, std::int64_t count,
+                       float* dst) noexcept {
+  switch (type) {
+    case ElementType::float32:
+      std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
+      return;
+    case ElementType::bfloat16:
+      for (std::int64_t i = 0; i < count; ++i) {
+        std::uint16_t bits;
+        std::memcpy(&bits, src + 2 * i, 2);
+        dst[i] = bf16_bits_to_float(bits);
+      }
+      return;
+    case ElementType::float16:
+      for (std::int64_t i = 0; i < count; ++i) {
+        std::uint16_t bits;
+        std::memcpy(&bits, src + 2 * i, 2);
+        dst[i] = fp16_bits_to_float(bits);
+      }
+      return;
+    case ElementType::float8_e4m3: {
+      static const auto table = [] {
+        struct Table { float value[256]; } t{};
+        for (int b = 0; b < 256; ++b) t.value[b] = e4m3_bits_to_float(static_cast<std::uint8_t>(b));
+        return t;
+      }();
+      for (std::int64_t i = 0; i < count; ++i) dst[i] = table.value[static_cast<std::uint8_t>(src[i])];
+      return;
+    }
+    case ElementType::float8_e5m2:
+      for (std::int64_t i = 0; i < count; ++i) dst[i] = e5m2_bits_to_float(static_cast<std::uint8_t>(src[i]));
+      return;
+    case ElementType::float64:
+      for (std::int64_t i = 0; i < count; ++i) {
+        double value;
+        std::memcpy(&value, src + 8 * i, 8);
+        dst[i] = static_cast<float>(value);
+      }
+      return;
+    default:
+      return;
+  }
+}
+
+/// Element i of a float-typed view as float.
+inline float element_as_float(const TensorView& view, std::int64_t i) noexcept {
+  float value = 0.0f;
+  const std::size_t size = element_size(view.type);
+  decode_run(view.type, view.bytes.data() + static_cast<std::size_t>(i) * size, 1, &value);
+  return value;
+}
+
+/// `value` rounded to the nearest value of `type` (float32, float16 or bfloat16), as float.
+inline float round_to(ElementType type, float value) noexcept {
+  switch (type) {
+    case ElementType::float16: return fp16_bits_to_float(float_to_fp16_bits(value));
+    case ElementType::bfloat16: return bf16_bits_to_float(float_to_bf16_bits(value));
+    default: return value;
+  }
+}
+
+/// Stores `value` as element i of a float32/float16/bfloat16 tensor.
+inline void encode_float(Tensor& tensor, std::int64_t i, float value) noexcept {
+  switch (tensor.type) {
+    case ElementType::float16: tensor.set(i, float_to_fp16_bits(value)); return;
+    case ElementType::bfloat16: tensor.set(i, float_to_bf16_bits(value)); return;
+    default: tensor.set(i, value); return;
+  }
+}
+
+}  // namespace int4::detail
+SLIMSERVE_NAMESPACE_END
