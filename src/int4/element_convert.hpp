@@ -19,16 +19,18 @@ inline float bf16_bits_to_float(std::uint16_t bits) noexcept {
 }
 
 inline float fp16_bits_to_float(std::uint16_t bits) noexcept {
+  // Branch-free (masks, no selects) so decode loops vectorize.
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
   const std::uint32_t magnitude = bits & 0x7FFFu;
-  if (magnitude >= 0x7C00u) {  // infinity or NaN: keep the payload
-    return std::bit_cast<float>(sign | 0x7F800000u | ((magnitude & 0x3FFu) << 13));
-  }
-  if (magnitude >= 0x0400u) {  // normal: rebias the exponent from 15 to 127
-    return std::bit_cast<float>(sign | ((magnitude << 13) + (112u << 23)));
-  }
-  const float subnormal = static_cast<float>(magnitude) * 0x1p-24f;  // exact
-  return sign ? -subnormal : subnormal;
+  const std::uint32_t normal = (magnitude << 13) + (112u << 23);  // rebias 15 -> 127
+  const std::uint32_t special = normal + (112u << 23);             // exponent 31 -> 255
+  const std::uint32_t subnormal =
+      std::bit_cast<std::uint32_t>(static_cast<float>(magnitude) * 0x1p-24f);  // exact
+  const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(magnitude >= 0x7C00u);
+  const std::uint32_t is_normal = 0u - static_cast<std::uint32_t>(magnitude >= 0x0400u);
+  const std::uint32_t body = (special & is_special) | (normal & is_normal & ~is_special) |
+                             (subnormal & ~is_normal);
+  return std::bit_cast<float>(sign | body);
 }
 
 inline float e4m3_bits_to_float(std::uint8_t bits) noexcept {

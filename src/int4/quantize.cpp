@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -42,16 +43,21 @@ struct QuantizePlan {
 
 struct GroupParams {
   float scale = 1.0f;
+  float inverse_scale = 1.0f;
   float zero = 8.0f;
 };
 
-/// round-to-nearest-even of clamp(x / scale + zero, 0, 15); adding and subtracting 2^23
-/// rounds to an integer in the current (nearest-even) mode with plain SSE2 arithmetic.
-inline float round_code(float x, float scale, float zero) noexcept {
-  float v = x / scale + zero;
-  v = v < 0.0f ? 0.0f : v;
-  v = v > 15.0f ? 15.0f : v;
-  return (v + 0x1p23f) - 0x1p23f;
+/// clamp(round-to-nearest-even(x * inverse_scale + zero), 0, 15) as an integer.
+/// Adding 2^23 rounds to an integer in the (nearest-even) rounding mode; positive floats
+/// order like their bit patterns, so subtracting the bits of 2^23 yields the rounded value
+/// (negative below 0) and the clamp is an integer one. No float compares: GCC keeps
+/// -ftrapping-math by default and will not if-convert (vectorize) float selects.
+/// Multiplying by the reciprocal can only move a value within a few ulps of a tie.
+inline std::int32_t round_code(float x, float inverse_scale, float zero) noexcept {
+  const float shifted = x * inverse_scale + zero + 0x1p23f;
+  std::int32_t q = std::bit_cast<std::int32_t>(shifted) - 0x4B000000;
+  q = q < 0 ? 0 : q;
+  return q > 15 ? 15 : q;
 }
 
 inline float smallest_positive(ElementType type) noexcept {
@@ -79,6 +85,7 @@ inline GroupParams params_for_range(float lo, float hi, bool symmetric, ElementT
         scale_type, std::isfinite(range) ? range / 15.0f : hi / 15.0f - lo / 15.0f);
   }
   if (params.scale == 0.0f) params.scale = smallest_positive(scale_type);
+  params.inverse_scale = 1.0f / params.scale;
   if (!symmetric && std::isfinite(params.scale)) {
     params.zero = std::clamp(std::nearbyint(-lo / params.scale), 0.0f, 15.0f);
   }
@@ -124,23 +131,33 @@ void load_tile(const QuantizePlan& plan, std::int64_t k0, std::int64_t n0, std::
   }
 }
 
+/// Scale, reciprocal and zero of each column of a tile, one array each so the loops over
+/// columns read them with unit stride.
+struct ColumnParams {
+  float scale[kMaxTileCols], inverse_scale[kMaxTileCols], zero[kMaxTileCols];
+  void set(std::int64_t c, const GroupParams& params) noexcept {
+    scale[c] = params.scale;
+    inverse_scale[c] = params.inverse_scale;
+    zero[c] = params.zero;
+  }
+};
+
 /// Scratch memory owned by one worker thread.
 struct Scratch {
   std::vector<float> tile, run_buffer;
   float lo[kMaxTileCols], hi[kMaxTileCols], best_error[kMaxTileCols], error[kMaxTileCols];
-  GroupParams best[kMaxTileCols], trial[kMaxTileCols];
-  std::uint32_t words[kMaxTileCols];
+  ColumnParams best, trial;
 };
 
 /// Squared error of quantizing the tile's columns with `params`, into `error`.
 void tile_error(const float* tile, std::int64_t rows, std::int64_t cols, std::int64_t stride,
-                const GroupParams* params, float* error) {
+                const ColumnParams& params, float* error) {
   for (std::int64_t c = 0; c < cols; ++c) error[c] = 0.0f;
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = tile + r * stride;
     for (std::int64_t c = 0; c < cols; ++c) {
-      const float q = round_code(row[c], params[c].scale, params[c].zero);
-      const float diff = row[c] - (q - params[c].zero) * params[c].scale;
+      const auto q = static_cast<float>(round_code(row[c], params.inverse_scale[c], params.zero[c]));
+      const float diff = row[c] - (q - params.zero[c]) * params.scale[c];
       error[c] += diff * diff;
     }
   }
@@ -182,10 +199,10 @@ Status quantize_tile(const QuantizePlan& plan, std::int64_t group, std::int64_t 
     }
   }
 
-  GroupParams* best = scratch.best;
+  ColumnParams& best = scratch.best;
   for (std::int64_t c = 0; c < cols; ++c) {
-    best[c] = params_for_range(lo[c], hi[c], plan.symmetric, plan.scale_type);
-    if (!std::isfinite(best[c].scale)) {
+    best.set(c, params_for_range(lo[c], hi[c], plan.symmetric, plan.scale_type));
+    if (!std::isfinite(best.scale[c])) {
       return make_status(StatusCode::invalid_argument, "group ", group, " column ", n0 + c,
                          ": scale for range [", lo[c], ", ", hi[c], "] does not fit ",
                          safetensors_name(plan.scale_type), "; use float32 scales");
@@ -197,38 +214,40 @@ Status quantize_tile(const QuantizePlan& plan, std::int64_t group, std::int64_t 
     for (int s = 1; s <= plan.clip.steps; ++s) {
       const float shrink = 1.0f - step * static_cast<float>(s);
       for (std::int64_t c = 0; c < cols; ++c) {
-        scratch.trial[c] = params_for_range(lo[c] * shrink, hi[c] * shrink, plan.symmetric,
-                                            plan.scale_type);
+        scratch.trial.set(c, params_for_range(lo[c] * shrink, hi[c] * shrink, plan.symmetric,
+                                              plan.scale_type));
       }
       tile_error(tile, rows, cols, stride, scratch.trial, scratch.error);
       for (std::int64_t c = 0; c < cols; ++c) {
         if (scratch.error[c] < scratch.best_error[c]) {
           scratch.best_error[c] = scratch.error[c];
-          best[c] = scratch.trial[c];
+          best.scale[c] = scratch.trial.scale[c];
+          best.inverse_scale[c] = scratch.trial.inverse_scale[c];
+          best.zero[c] = scratch.trial.zero[c];
         }
       }
     }
   }
 
   // Codes: 8 rows per packed word, nibble j = row 8w + j.
+  const float* inverse_scale = best.inverse_scale;
+  const float* zero = best.zero;
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
-    std::uint32_t* words = scratch.words;
-    for (std::int64_t c = 0; c < cols; ++c) words[c] = 0;
-    for (int j = 0; j < 8; ++j) {
-      const float* row = tile + (r0 + j) * stride;
-      for (std::int64_t c = 0; c < cols; ++c) {
-        const auto q = static_cast<std::uint32_t>(static_cast<std::int32_t>(
-            round_code(row[c], best[c].scale, best[c].zero)));
-        words[c] |= q << (4 * j);
+    const float* row = tile + r0 * stride;
+    std::uint32_t* __restrict__ dst = out.codes.data() + ((k0 + r0) / 8) * plan.n + n0;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      std::uint32_t word = 0;
+      for (int j = 0; j < 8; ++j) {
+        const auto q = static_cast<std::uint32_t>(round_code(row[j * stride + c], inverse_scale[c], zero[c]));
+        word |= q << (4 * j);
       }
+      dst[c] = word;
     }
-    std::uint32_t* dst = out.codes.data() + ((k0 + r0) / 8) * plan.n + n0;
-    std::copy(words, words + cols, dst);
   }
   for (std::int64_t c = 0; c < cols; ++c) {
     const auto index = static_cast<std::size_t>(group * plan.n + n0 + c);
-    out.scales[index] = best[c].scale;
-    out.zeros[index] = static_cast<std::uint8_t>(best[c].zero);
+    out.scales[index] = best.scale[c];
+    out.zeros[index] = static_cast<std::uint8_t>(best.zero[c]);
   }
   return Status::success();
 }

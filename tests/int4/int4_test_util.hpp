@@ -30,9 +30,14 @@ inline std::uint16_t exact_bf16_bits(float value) {
   return static_cast<std::uint16_t>(bits >> 16);
 }
 
-/// IEEE half bits of a float that is exactly a normal half or zero (checked).
+/// IEEE half bits of a float that is exactly a half (checked).
 inline std::uint16_t exact_fp16_bits(float value) {
-  if (value == 0.0f) return std::signbit(value) ? 0x8000 : 0;
+  const std::uint16_t sign = std::signbit(value) ? 0x8000 : 0;
+  if (std::fabs(value) < 0x1p-14f) {  // zero or subnormal: a multiple of 2^-24
+    const double units = std::fabs(static_cast<double>(value)) * 16777216.0;
+    REQUIRE(units == std::floor(units));
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(units));
+  }
   int exponent = 0;
   const double fraction = std::frexp(static_cast<double>(std::fabs(value)), &exponent);  // [0.5, 1)
   const int biased = exponent - 1 + 15;

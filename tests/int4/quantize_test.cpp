@@ -204,7 +204,9 @@ TEST_CASE("quantize: BF16, FP16 and block-scaled FP8 sources match the same valu
     std::vector<std::uint16_t> bits(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {
       const int mantissa = static_cast<int>(rng() % 2048) - 1024;  // 11 significant bits
-      values[i] = std::ldexp(static_cast<float>(mantissa), -10 - static_cast<int>(rng() % 4));
+      // Mostly normals; one column block of subnormal halves (2^-24 units).
+      const bool tiny = (i % static_cast<std::size_t>(cols)) < 8;
+      values[i] = std::ldexp(static_cast<float>(mantissa), tiny ? -24 : -10 - static_cast<int>(rng() % 4));
       bits[i] = int4_test::exact_fp16_bits(values[i]);
     }
     const auto source = make_tensor(ElementType::float16, {rows, cols}, bits);
