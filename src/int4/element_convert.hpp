@@ -145,6 +145,23 @@ inline float round_to(ElementType type, float value) noexcept {
   }
 }
 
+/// The smallest value of `type` (float32, float16 or bfloat16) that is >= `value` (> 0).
+inline float round_up_to(ElementType type, float value) noexcept {
+  switch (type) {
+    case ElementType::float16: {
+      std::uint16_t bits = float_to_fp16_bits(value);
+      if (fp16_bits_to_float(bits) < value) ++bits;  // positive halves order like their bits
+      return fp16_bits_to_float(bits);
+    }
+    case ElementType::bfloat16: {
+      std::uint16_t bits = float_to_bf16_bits(value);
+      if (bf16_bits_to_float(bits) < value) ++bits;
+      return bf16_bits_to_float(bits);
+    }
+    default: return value;
+  }
+}
+
 /// Stores `value` as element i of a float32/float16/bfloat16 tensor.
 inline void encode_float(Tensor& tensor, std::int64_t i, float value) noexcept {
   switch (tensor.type) {

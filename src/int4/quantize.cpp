@@ -75,13 +75,13 @@ inline GroupParams params_for_range(float lo, float hi, bool symmetric, ElementT
   if (symmetric) {
     const float amax = std::max(-lo, hi);
     if (amax == 0.0f) return params;
-    params.scale = detail::round_to(scale_type, amax / 7.0f);
+    params.scale = detail::round_up_to(scale_type, amax / 7.0f);
   } else {
     lo = std::min(lo, 0.0f);
     hi = std::max(hi, 0.0f);
     if (hi == lo) return params;
     const float range = hi - lo;  // exact for grids; split only when it would overflow
-    params.scale = detail::round_to(
+    params.scale = detail::round_up_to(
         scale_type, std::isfinite(range) ? range / 15.0f : hi / 15.0f - lo / 15.0f);
   }
   if (params.scale == 0.0f) params.scale = smallest_positive(scale_type);

@@ -302,14 +302,8 @@ TEST_CASE("quantize: scales rounded to FP16 / BF16 before the codes are chosen",
     if (scale_type == ElementType::bfloat16) REQUIRE((bits & 0xFFFFu) == 0u);
     else REQUIRE_NOTHROW(int4_test::exact_fp16_bits(s));
   }
-  // The rounded scale moves the grid by at most one part in 2^8: the bound stays scale/2
-  // up to that.
-  const auto deq = int4::dequantize(*q);
-  for (std::int64_t r = 0; r < k; ++r)
-    for (std::int64_t c = 0; c < n; ++c) {
-      const float s = q->scales[static_cast<std::size_t>((r / 32) * n + c)];
-      REQUIRE(std::fabs(w[r * n + c] - deq[r * n + c]) <= s * (0.5f + 16.0f / 256.0f));
-    }
+  // Scales are rounded up, so the grid still covers every group: the scale/2 bound holds.
+  require_rtn_bound(w, *q);
 }
 
 TEST_CASE("quantize: all-zero groups and extreme magnitudes", "[int4][quantize]") {
@@ -407,4 +401,32 @@ TEST_CASE("validate: catches matrices that break the interchange conventions", "
   SECTION("row_group out of range") { broken.row_group.assign(k, 0); broken.row_group[9] = 2; }
   SECTION("row_group size") { broken.row_group.assign(k - 1, 0); }
   REQUIRE(int4::validate(broken).code() == slimserve::StatusCode::invalid_argument);
+}
+
+TEST_CASE("measure_error: relative Frobenius error and max error against the source", "[int4][quantize]") {
+  const std::int64_t k = 128, n = 24;
+  const auto w = random_weights(k, n, 8);
+  const auto nk = make_tensor(ElementType::float32, {n, k}, transpose(w, k, n));
+  int4::QuantizeOptions options;
+  options.group_size = 64;
+  options.symmetric = false;
+  auto q = int4::quantize(nk.view(), WeightLayout::n_by_k, options);
+  REQUIRE(q.ok());
+  auto error = int4::measure_error(nk.view(), WeightLayout::n_by_k, *q);
+  REQUIRE(error.ok());
+  double err = 0, norm = 0, max_abs = 0;
+  for (std::int64_t r = 0; r < k; ++r)
+    for (std::int64_t c = 0; c < n; ++c) {
+      const double d = static_cast<double>(w[r * n + c]) - q->dequantized(r, c);
+      err += d * d;
+      norm += static_cast<double>(w[r * n + c]) * w[r * n + c];
+      max_abs = std::max(max_abs, std::fabs(d));
+    }
+  REQUIRE(error->relative == Approx(std::sqrt(err / norm)).epsilon(1e-9));
+  REQUIRE(error->max_abs == max_abs);
+  REQUIRE(error->relative > 0.0);
+  // Shapes that disagree are refused.
+  const auto kn = make_tensor(ElementType::float32, {k, n}, w);
+  REQUIRE(int4::measure_error(kn.view(), WeightLayout::n_by_k, *q).status().code() ==
+          slimserve::StatusCode::invalid_argument);
 }

@@ -14,7 +14,8 @@
 ///  * Clipping search (optional): for shrink factors 1, 1 - d, ..., min_shrink the group's
 ///    range is scaled by the factor, the group is quantized, and the factor with the least
 ///    squared error is kept (per group and column).
-///  * `scale_type`: scales are rounded to this type BEFORE the codes are chosen, so a
+///  * `scale_type`: scales are rounded UP to this type (so the rounded grid still covers the
+///    group's range and the scale / 2 bound holds) BEFORE the codes are chosen, so a
 ///    checkpoint that stores FP16 scales reproduces exactly what was measured.
 
 #include <cstdint>
@@ -73,6 +74,18 @@ Status validate(const QuantizedMatrix& matrix);
 
 /// Dequantized weights, row-major [K, N] (float32). Precondition: validate(matrix).ok().
 std::vector<float> dequantize(const QuantizedMatrix& matrix);
+
+/// How far a quantized matrix is from the weights it came from.
+struct QuantizationError {
+  double relative = 0.0;  ///< ||W - dequant(W)||_F / ||W||_F (0 when W is all zeros)
+  double max_abs = 0.0;   ///< max |W - dequant(W)|
+};
+
+/// Compares `matrix` with the source `weight` (same arguments as `quantize`).
+/// invalid_argument when the shapes disagree or the source is not a supported float type.
+Result<QuantizationError> measure_error(const TensorView& weight, WeightLayout layout,
+                                        const QuantizedMatrix& matrix,
+                                        const BlockScales* block_scales = nullptr);
 
 }  // namespace int4
 SLIMSERVE_NAMESPACE_END
