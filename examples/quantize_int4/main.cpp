@@ -11,6 +11,7 @@
 // (DeepSeek-style), whose K fits the group size; names containing a --skip substring
 // (default: "embed") are left alone. Everything else is copied unchanged.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
   std::printf("%-48s %-14s %-6s %10s %10s %9s %9s\n", "tensor", "shape [N, K]", "dtype", "rel.err", "max.err",
               "ms", "GB/s");
   std::size_t quantized = 0, copied = 0;
-  double total_bytes = 0.0, total_seconds = 0.0;
+  double total_bytes = 0.0, total_seconds = 0.0, sum_relative = 0.0, max_relative = 0.0;
   std::vector<std::string> consumed_scales;
   for (const auto& entry : input->entries()) {
     const int4::TensorView tensor = *input->tensor(entry.name);
@@ -220,6 +221,8 @@ int main(int argc, char** argv) {
     std::printf("%-48s %-14s %-6s %10.3e %10.3e %9.2f %9.2f\n", entry.name.c_str(), shape.c_str(),
                 std::string(int4::safetensors_name(tensor.type)).c_str(), error->relative, error->max_abs,
                 seconds * 1e3, static_cast<double>(tensor.bytes.size()) / seconds / 1e9);
+    sum_relative += error->relative;
+    max_relative = std::max(max_relative, error->relative);
     total_bytes += static_cast<double>(tensor.bytes.size());
     total_seconds += seconds;
     ++quantized;
@@ -241,6 +244,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
     return 1;
   }
+  std::printf("relative error: mean %.4e, max %.4e over %zu tensors\n",
+              quantized ? sum_relative / static_cast<double>(quantized) : 0.0, max_relative, quantized);
   std::printf("quantized %zu tensors (%.1f MB in %.1f ms: %.2f GB/s), copied %zu unchanged -> %s\n", quantized,
               total_bytes / 1e6, total_seconds * 1e3, total_seconds > 0 ? total_bytes / total_seconds / 1e9 : 0.0,
               copied, options.output.c_str());
