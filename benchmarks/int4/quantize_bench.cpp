@@ -1,5 +1,5 @@
 // Host quantizer throughput: bytes of source weights consumed per second.
-//   args: source type (0 = F32, 1 = BF16, 2 = FP8 e4m3 + 128x128 block scales),
+//   args: source type (0 = F32, 1 = BF16, 2 = FP8 e4m3 + 128x128 block scales, 3 = FP16),
 //         layout (0 = [K, N], 1 = [N, K]), group size (0 = per-channel), symmetric,
 //         clip-search steps, threads.
 
@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "slimserve/formats/float_formats.hpp"
 #include "slimserve/int4/quantize.hpp"
 
 namespace int4 = slimserve::int4;
@@ -32,12 +33,10 @@ Source make_source(int type, bool n_by_k) {
     for (std::int64_t i = 0; i < kK * kN; ++i) source.weight.set(i, normal(rng));
   } else if (type == 1) {
     source.weight = int4::Tensor(int4::ElementType::bfloat16, shape);
-    for (std::int64_t i = 0; i < kK * kN; ++i) {
-      std::uint32_t bits;
-      const float v = normal(rng);
-      std::memcpy(&bits, &v, 4);
-      source.weight.set(i, static_cast<std::uint16_t>(bits >> 16));
-    }
+    for (std::int64_t i = 0; i < kK * kN; ++i) source.weight.set(i, slimserve::from_float<slimserve::bf16>(normal(rng)).bits);
+  } else if (type == 3) {
+    source.weight = int4::Tensor(int4::ElementType::float16, shape);
+    for (std::int64_t i = 0; i < kK * kN; ++i) source.weight.set(i, slimserve::from_float<slimserve::fp16>(normal(rng)).bits);
   } else {
     source.weight = int4::Tensor(int4::ElementType::float8_e4m3, shape);
     for (std::int64_t i = 0; i < kK * kN; ++i) {
@@ -81,6 +80,7 @@ BENCHMARK(BM_Quantize)
     ->Args({0, 1, 128, 1, 0, 1})
     ->Args({1, 0, 128, 1, 0, 1})
     ->Args({1, 1, 128, 1, 0, 1})
+    ->Args({3, 1, 128, 1, 0, 1})
     ->Args({1, 1, 128, 0, 0, 1})
     ->Args({1, 1, 32, 1, 0, 1})
     ->Args({1, 1, 0, 1, 0, 1})

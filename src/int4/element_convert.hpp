@@ -8,18 +8,21 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 
+#include "slimserve/formats/float_formats.hpp"
 #include "slimserve/int4/tensor.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace int4::detail {
 
-inline float bf16_bits_to_float(std::uint16_t bits) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
-}
-
+// Element conversions come from the project's numeric formats (round-to-nearest-even,
+// branch-free decodes that vectorize); these wrappers only adapt raw bits.
+inline float bf16_bits_to_float(std::uint16_t bits) noexcept { return to_float(bf16::from_bits(bits)); }
+/// FP16 -> float with masks instead of branches, so decode loops vectorize (the formats'
+/// scalar fp16 decode does not, on the host); exhaustively equal to to_float(fp16), see the
+/// INT4 tests.
 inline float fp16_bits_to_float(std::uint16_t bits) noexcept {
-  // Branch-free (masks, no selects) so decode loops vectorize.
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
   const std::uint32_t magnitude = bits & 0x7FFFu;
   const std::uint32_t normal = (magnitude << 13) + (112u << 23);  // rebias 15 -> 127
@@ -32,54 +35,28 @@ inline float fp16_bits_to_float(std::uint16_t bits) noexcept {
                              (subnormal & ~is_normal);
   return std::bit_cast<float>(sign | body);
 }
-
-inline float e4m3_bits_to_float(std::uint8_t bits) noexcept {
-  const int exponent = (bits >> 3) & 0xF;
-  const int mantissa = bits & 0x7;
-  float magnitude;
-  if (exponent == 0xF && mantissa == 0x7) {
-    magnitude = std::numeric_limits<float>::quiet_NaN();  // e4m3fn: S.1111.111 is NaN
-  } else if (exponent == 0) {
-    magnitude = static_cast<float>(mantissa) * 0x1p-9f;
-  } else {
-    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) * 0.125f, exponent - 7);
-  }
-  return (bits & 0x80u) ? -magnitude : magnitude;
-}
-
-inline float e5m2_bits_to_float(std::uint8_t bits) noexcept {
-  return fp16_bits_to_float(static_cast<std::uint16_t>(bits << 8));  // e5m2 = top byte of fp16
-}
-
-/// Round-to-nearest-even float -> bfloat16 bits (NaN stays NaN).
-inline std::uint16_t float_to_bf16_bits(float value) noexcept {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
-  const std::uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<std::uint16_t>(rounded >> 16);
-}
-
-/// Round-to-nearest-even float -> IEEE half bits (overflow -> infinity, NaN stays NaN).
-inline std::uint16_t float_to_fp16_bits(float value) noexcept {
-  std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
-  bits &= 0x7FFFFFFFu;
-  if (bits > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u);
-  if (bits >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // >= 65520
-  if (bits < 0x38800000u) {  // below 2^-14: a subnormal half, counted in units of 2^-24
-    const float units = std::nearbyint(std::bit_cast<float>(bits) * 0x1p24f);
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(units));
-  }
-  const std::uint32_t odd = (bits >> 13) & 1u;
-  bits = bits - (112u << 23) + 0xFFFu + odd;
-  return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(bits >> 13));
-}
+inline float e4m3_bits_to_float(std::uint8_t bits) noexcept { return to_float(fp8_e4m3::from_bits(bits)); }
+inline float e5m2_bits_to_float(std::uint8_t bits) noexcept { return to_float(fp8_e5m2::from_bits(bits)); }
+inline std::uint16_t float_to_bf16_bits(float value) noexcept { return from_float<bf16>(value).bits; }
+inline std::uint16_t float_to_fp16_bits(float value) noexcept { return from_float<fp16>(value).bits; }
 
 /// True for the types the quantizer and the scale readers accept as real numbers.
 constexpr bool is_float_type(ElementType type) noexcept {
   return type == ElementType::float32 || type == ElementType::float16 ||
          type == ElementType::bfloat16 || type == ElementType::float8_e4m3 ||
          type == ElementType::float8_e5m2 || type == ElementType::float64;
+}
+
+/// `count` elements of format T at `src` (any alignment) as float, one scalar conversion
+/// each. (Per-run calls of the formats' bulk `dequantize` cost ~10 us each here, far more than
+/// the 32..128-element runs themselves.)
+template <class T>
+void decode_format_run(const std::byte* src, std::int64_t count, float* dst) noexcept {
+  for (std::int64_t i = 0; i < count; ++i) {
+    T value;
+    std::memcpy(&value, src + static_cast<std::size_t>(i) * sizeof(T), sizeof(T));
+    dst[i] = to_float(value);
+  }
 }
 
 /// Converts `count` contiguous elements starting at `src` (any alignment) to float.
@@ -90,13 +67,7 @@ inline void decode_run(ElementType type, const std::byte* src, std::int64_t coun
     case ElementType::float32:
       std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
       return;
-    case ElementType::bfloat16:
-      for (std::int64_t i = 0; i < count; ++i) {
-        std::uint16_t bits;
-        std::memcpy(&bits, src + 2 * i, 2);
-        dst[i] = bf16_bits_to_float(bits);
-      }
-      return;
+    case ElementType::bfloat16: decode_format_run<bf16>(src, count, dst); return;
     case ElementType::float16:
       for (std::int64_t i = 0; i < count; ++i) {
         std::uint16_t bits;
@@ -105,17 +76,15 @@ inline void decode_run(ElementType type, const std::byte* src, std::int64_t coun
       }
       return;
     case ElementType::float8_e4m3: {
-      static const auto table = [] {
+      static const auto table = [] {  // a 256-entry lookup beats the per-element decode
         struct Table { float value[256]; } t{};
-        for (int b = 0; b < 256; ++b) t.value[b] = e4m3_bits_to_float(static_cast<std::uint8_t>(b));
+        for (int b = 0; b < 256; ++b) t.value[b] = to_float(fp8_e4m3::from_bits(static_cast<std::uint8_t>(b)));
         return t;
       }();
       for (std::int64_t i = 0; i < count; ++i) dst[i] = table.value[static_cast<std::uint8_t>(src[i])];
       return;
     }
-    case ElementType::float8_e5m2:
-      for (std::int64_t i = 0; i < count; ++i) dst[i] = e5m2_bits_to_float(static_cast<std::uint8_t>(src[i]));
-      return;
+    case ElementType::float8_e5m2: decode_format_run<fp8_e5m2>(src, count, dst); return;
     case ElementType::float64:
       for (std::int64_t i = 0; i < count; ++i) {
         double value;
