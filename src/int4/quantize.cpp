@@ -60,12 +60,11 @@ inline std::int32_t round_code(float x, float inverse_scale, float zero) noexcep
   return q > 15 ? 15 : q;
 }
 
-inline float smallest_positive(ElementType type) noexcept {
-  switch (type) {
-    case ElementType::float16: return 0x1p-24f;
-    case ElementType::bfloat16: return 0x1p-133f;
-    default: return std::numeric_limits<float>::denorm_min();
-  }
+/// The smallest scale used: FLT_MIN (as rounded up to `scale_type`), so that 1 / scale stays
+/// finite. A group whose range would need a smaller scale has all |w| <= 15 * FLT_MIN and
+/// still fits the grid.
+inline float smallest_scale(ElementType scale_type) noexcept {
+  return detail::round_up_to(scale_type, std::numeric_limits<float>::min());
 }
 
 /// Scale and zero for a column whose (possibly shrunk) range is [lo, hi]. Returns a
@@ -84,7 +83,7 @@ inline GroupParams params_for_range(float lo, float hi, bool symmetric, ElementT
     params.scale = detail::round_up_to(
         scale_type, std::isfinite(range) ? range / 15.0f : hi / 15.0f - lo / 15.0f);
   }
-  if (params.scale == 0.0f) params.scale = smallest_positive(scale_type);
+  params.scale = std::max(params.scale, smallest_scale(scale_type));  // NaN-free: scale >= 0 here
   params.inverse_scale = 1.0f / params.scale;
   if (!symmetric && std::isfinite(params.scale)) {
     params.zero = std::clamp(std::nearbyint(-lo / params.scale), 0.0f, 15.0f);
