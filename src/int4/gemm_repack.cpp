@@ -16,13 +16,13 @@ std::size_t as_size(std::int64_t value) { return static_cast<std::size_t>(value)
 
 Status check_group_size(std::int64_t k, std::int64_t group_size) {
   const bool per_channel = group_size == k;
-  const bool grouped = group_size >= 32 && group_size % gemm_layout::tile_k == 0 &&
+  const bool grouped = group_size % 32 == 0 && group_size > 0 &&
                        group_size <= k && k % group_size == 0;
   if (!per_channel && !grouped) {
     return make_status(StatusCode::unsupported, "group_size ", group_size,
                        " with k = ", k,
-                       ": the GEMM needs a multiple of 16 that is >= 32 and divides k, or k "
-                       "itself (per-channel)");
+                       ": the GEMM needs a multiple of 32 that divides k, or k itself "
+                       "(per-channel)");
   }
   return {};
 }

@@ -156,7 +156,7 @@ struct GemmWeights {
 };
 
 /// Checks that `matrix` is consistent and that the kernel supports its shape: k and n
-/// multiples of 16; group_size a multiple of 16 and >= 32, or equal to k (per-channel);
+/// multiples of 16; group_size a multiple of 32 that divides k, or equal to k (per-channel);
 /// act-order groups with exactly group_size rows each.
 Status check_gemm_compatible(const QuantizedMatrix& matrix);
 
