@@ -127,3 +127,22 @@ TEST_CASE("the automatic path switches to expansion at expand_min_m") {
   GemmCase at{{64, 32, 32, true, false, ActivationType::fp16}, 40, false, options};
   CHECK(slimserve_test::run_and_check(at, rng).path == GemmPath::expand);
 }
+
+TEST_CASE("random shapes, group sizes, types, splits and paths") {
+  auto rng = slimserve_test::make_rng(28);
+  std::uniform_int_distribution<int> pick(0, 1 << 20);
+  const std::array<std::int64_t, 4> group_sizes = {32, 64, 128, 0};
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::int64_t group = group_sizes[static_cast<std::size_t>(pick(rng) % 4)];
+    const std::int64_t k = group == 0 ? 16 * (1 + pick(rng) % 20) : group * (1 + pick(rng) % (256 / group));
+    const std::int64_t n = 16 * (1 + pick(rng) % 10);
+    const std::int64_t m = 1 + pick(rng) % 40;
+    const ActivationType type = pick(rng) % 2 == 0 ? ActivationType::bf16 : ActivationType::fp16;
+    const int k_steps = static_cast<int>((k + 63) / 64);
+    GemmOptions options = pick(rng) % 4 == 0 ? expand() : fused(pick(rng) % (k_steps + 1));
+    options.sm_count = 8;
+    GemmCase test{{k, n, group == 0 ? k : group, pick(rng) % 2 == 0, false, type}, m,
+                  pick(rng) % 2 == 0, options};
+    slimserve_test::run_and_check(test, rng);
+  }
+}
