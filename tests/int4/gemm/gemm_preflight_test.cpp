@@ -129,9 +129,9 @@ TEST_CASE("bad split_k, plans and workspaces are refused before any launch") {
   GemmOptions options;
   options.path = GemmPath::fused;
   options.split_k = 3;  // k = 128 has 2 steps of 64
-  Status status = plan_gemm(args, options).status();
-  CHECK(status.code() == StatusCode::invalid_argument);
-  CHECK(status.message().find("split_k = 3") != std::string_view::npos);
+  const Status too_many_splits = plan_gemm(args, options).status();
+  CHECK(too_many_splits.code() == StatusCode::invalid_argument);
+  CHECK(too_many_splits.message().find("split_k = 3") != std::string_view::npos);
   options.split_k = -1;
   CHECK(plan_gemm(args, options).status().code() == StatusCode::invalid_argument);
 
@@ -142,15 +142,16 @@ TEST_CASE("bad split_k, plans and workspaces are refused before any launch") {
   REQUIRE(plan->workspace_bytes() >= 2 * 4 * 64 * sizeof(float));
   auto workspace = rt::DeviceBuffer<unsigned char>::create(plan->workspace_bytes());
   REQUIRE(workspace.ok());
-  status = run_gemm(args, *plan, workspace->data(), plan->workspace_bytes() - 1, nullptr);
-  CHECK(status.code() == StatusCode::resource_exhausted);
+  const Status short_workspace =
+      run_gemm(args, *plan, workspace->data(), plan->workspace_bytes() - 1, nullptr);
+  CHECK(short_workspace.code() == StatusCode::resource_exhausted);
   CHECK(run_gemm(args, *plan, nullptr, 0, nullptr).code() == StatusCode::resource_exhausted);
 
   GemmArguments other = args;
   other.m = 8;  // the plan's workspace was sized for m = 4
-  status = run_gemm(other, *plan, workspace->data(), workspace->size_bytes(), nullptr);
-  CHECK(status.code() == StatusCode::invalid_argument);
-  CHECK(status.message().find("plan") != std::string_view::npos);
+  const Status wrong_plan = run_gemm(other, *plan, workspace->data(), workspace->size_bytes(), nullptr);
+  CHECK(wrong_plan.code() == StatusCode::invalid_argument);
+  CHECK(wrong_plan.message().find("plan") != std::string_view::npos);
 
   GemmArguments misaligned = args;
   misaligned.a = buffers.a.data() + 1;
@@ -165,11 +166,11 @@ TEST_CASE("the workspace size is the carving: fused split-K and expansion layout
   GemmOptions options;
   options.path = GemmPath::fused;
   options.split_k = 1;
-  Result<GemmPlan> plan = plan_gemm(args, options);
-  REQUIRE(plan.ok());
-  CHECK(plan->workspace_bytes() == 0);
+  const Result<GemmPlan> fused_plan = plan_gemm(args, options);
+  REQUIRE(fused_plan.ok());
+  CHECK(fused_plan->workspace_bytes() == 0);
   options.path = GemmPath::expand;
-  plan = plan_gemm(args, options);
+  const Result<GemmPlan> plan = plan_gemm(args, options);
   REQUIRE(plan.ok());
   CHECK(plan->workspace.dense_bytes == 128 * 64 * 2);
   CHECK(plan->workspace_bytes() >= plan->workspace.dense_offset + plan->workspace.dense_bytes);
