@@ -1,31 +1,23 @@
 #pragma once
-// PLACEHOLDER: the CPU kernel emulator is being written; this stub only fixes its interface.
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include "slimserve/config.hpp"
-#include "slimserve/status.hpp"
+/// \file
+/// \brief The CPU kernel emulator: standard CUDA kernel source compiled by g++/clang++.
+///
+/// One fiber per CUDA thread, one block at a time; a fiber runs until it blocks at a barrier
+/// or a warp operation. See docs/emulator.md for what it checks and what it cannot.
+///
+/// Pieces: qualifiers (first, before any CUDA header), vector types, fibers, the scheduler,
+/// built-ins and barriers, warp operations, atomics, intrinsics, the launcher.
 
-struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
-  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-};
+#include "slimserve/emu/qualifiers.hpp"  // must come first
+#include "slimserve/emu/vector_types.hpp"
+
+#include "slimserve/emu/atomics.hpp"
+#include "slimserve/emu/builtins.hpp"
+#include "slimserve/emu/intrinsics.hpp"
+#include "slimserve/emu/launch.hpp"
+#include "slimserve/emu/warp_ops.hpp"
+
+// cudaStream_t exists so that host code can pass streams around; the emulator has one
+// synchronous stream.
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
-
-SLIMSERVE_NAMESPACE_BEGIN
-namespace emu {
-inline Status device_malloc(void** ptr, std::size_t bytes) {
-  *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  if (*ptr == nullptr) return Status(StatusCode::resource_exhausted, "emulated malloc failed");
-  std::memset(*ptr, 0xFF, bytes);
-  return {};
-}
-inline Status device_free(void* ptr) { std::free(ptr); return {}; }
-template <class... P, class... A>
-Status launch(dim3, dim3, std::size_t, void (*)(P...), A&&...) {
-  return Status(StatusCode::unsupported, "emulator not written yet");
-}
-}  // namespace emu
-SLIMSERVE_NAMESPACE_END

@@ -89,13 +89,13 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   static Result<DeviceBuffer> create(std::size_t count) {
     DeviceBuffer buffer;
-    if (count == 0) return buffer;
+    if (count == 0) return Result<DeviceBuffer>(std::move(buffer));
     void* ptr = nullptr;
     Status status = device_malloc(&ptr, count * sizeof(T));
     if (!status.ok()) return status;
     buffer.data_ = static_cast<T*>(ptr);
     buffer.size_ = count;
-    return buffer;
+    return Result<DeviceBuffer>(std::move(buffer));
   }
   DeviceBuffer(DeviceBuffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}

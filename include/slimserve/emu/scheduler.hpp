@@ -1,0 +1,393 @@
+#pragma once
+/// \file
+/// \brief Runs one block at a time: one fiber per CUDA thread, each run until it blocks.
+///
+/// The scheduler (the launching OS thread) resumes a runnable fiber; the fiber runs until it
+/// reaches a barrier, a warp operation or its end, posts what it waits for in its mailbox and
+/// switches back. The scheduler checks the request (divergent barriers, bad warp masks),
+/// releases barriers and warp operations once everyone arrived, and reports a deadlock when
+/// nothing can run. Blocks run one after another, in x, then y, then z order.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "slimserve/config.hpp"
+#include "slimserve/emu/fiber.hpp"
+#include "slimserve/emu/sanitizer_hooks.hpp"
+#include "slimserve/emu/thread_state.hpp"
+#include "slimserve/status.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace emu::detail {
+
+/// The emulated thread running on this OS thread, null outside a kernel.
+inline thread_local EmulatedThread* current_thread_slot = nullptr;
+/// The scheduler's own context on this OS thread (fibers switch back to it).
+inline thread_local FiberContext* scheduler_context_slot = nullptr;
+/// TSan: __threadfence() synchronises with every other fence (see atomics.hpp).
+inline int fence_sync_object = 0;
+
+[[noreturn]] inline void used_outside_kernel(const char* what) {
+  std::fprintf(stderr, "slimserve emulator: %s used outside an emulated kernel\n", what);
+  std::abort();
+}
+
+inline EmulatedThread& this_thread(const char* what = "a CUDA built-in") {
+  EmulatedThread* thread = relaxed_load(current_thread_slot);
+  if (thread == nullptr) used_outside_kernel(what);
+  return *thread;
+}
+
+/// Hands control back to the scheduler until it resumes this thread.
+inline void yield_to_scheduler(EmulatedThread& self, ThreadState state) noexcept {
+  relaxed_store(self.state, state);
+  switch_context(self.context, *scheduler_context_slot, SwitchSync::publish);
+}
+
+/// Stops the calling emulated thread for good and fails the launch with `message`.
+[[noreturn]] inline void fail_this_thread(std::string message) {
+  EmulatedThread& self = this_thread("an emulator check");
+  self.error = std::move(message);
+  yield_to_scheduler(self, ThreadState::failed);
+  std::abort();  // a failed thread is never resumed
+}
+
+inline std::string format_index(const uint3& index) {
+  std::ostringstream text;
+  text << '(' << index.x << ',' << index.y << ',' << index.z << ')';
+  return text.str();
+}
+inline std::string format_site(const CallSite& site) {
+  std::ostringstream text;
+  text << site.what << " at " << site.file << ':' << site.line;
+  return text.str();
+}
+inline std::string format_mask(unsigned mask) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", mask);
+  return text;
+}
+
+class Scheduler {
+ public:
+  Scheduler() = default;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+  ~Scheduler() {
+#if defined(SLIMSERVE_EMU_TSAN)
+    for (auto& thread : pool_) {
+      if (thread->context.tsan_fiber != nullptr) __tsan_destroy_fiber(thread->context.tsan_fiber);
+    }
+#endif
+#if defined(SLIMSERVE_EMU_ASAN)
+    for (auto& thread : pool_) {
+      if (thread->stack.bottom() != nullptr) {
+        __asan_unpoison_memory_region(thread->stack.bottom(), thread->stack.size());
+      }
+    }
+#endif
+  }
+
+  static Scheduler& for_this_thread() {
+    static thread_local Scheduler scheduler;
+    return scheduler;
+  }
+
+  /// Runs every block of the grid; stops at the first error.
+  Status run(LaunchState& launch) {
+    if (relaxed_load(current_thread_slot) != nullptr) {
+      return make_status(StatusCode::device_error,
+                         "emulator: a kernel launched another kernel (not supported)");
+    }
+    const dim3 block = launch.block_dim;
+    const unsigned threads = block.x * block.y * block.z;
+    SLIMSERVE_RETURN_IF_ERROR(prepare_threads(threads));
+    scheduler_context_slot = &context_;
+    for (unsigned z = 0; z < launch.grid_dim.z; ++z) {
+      for (unsigned y = 0; y < launch.grid_dim.y; ++y) {
+        for (unsigned x = 0; x < launch.grid_dim.x; ++x) {
+          launch.block_idx = uint3{x, y, z};
+          Status status = run_block(launch, threads);
+          if (!status.ok()) {
+            scheduler_context_slot = nullptr;
+            return status;
+          }
+        }
+      }
+    }
+    scheduler_context_slot = nullptr;
+    return {};
+  }
+
+ private:
+  [[noreturn]] static void fiber_main(void* argument) {
+    auto& self = *static_cast<EmulatedThread*>(argument);
+    fiber_started(self.context, *scheduler_context_slot);
+    for (;;) {  // one iteration per block; a fiber never returns (TSan requires it)
+      LaunchState& launch = *relaxed_load(self.launch);
+      tsan_acquire(&launch);  // everything the host did before this block started
+      ThreadState end = ThreadState::exited;
+      try {
+        launch.run_kernel(launch.bound_kernel);
+      } catch (const std::exception& error) {
+        self.error = std::string("exception in kernel: ") + error.what();
+        end = ThreadState::failed;
+      } catch (...) {
+        self.error = "unknown exception in kernel";
+        end = ThreadState::failed;
+      }
+      yield_to_scheduler(self, end);
+    }
+  }
+
+  Status prepare_threads(unsigned threads) {
+    while (pool_.size() < threads) {
+      auto thread = std::make_unique<EmulatedThread>();
+      if (!thread->stack.allocate(fiber_stack_bytes)) {
+        return make_status(StatusCode::resource_exhausted, "emulator: cannot map a ",
+                           fiber_stack_bytes, "-byte fiber stack");
+      }
+      pool_.push_back(std::move(thread));
+    }
+    if (warps_.size() < (threads + warp_size - 1) / warp_size) {
+      warps_.resize((threads + warp_size - 1) / warp_size);
+    }
+    return {};
+  }
+
+  void fresh_fiber(EmulatedThread& thread) {
+#if defined(SLIMSERVE_EMU_TSAN)
+    if (context_.tsan_fiber == nullptr) context_.tsan_fiber = __tsan_get_current_fiber();
+    if (thread.context.tsan_fiber != nullptr) __tsan_destroy_fiber(thread.context.tsan_fiber);
+    thread.context.tsan_fiber = __tsan_create_fiber(0);
+#endif
+    make_fiber_context(thread.context, thread.stack, &fiber_main, &thread);
+    thread.needs_fresh_fiber = false;
+  }
+
+  Status run_block(LaunchState& launch, unsigned threads) {
+    const dim3 block = launch.block_dim;
+    const unsigned num_warps = (threads + warp_size - 1) / warp_size;
+    for (unsigned w = 0; w < num_warps; ++w) {
+      WarpState& warp = warps_[w];
+      warp.present = 0;
+      warp.exited = 0;
+      warp.pending.clear();
+      std::fill(std::begin(warp.lanes), std::end(warp.lanes), nullptr);
+    }
+    queue_.clear();
+    for (unsigned i = 0; i < threads; ++i) {
+      EmulatedThread& thread = *pool_[i];
+      if (thread.needs_fresh_fiber) fresh_fiber(thread);
+      thread.thread_idx = uint3{i % block.x, i / block.x % block.y, i / (block.x * block.y)};
+      thread.linear = i;
+      thread.warp = i / warp_size;
+      thread.lane = i % warp_size;
+      relaxed_store(thread.launch, &launch);
+      thread.warp_state = &warps_[thread.warp];
+      thread.state = ThreadState::running;
+      thread.error.clear();
+      thread.async_copies.reset();
+      warps_[thread.warp].lanes[thread.lane] = &thread;
+      warps_[thread.warp].present |= 1u << thread.lane;
+      queue_.push_back(&thread);
+    }
+    live_ = threads;
+    barrier_waiters_.clear();
+    barrier_predicates_ = 0;
+    if (launch.dynamic_smem != nullptr) {
+      std::memset(launch.dynamic_smem, 0xFF, launch.dynamic_smem_bytes);  // poison
+    }
+    tsan_release(&launch);
+
+    for (std::size_t next = 0; next < queue_.size(); ++next) {
+      EmulatedThread& thread = *queue_[next];
+      relaxed_store(current_thread_slot, &thread);
+      switch_context(context_, thread.context, SwitchSync::none);
+      relaxed_store(current_thread_slot, static_cast<EmulatedThread*>(nullptr));
+      Status status = handle_request(launch, thread);
+      if (!status.ok()) {
+        abandon_block(threads);
+        return status;
+      }
+    }
+    if (live_ != 0) {
+      Status status = deadlock(launch, threads);
+      abandon_block(threads);
+      return status;
+    }
+    return {};
+  }
+
+  // Threads still suspended mid-kernel cannot be resumed: give them fresh fibers next time.
+  void abandon_block(unsigned threads) {
+    for (unsigned i = 0; i < threads; ++i) {
+      EmulatedThread& thread = *pool_[i];
+      ThreadState state = relaxed_load(thread.state);
+      if (state != ThreadState::exited) thread.needs_fresh_fiber = true;
+    }
+  }
+
+  Status thread_error(const LaunchState& launch, const EmulatedThread& thread,
+                      const std::string& message) const {
+    return make_status(StatusCode::device_error, "emulated kernel: block ",
+                       format_index(launch.block_idx), " thread ", format_index(thread.thread_idx),
+                       ": ", message);
+  }
+
+  Status handle_request(const LaunchState& launch, EmulatedThread& thread) {
+    switch (relaxed_load(thread.state)) {
+      case ThreadState::exited: return on_exit(launch, thread);
+      case ThreadState::failed:
+        thread.needs_fresh_fiber = true;
+        return thread_error(launch, thread, thread.error);
+      case ThreadState::at_barrier: return on_barrier(launch, thread);
+      case ThreadState::at_warp_op: return on_warp_op(launch, thread);
+      case ThreadState::running: break;
+    }
+    return thread_error(launch, thread, "emulator bug: a thread yielded without a request");
+  }
+
+  Status on_exit(const LaunchState& launch, EmulatedThread& thread) {
+    --live_;
+    WarpState& warp = *thread.warp_state;
+    const unsigned bit = 1u << thread.lane;
+    warp.exited |= bit;
+    for (const PendingWarpOp& op : warp.pending) {
+      if (op.mask & bit) {
+        return thread_error(
+            launch, thread,
+            "exited while lanes " + format_mask(op.arrived) + " of its warp wait for it in " +
+                format_site(op.first->posted_site()) + " with mask " + format_mask(op.mask));
+      }
+    }
+    // Exited threads no longer count at __syncthreads (as on the hardware).
+    if (!barrier_waiters_.empty() && barrier_waiters_.size() == live_) release_barrier();
+    return {};
+  }
+
+  Status on_barrier(const LaunchState& launch, EmulatedThread& thread) {
+    const CallSite site = thread.posted_site();
+    if (!barrier_waiters_.empty()) {
+      const EmulatedThread& first = *barrier_waiters_.front();
+      const CallSite first_site = first.posted_site();
+      if (!site.same_place(first_site)) {
+        return thread_error(launch, thread,
+                            "divergent barrier: waits at " + format_site(site) + " while thread " +
+                                format_index(first.thread_idx) + " waits at " +
+                                format_site(first_site));
+      }
+    }
+    barrier_waiters_.push_back(&thread);
+    if (relaxed_load(thread.barrier_predicate) != 0) ++barrier_predicates_;
+    if (barrier_waiters_.size() == live_) release_barrier();
+    return {};
+  }
+
+  void release_barrier() {
+    for (EmulatedThread* waiter : barrier_waiters_) {
+      relaxed_store(waiter->result[0], std::uint64_t{barrier_predicates_});
+      relaxed_store(waiter->result[1], std::uint64_t{barrier_waiters_.size()});
+      relaxed_store(waiter->state, ThreadState::running);
+      queue_.push_back(waiter);
+    }
+    barrier_waiters_.clear();
+    barrier_predicates_ = 0;
+  }
+
+  Status on_warp_op(const LaunchState& launch, EmulatedThread& thread) {
+    WarpState& warp = *thread.warp_state;
+    const unsigned mask = relaxed_load(thread.warp_mask);
+    const WarpCombine combine = relaxed_load(thread.combine);
+    const unsigned bit = 1u << thread.lane;
+    const CallSite site = thread.posted_site();
+    if (!(mask & bit)) {
+      return thread_error(launch, thread,
+                          format_site(site) + ": mask " + format_mask(mask) +
+                              " does not include the calling lane " + std::to_string(thread.lane));
+    }
+    if (mask & ~warp.present) {
+      return thread_error(launch, thread,
+                          format_site(site) + ": mask " + format_mask(mask) +
+                              " names lanes that do not exist in this warp (present lanes " +
+                              format_mask(warp.present) + ")");
+    }
+    if (mask & warp.exited) {
+      return thread_error(launch, thread,
+                          format_site(site) + ": mask " + format_mask(mask) +
+                              " names lanes that have exited: " + format_mask(mask & warp.exited));
+    }
+    auto op = std::find_if(warp.pending.begin(), warp.pending.end(),
+                           [&](const PendingWarpOp& p) { return (p.mask & mask) != 0; });
+    if (op == warp.pending.end()) {
+      warp.pending.push_back(PendingWarpOp{mask, 0, combine, &thread});
+      op = warp.pending.end() - 1;
+    } else if (op->mask != mask || op->combine != combine) {
+      return thread_error(launch, thread,
+                          format_site(site) + " with mask " + format_mask(mask) +
+                              " meets lane " + std::to_string(op->first->lane) + " in " +
+                              format_site(op->first->posted_site()) + " with mask " +
+                              format_mask(op->mask) + " (warp operations do not match)");
+    }
+    op->arrived |= bit;
+    if (op->arrived != op->mask) return {};
+
+    WarpGroup group(warp, mask);
+    if (combine != nullptr) combine(group);
+    warp.pending.erase(op);
+    if (group.failed_lane() >= 0) {
+      return thread_error(launch, *warp.lanes[group.failed_lane()],
+                          format_site(warp.lanes[group.failed_lane()]->posted_site()) + ": " +
+                              group.error());
+    }
+    for (unsigned lane = 0; lane < warp_size; ++lane) {
+      if (mask >> lane & 1u) {
+        relaxed_store(warp.lanes[lane]->state, ThreadState::running);
+        queue_.push_back(warp.lanes[lane]);
+      }
+    }
+    return {};
+  }
+
+  Status deadlock(const LaunchState& launch, unsigned threads) const {
+    std::ostringstream text;
+    text << "deadlock: " << live_ << " emulated threads wait and none can run;";
+    const EmulatedThread* first = nullptr;
+    int listed = 0;
+    for (unsigned i = 0; i < threads && listed < 4; ++i) {
+      const EmulatedThread& thread = *pool_[i];
+      const ThreadState state = relaxed_load(thread.state);
+      if (state != ThreadState::at_barrier && state != ThreadState::at_warp_op) continue;
+      if (first == nullptr) first = &thread;
+      text << " thread " << format_index(thread.thread_idx) << " waits in "
+           << format_site(thread.posted_site());
+      if (state == ThreadState::at_warp_op) {
+        text << " (mask " << format_mask(relaxed_load(thread.warp_mask)) << ")";
+      }
+      text << ';';
+      ++listed;
+    }
+    if (first == nullptr) first = pool_[0].get();
+    return thread_error(launch, *first, text.str());
+  }
+
+  FiberContext context_;
+  std::vector<std::unique_ptr<EmulatedThread>> pool_;
+  std::vector<WarpState> warps_;
+  std::vector<EmulatedThread*> queue_;  // runnable threads, in the order they became so
+  std::vector<EmulatedThread*> barrier_waiters_;
+  unsigned barrier_predicates_ = 0;
+  std::size_t live_ = 0;
+};
+
+}  // namespace emu::detail
+SLIMSERVE_NAMESPACE_END
