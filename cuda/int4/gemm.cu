@@ -101,6 +101,27 @@ std::size_t align_up(std::size_t bytes, std::size_t alignment) {
   return (bytes + alignment - 1) / alignment * alignment;
 }
 
+/// Automatic split-K. The busiest SM's work, in full-K tile units, is
+/// ceil(tiles * s / sm_count) / s; take the s (1..16) that minimizes it, the largest such s
+/// on ties (more blocks in flight hide memory latency), keeping each slice at least two K
+/// steps long and the FP32 partials at most 1/4 of the packed weight bytes
+/// (s * m * 4 <= k / 8). UNMEASURED: a model, not a tuning result.
+int choose_split(std::int64_t tiles, int sm_count, int k_steps, std::int64_t m, std::int64_t k) {
+  const std::int64_t most = std::clamp<std::int64_t>(
+      std::min<std::int64_t>({max_auto_splits, k_steps / 2, k / (32 * m)}), 1, max_auto_splits);
+  int best = 1;
+  double best_cost = std::numeric_limits<double>::max();
+  for (std::int64_t s = 1; s <= most; ++s) {
+    const std::int64_t waves = (tiles * s + sm_count - 1) / sm_count;
+    const double cost = static_cast<double>(waves) / static_cast<double>(s);
+    if (cost <= best_cost * (1.0 + 1e-9)) {
+      best_cost = cost;
+      best = static_cast<int>(s);
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 namespace detail {
@@ -193,12 +214,7 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
       const int sm_count = options.sm_count > 0 ? options.sm_count : device_sm_count();
       const std::int64_t tiles = ((args.n + kernel->block_n - 1) / kernel->block_n) *
                                  ((args.m + kernel->block_m - 1) / kernel->block_m);
-      if (tiles < sm_count) {
-        // Enough K slices to cover the SMs, each slice at least two K steps long.
-        const std::int64_t wanted = (sm_count + tiles - 1) / tiles;
-        splits = static_cast<int>(std::clamp<std::int64_t>(
-            std::min<std::int64_t>(wanted, k_steps / 2), 1, max_auto_splits));
-      }
+      splits = choose_split(tiles, sm_count, k_steps, args.m, args.k);
     }
   }
   const int steps_per_split = (k_steps + splits - 1) / splits;

@@ -1,9 +1,11 @@
 // Host repacking between the interchange form (QuantizedMatrix) and the GEMM kernel's layout.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "slimserve/int4/gemm_layout.hpp"
@@ -13,6 +15,47 @@ namespace int4 {
 namespace {
 
 std::size_t as_size(std::int64_t value) { return static_cast<std::size_t>(value); }
+
+// Below this many codes per thread, starting threads costs more than it saves.
+constexpr std::int64_t min_codes_per_thread = std::int64_t{1} << 20;
+
+// For each (lane, nibble) of a tile: which of the tile's 32 plain words holds the code
+// (index = (k / 8) * 16 + n: two words of 8 rows per column) and at which bit.
+struct PlainSource {
+  std::uint8_t word;
+  std::uint8_t shift;
+};
+constexpr std::array<PlainSource, 256> make_plain_sources() {
+  std::array<PlainSource, 256> table{};
+  for (int lane = 0; lane < gemm_layout::words_per_tile; ++lane) {
+    for (int nibble = 0; nibble < gemm_layout::codes_per_word; ++nibble) {
+      const gemm_layout::TileCoord at = gemm_layout::code_position(lane, nibble);
+      table[static_cast<std::size_t>(lane * 8 + nibble)] =
+          PlainSource{static_cast<std::uint8_t>((at.k / 8) * 16 + at.n),
+                      static_cast<std::uint8_t>(4 * (at.k % 8))};
+    }
+  }
+  return table;
+}
+constexpr std::array<PlainSource, 256> plain_sources = make_plain_sources();
+
+// One 16x16 tile without act-order: load its 32 plain words once, emit its 32 packed words.
+void pack_tile(const std::uint32_t* codes, std::int64_t n, std::int64_t tile_row,
+               std::int64_t tile_col, std::uint32_t* packed) {
+  std::uint32_t plain[32];
+  for (int half = 0; half < 2; ++half) {
+    const std::uint32_t* row = codes + (tile_row * 2 + half) * n + tile_col * gemm_layout::tile_n;
+    for (int col = 0; col < gemm_layout::tile_n; ++col) plain[half * 16 + col] = row[col];
+  }
+  for (int lane = 0; lane < gemm_layout::words_per_tile; ++lane) {
+    std::uint32_t word = 0;
+    for (int nibble = 0; nibble < gemm_layout::codes_per_word; ++nibble) {
+      const PlainSource from = plain_sources[static_cast<std::size_t>(lane * 8 + nibble)];
+      word |= ((plain[from.word] >> from.shift) & 0xFu) << (4 * nibble);
+    }
+    packed[lane] = word;
+  }
+}
 
 Status check_group_size(std::int64_t k, std::int64_t group_size) {
   const bool per_channel = group_size == k;
@@ -122,20 +165,38 @@ Result<GemmWeights> repack_for_gemm(const QuantizedMatrix& matrix, ActivationTyp
   const std::int64_t n = matrix.n;
   out.packed.assign(as_size(k / 8 * n), 0u);
   // One output word at a time: each gathers its 8 codes (the packed order is the kernel's).
-  for (std::int64_t tile_row = 0; tile_row < k / gemm_layout::tile_k; ++tile_row) {
-    for (std::int64_t tile_col = 0; tile_col < n / gemm_layout::tile_n; ++tile_col) {
-      for (int lane = 0; lane < gemm_layout::words_per_tile; ++lane) {
-        std::uint32_t word = 0;
-        for (int nibble = 0; nibble < gemm_layout::codes_per_word; ++nibble) {
-          const gemm_layout::TileCoord at = gemm_layout::code_position(lane, nibble);
-          const std::int64_t packed_row = tile_row * gemm_layout::tile_k + at.k;
-          const std::int64_t row = out.k_order.empty() ? packed_row : out.k_order[as_size(packed_row)];
-          word |= matrix.code(row, tile_col * gemm_layout::tile_n + at.n) << (4 * nibble);
+  // Tile rows are independent: split them over threads.
+  const std::int64_t tile_rows = k / gemm_layout::tile_k;
+  auto pack_tile_rows = [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t tile_row = first; tile_row < last; ++tile_row) {
+      for (std::int64_t tile_col = 0; tile_col < n / gemm_layout::tile_n; ++tile_col) {
+        if (out.k_order.empty()) {
+          pack_tile(matrix.codes.data(), n, tile_row, tile_col,
+                    &out.packed[as_size(gemm_layout::packed_word_index(tile_row, tile_col, 0, n))]);
+          continue;
         }
-        out.packed[as_size(gemm_layout::packed_word_index(tile_row, tile_col, lane, n))] = word;
+        for (int lane = 0; lane < gemm_layout::words_per_tile; ++lane) {  // act-order: gather rows
+          std::uint32_t word = 0;
+          for (int nibble = 0; nibble < gemm_layout::codes_per_word; ++nibble) {
+            const gemm_layout::TileCoord at = gemm_layout::code_position(lane, nibble);
+            const std::int64_t row = out.k_order[as_size(tile_row * gemm_layout::tile_k + at.k)];
+            word |= matrix.code(row, tile_col * gemm_layout::tile_n + at.n) << (4 * nibble);
+          }
+          out.packed[as_size(gemm_layout::packed_word_index(tile_row, tile_col, lane, n))] = word;
+        }
       }
     }
+  };
+  const std::int64_t workers = std::clamp<std::int64_t>(
+      std::min<std::int64_t>(static_cast<std::int64_t>(std::thread::hardware_concurrency()),
+                             k * n / min_codes_per_thread),
+      1, tile_rows);
+  std::vector<std::thread> threads;
+  for (std::int64_t w = 1; w < workers; ++w) {
+    threads.emplace_back(pack_tile_rows, tile_rows * w / workers, tile_rows * (w + 1) / workers);
   }
+  pack_tile_rows(0, tile_rows / workers);
+  for (std::thread& thread : threads) thread.join();
 
   out.scales.resize(matrix.scales.size());
   for (std::size_t i = 0; i < matrix.scales.size(); ++i) {
