@@ -103,6 +103,12 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
 /// memory one block of `tile` asks for (sizeof its SharedStorage).
 std::size_t gemm_shared_memory_bytes(ActivationType activation, GemmTile tile);
 
+/// Act-order weights (GemmWeights::k_order non-empty) need A's columns in the packed row
+/// order: out[r, i] = a[r, k_order[i]] for [m, k] BF16/FP16 matrices (not in place). The
+/// k_order values are not rechecked on the device (repack_for_gemm validated them).
+Status gather_activation_columns(const void* a, const std::int32_t* k_order, void* out,
+                                 std::int64_t m, std::int64_t k, CUstream_st* stream);
+
 /// Device-side inputs of `repack_for_gemm_on_device`: the interchange form's buffers.
 struct DeviceQuantizedMatrix {
   std::int64_t k = 0;

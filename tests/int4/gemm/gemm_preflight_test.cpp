@@ -245,3 +245,17 @@ TEST_CASE("device repack is bit-identical to the host repack") {
   CHECK(repack_for_gemm_on_device(bad, ActivationType::bf16, DeviceGemmWeights{}, nullptr).code() ==
         StatusCode::unsupported);
 }
+
+TEST_CASE("gather_activation_columns refuses null, in-place and empty inputs") {
+  const Buffers buffers = make_buffers(4, 64, 128);
+  auto order = rt::DeviceBuffer<std::int32_t>::create(128);
+  REQUIRE(order.ok());
+  const void* a = buffers.a.data();
+  CHECK(gather_activation_columns(a, nullptr, buffers.c.data(), 4, 128, nullptr).code() ==
+        StatusCode::invalid_argument);
+  CHECK(gather_activation_columns(a, order->data(), buffers.a.data(), 4, 128, nullptr).code() ==
+        StatusCode::invalid_argument);
+  CHECK(gather_activation_columns(a, order->data(), buffers.c.data(), 0, 128, nullptr).code() ==
+        StatusCode::invalid_argument);
+  CHECK(still_poisoned(buffers.c));
+}

@@ -64,18 +64,19 @@ inline slimserve::int4::GemmPlan run_and_check(const GemmCase& test, std::mt1993
   const std::vector<std::uint16_t> bias =
       test.bias ? random_activations(type, static_cast<std::size_t>(n), rng) : std::vector<std::uint16_t>{};
 
-  // Act-order: the kernel wants A's columns in the packed row order.
-  std::vector<std::uint16_t> a_kernel = a;
+  // Act-order: the kernel wants A's columns in the packed row order (gathered on the device).
+  auto d_a = to_device(a);
+  auto d_a_gathered = rt::DeviceBuffer<std::uint16_t>::create(a.size());
+  REQUIRE(d_a_gathered.ok());
   if (!packed->k_order.empty()) {
-    for (std::int64_t row = 0; row < m; ++row) {
-      for (std::int64_t i = 0; i < k; ++i) {
-        a_kernel[static_cast<std::size_t>(row * k + i)] =
-            a[static_cast<std::size_t>(row * k + packed->k_order[static_cast<std::size_t>(i)])];
-      }
-    }
+    auto d_order = to_device(packed->k_order);
+    REQUIRE(d_a_gathered->fill_bytes(0xFF).ok());
+    const Status gathered =
+        gather_activation_columns(d_a.data(), d_order.data(), d_a_gathered->data(), m, k, nullptr);
+    INFO(gathered.to_string());
+    REQUIRE(gathered.ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
   }
-
-  auto d_a = to_device(a_kernel);
   auto d_b = to_device(packed->packed);
   auto d_scales = to_device(packed->scales);
   auto d_zeros = to_device(packed->zeros);
@@ -90,7 +91,7 @@ inline slimserve::int4::GemmPlan run_and_check(const GemmCase& test, std::mt1993
   args.n = n;
   args.k = k;
   args.group_size = spec.group_size;
-  args.a = d_a.data();
+  args.a = packed->k_order.empty() ? d_a.data() : d_a_gathered->data();
   args.b = d_b.data();
   args.scales = d_scales.data();
   args.zeros = packed->zeros.empty() ? nullptr : d_zeros.data();
