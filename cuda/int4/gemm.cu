@@ -178,7 +178,7 @@ Status can_implement(const GemmArguments& args) {
   SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.b, "b (packed weights)", 16, true));
   SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.scales, "scales", 16, true));
   SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.zeros, "zeros", 16, false));
-  SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.bias, "bias", 4, false));
+  SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.bias, "bias", 16, false));
   SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.c, "c", 16, true));
   return {};
 }

@@ -40,7 +40,7 @@ enum class GemmTile : std::uint8_t {
 };
 
 /// Everything is a device pointer; the element type of a, c, bias, scales and zeros is
-/// `activation`. All pointers must be 16-byte aligned (bias: 4-byte).
+/// `activation`. All pointers must be 16-byte aligned (cp.async rows; cuBLASLt operands).
 struct GemmArguments {
   ActivationType activation = ActivationType::bf16;
   std::int64_t m = 0;
