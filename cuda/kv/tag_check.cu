@@ -15,7 +15,7 @@ constexpr int check_warps_per_block = 4;
 // Grid-stride loops cover any size; more blocks than this would only queue.
 constexpr unsigned max_grid_blocks = 1024;
 
-[[maybe_unused]] unsigned blocks_for(std::int64_t items, std::int64_t per_block) {
+unsigned blocks_for(std::int64_t items, std::int64_t per_block) {
   return static_cast<unsigned>(
       std::clamp<std::int64_t>((items + per_block - 1) / per_block, 1, max_grid_blocks));
 }
@@ -77,16 +77,12 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
     SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(
         device_batch, host_batch, (tag_batch_header_slots + count) * sizeof(TagUpdate),
         rt::CopyDirection::host_to_device, stream));
-#if defined(SLIMSERVE_KV_HAS_KERNELS)
     const TagScatterParams params{device_batch, tags_.data(), num_pages_};
     SLIMSERVE_RETURN_IF_ERROR(rt::launch(
         scatter_page_tags_kernel<scatter_block_threads>,
         rt::LaunchConfig{dim3(blocks_for(static_cast<std::int64_t>(count), scatter_block_threads)),
                          dim3(scatter_block_threads), 0, stream},
         params));
-#else
-    return make_status(StatusCode::unsupported, "this emulator cannot run kernels yet");
-#endif
     last_sync_ = LastSync::scatter;
   }
   next_slot_ = 1 - slot;
@@ -96,37 +92,60 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
 
 // --- Tag check -----------------------------------------------------------------------------
 
-Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) {
-  const PageTableView& table = arguments.table;
-  if (arguments.page_tags == nullptr || arguments.page_tags->data() == nullptr) {
+namespace {
+
+// Shared by both table forms: preflight of what they have in common, then the launch.
+template <class Rows>
+Status launch_tag_check(const Rows& rows, const DeviceTagArray* page_tags,
+                        RequestStatus* statuses, std::int32_t* aborted_count,
+                        cudaStream_t stream) {
+  if (page_tags == nullptr || page_tags->data() == nullptr) {
     return make_status(StatusCode::invalid_argument, "check_page_tags: no device tag array");
   }
+  if (rows.batch_size() > 0 && statuses == nullptr) {
+    return make_status(StatusCode::invalid_argument, "check_page_tags: statuses is null");
+  }
+  if (aborted_count != nullptr) {
+    SLIMSERVE_RETURN_IF_ERROR(rt::memset_async(aborted_count, 0, sizeof(std::int32_t), stream));
+  }
+  if (rows.batch_size() == 0) return {};
+  const TagCheckParams<Rows> params{rows, page_tags->data(), page_tags->num_pages(), statuses,
+                                    aborted_count};
+  return rt::launch(check_page_tags_kernel<check_warps_per_block, Rows>,
+                    rt::LaunchConfig{dim3(blocks_for(rows.batch_size(), check_warps_per_block)),
+                                     dim3(check_warps_per_block * detail::warp_size), 0, stream},
+                    params);
+}
+
+}  // namespace
+
+Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) {
+  const PageTableView& table = arguments.table;
   if (table.batch_size < 0 || table.page_size < 1) {
     return make_status(StatusCode::invalid_argument, "check_page_tags: batch_size ",
                        table.batch_size, ", page_size ", table.page_size);
   }
-  if (table.batch_size > 0 &&
-      (table.indptr == nullptr || table.last_page_len == nullptr || table.indices == nullptr ||
-       table.expected_tags == nullptr || arguments.statuses == nullptr)) {
-    return make_status(StatusCode::invalid_argument,
-                       "check_page_tags: a page-table or status pointer is null");
+  if (table.batch_size > 0 && (table.indptr == nullptr || table.last_page_len == nullptr ||
+                               table.indices == nullptr || table.expected_tags == nullptr)) {
+    return make_status(StatusCode::invalid_argument, "check_page_tags: a page-table array is null");
   }
-  if (arguments.aborted_count != nullptr) {
-    SLIMSERVE_RETURN_IF_ERROR(
-        rt::memset_async(arguments.aborted_count, 0, sizeof(std::int32_t), stream));
+  return launch_tag_check(CsrRows{table}, arguments.page_tags, arguments.statuses,
+                          arguments.aborted_count, stream);
+}
+
+Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream) {
+  const BlockTableView& table = arguments.table;
+  if (table.batch_size < 0 || table.page_size < 1 || table.max_pages_per_request < 0) {
+    return make_status(StatusCode::invalid_argument, "check_page_tags: batch_size ",
+                       table.batch_size, ", page_size ", table.page_size,
+                       ", max_pages_per_request ", table.max_pages_per_request);
   }
-  if (table.batch_size == 0) return {};
-#if defined(SLIMSERVE_KV_HAS_KERNELS)
-  const TagCheckParams params{table, arguments.page_tags->data(),
-                              arguments.page_tags->num_pages(), arguments.statuses,
-                              arguments.aborted_count};
-  return rt::launch(check_page_tags_kernel<check_warps_per_block>,
-                    rt::LaunchConfig{dim3(blocks_for(table.batch_size, check_warps_per_block)),
-                                     dim3(check_warps_per_block * detail::warp_size), 0, stream},
-                    params);
-#else
-  return make_status(StatusCode::unsupported, "this emulator cannot run kernels yet");
-#endif
+  if (table.batch_size > 0 && (table.block_table == nullptr || table.expected_tags == nullptr ||
+                               table.seq_lens == nullptr)) {
+    return make_status(StatusCode::invalid_argument, "check_page_tags: a block-table array is null");
+  }
+  return launch_tag_check(BlockRows{table}, arguments.page_tags, arguments.statuses,
+                          arguments.aborted_count, stream);
 }
 
 Status copy_statuses_to_host(const RequestStatus* device_statuses, std::span<RequestStatus> host,

@@ -79,9 +79,9 @@ int demo_kv() {
   std::vector<kv::AbortedRequest> aborted;
   kv::collect_aborted(verdicts, aborted);
   for (const kv::AbortedRequest& request : aborted) {
-    fmt::print("kv demo: GPU tag check aborted request {} (state {}, page slot {}): it reads and "
+    fmt::print("kv demo: GPU tag check aborted request {} ({} at page slot {}): it reads and "
                "writes no page\n",
-               request.request == 0 ? "B" : "A", static_cast<int>(request.status.state),
+               request.request == 0 ? "B" : "A", kv::to_string(request.status.state),
                request.status.failed_slot);
   }
   const bool caught = aborted.size() == 1 && aborted[0].request == 1 &&

@@ -164,7 +164,8 @@ Result<BlockTableView> build_block_table(std::span<const RequestPages> requests,
                         shape.page_size};
 }
 
-Status validate_page_table(const PageTableView& table, std::int32_t num_pages) {
+Status validate_page_table(const PageTableView& table, std::int32_t num_pages,
+                           std::int64_t max_entries) {
   SLIMSERVE_RETURN_IF_ERROR(check_shape(PageTableShape{table.page_size, num_pages}));
   if (table.batch_size < 0) {
     return make_status(StatusCode::invalid_argument, "batch_size ", table.batch_size, " < 0");
@@ -177,6 +178,7 @@ Status validate_page_table(const PageTableView& table, std::int32_t num_pages) {
     return make_status(StatusCode::invalid_argument, "indptr[0] must be 0, got ",
                        table.indptr[0]);
   }
+  // Pass 1: the row structure, so no entry is read through a bad indptr.
   for (std::int32_t b = 0; b < table.batch_size; ++b) {
     const std::int32_t begin = table.indptr[b];
     const std::int32_t end = table.indptr[b + 1];
@@ -190,9 +192,17 @@ Status validate_page_table(const PageTableView& table, std::int32_t num_pages) {
       return make_status(StatusCode::invalid_argument, "request ", b, ": last_page_len ", len,
                          " outside 1..", table.page_size, " for ", end - begin, " pages");
     }
-    for (std::int32_t j = begin; j < end; ++j) {
-      SLIMSERVE_RETURN_IF_ERROR(
-          check_entry(table.indices[j], table.expected_tags[j], num_pages, b, j - begin));
+  }
+  const std::int64_t entries = table.indptr[table.batch_size];
+  if (max_entries >= 0 && entries > max_entries) {
+    return make_status(StatusCode::out_of_range, "indptr[", table.batch_size, "] = ", entries,
+                       " entries, the arrays hold ", max_entries);
+  }
+  // Pass 2: the entries.
+  for (std::int32_t b = 0; b < table.batch_size; ++b) {
+    for (std::int32_t j = table.indptr[b]; j < table.indptr[b + 1]; ++j) {
+      SLIMSERVE_RETURN_IF_ERROR(check_entry(table.indices[j], table.expected_tags[j], num_pages,
+                                            b, j - table.indptr[b]));
     }
   }
   return {};

@@ -36,8 +36,8 @@ std::vector<In> test_inputs(int binade_exponent) {
       inputs.push_back(float_of(bits));
     }
     const std::uint32_t first = static_cast<std::uint32_t>(binade_exponent + 127) << 23;
-    for (std::uint32_t m = 1; m < (1u << 23); m += 17) inputs.push_back(float_of(first | m));
-    for (std::uint64_t bits = 17; bits < (1ull << 32); bits += 32749) {
+    for (std::uint32_t m = 1; m < (1u << 23); m += 41) inputs.push_back(float_of(first | m));
+    for (std::uint64_t bits = 17; bits < (1ull << 32); bits += 65521) {
       inputs.push_back(float_of(static_cast<std::uint32_t>(bits)));
     }
     return inputs;

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -15,14 +14,16 @@ namespace slimserve_test {
 template <class T>
 std::vector<T> load_golden(const std::string& name) {
   const std::string path = std::string(SLIMSERVE_GOLDEN_DIR) + "/" + name;
-  std::ifstream file(path, std::ios::binary);
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
   INFO("golden table " << path << " (regenerate with tests/formats/gen_golden.py)");
   REQUIRE(file.good());
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(file)),
-                                std::istreambuf_iterator<char>());
-  REQUIRE(bytes.size() % sizeof(T) == 0);
-  std::vector<T> values(bytes.size() / sizeof(T));
-  std::memcpy(values.data(), bytes.data(), bytes.size());  // little-endian host assumed
+  const auto bytes = static_cast<std::size_t>(file.tellg());
+  REQUIRE(bytes % sizeof(T) == 0);
+  std::vector<T> values(bytes / sizeof(T));
+  file.seekg(0);
+  // Raw little-endian values (every supported host is little-endian).
+  file.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(bytes));
+  REQUIRE(file.good());
   return values;
 }
 

@@ -115,11 +115,11 @@ TEMPLATE_TEST_CASE("RNE matches the nearest-value reference around every tie",
   for (std::size_t i = 0; i < num_pairs; ++i) {
     const bool small_format = format_traits<TestType>::bits == 8;
     if (small_format || i < 1100 || i + 600 >= num_pairs ||
-        std::uniform_int_distribution<int>(0, 15)(rng) == 0) {
+        std::uniform_int_distribution<int>(0, 31)(rng) == 0) {
       pairs.push_back(i);
     }
   }
-  const int window = format_traits<TestType>::bits == 8 ? 1024 : 48;
+  const int window = format_traits<TestType>::bits == 8 ? 384 : 32;
   for (std::size_t i : pairs) {
     const double lo = values[i];
     const double hi = i + 1 < values.size() ? values[i + 1] : lo + (lo - values[i - 1]);
@@ -135,7 +135,7 @@ TEMPLATE_TEST_CASE("RNE matches the nearest-value reference around every tie",
     }
   }
   CHECK(sweep.failures == 0);
-  CHECK(sweep.checked > 100000);
+  CHECK(sweep.checked > 50000);
 }
 
 TEMPLATE_TEST_CASE("RNE matches the reference on every float32 of a random binade",
@@ -150,8 +150,8 @@ TEMPLATE_TEST_CASE("RNE matches the reference on every float32 of a random binad
                                                           std::min(high_exponent, 127))(rng);
   INFO("binade 2^" << exponent);
   const std::uint32_t first = static_cast<std::uint32_t>(exponent + 127) << 23;
-  // A quarter of the binade for FP8, a sixteenth for the 16-bit ones (random offset).
-  const std::uint32_t stride = format_traits<TestType>::bits == 8 ? 4u : 16u;
+  // An eighth of the binade for FP8, 1/32 for the 16-bit ones (random offset).
+  const std::uint32_t stride = format_traits<TestType>::bits == 8 ? 8u : 32u;
   const std::uint32_t offset = std::uniform_int_distribution<std::uint32_t>(0, stride - 1)(rng);
   for (std::uint32_t m = offset; m < (1u << 23); m += stride) sweep.check(first | m);
   CHECK(sweep.failures == 0);
@@ -162,11 +162,11 @@ TEMPLATE_TEST_CASE("RNE matches the reference over a stride of all 2^32 float32 
   const NearestReference<TestType> reference;
   SweepCounter<TestType> sweep{reference};
   auto rng = slimserve_test::make_rng(13);
-  const std::uint64_t stride = 8191;  // prime: every mantissa low-bit pattern gets visited
+  const std::uint64_t stride = 16381;  // prime: every mantissa low-bit pattern gets visited
   const std::uint64_t start = std::uniform_int_distribution<std::uint64_t>(0, stride - 1)(rng);
   for (std::uint64_t bits = start; bits < (1ull << 32); bits += stride) {
     sweep.check(static_cast<std::uint32_t>(bits));
   }
   CHECK(sweep.failures == 0);
-  CHECK(sweep.checked > 500000);
+  CHECK(sweep.checked > 250000);
 }

@@ -107,7 +107,6 @@ class World {
   std::mt19937_64& rng() { return rng_; }
   void sync_tags() { REQUIRE(tags_.sync(pool_, nullptr).ok()); }
   DeviceTagArray::LastSync last_sync() const { return tags_.last_sync(); }
-  PagePool& pool() { return pool_; }
   PrefixCache& cache() { return *cache_; }
 
   bool is_stale(const Request& request, std::int32_t* first_stale) const {

@@ -171,12 +171,13 @@ TEST_CASE("page table: validate_page_table rejects every bad field", "[kv][table
   auto expect = [&](StatusCode code, auto&& mutate) {
     auto saved = std::tuple{indptr, indices, last, tags};
     mutate();
-    CHECK(validate_page_table(table, num_pages).code() == code);
+    CHECK(validate_page_table(table, num_pages, 3).code() == code);
     std::tie(indptr, indices, last, tags) = saved;
-    REQUIRE(validate_page_table(table, num_pages).ok());
+    REQUIRE(validate_page_table(table, num_pages, 3).ok());
   };
   expect(StatusCode::invalid_argument, [&] { indptr[0] = 1; });
   expect(StatusCode::invalid_argument, [&] { indptr[1] = 4; });  // then decreases
+  expect(StatusCode::out_of_range, [&] { indptr[2] = 4; });       // more entries than arrays
   expect(StatusCode::invalid_argument, [&] { last[0] = 0; });
   expect(StatusCode::invalid_argument, [&] { last[1] = page_size + 1; });
   expect(StatusCode::out_of_range, [&] { indices[2] = num_pages; });

@@ -254,3 +254,69 @@ TEST_CASE("tag check: bad arguments are refused before any launch", "[kv][tagche
                         nullptr)
             .code() == StatusCode::invalid_argument);
 }
+
+TEST_CASE("tag check: the 2-D block-table form gives the same verdicts", "[kv][tagcheck]") {
+  auto rng = slimserve_test::make_rng(33);
+  constexpr std::int32_t num_pages = 256;
+  constexpr std::int32_t width = 48;  // more than one warp of entries per row
+  PagePool pool = std::move(PagePool::create(PagePoolOptions{num_pages})).value();
+  DeviceTagArray device_tags = std::move(DeviceTagArray::create(num_pages)).value();
+  const std::vector<std::int64_t> lengths{0, 1, page_size, page_size + 1, 40 * page_size - 1, 45 * page_size};
+  std::vector<std::vector<PageHandle>> pages(lengths.size());
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    pages[b].resize(static_cast<std::size_t>((lengths[b] + page_size - 1) / page_size));
+    REQUIRE(pool.allocate(pages[b]).ok());
+  }
+  const std::size_t stale_slot = std::uniform_int_distribution<std::size_t>(32, 44)(rng);
+  REQUIRE(pool.release(pages[5][stale_slot]).ok());
+  REQUIRE(pool.allocate().ok());  // the page has a new owner
+  std::vector<RequestPages> requests;
+  for (std::size_t b = 0; b < lengths.size(); ++b) requests.push_back({pages[b], lengths[b]});
+  std::vector<PageId> ids(8 * width);
+  std::vector<PageTag> tags(8 * width);
+  std::vector<std::int32_t> lens(8);
+  Result<BlockTableView> host = build_block_table(requests, {page_size, num_pages},
+                                                  {ids.data(), tags.data(), lens.data(), 8, width});
+  REQUIRE(host.ok());
+  auto d_ids = device_buffer<PageId>(ids.size());
+  auto d_tags = device_buffer<PageTag>(tags.size());
+  auto d_lens = device_buffer<std::int32_t>(lens.size());
+  auto d_status = device_buffer<RequestStatus>(8);
+  auto d_aborted = device_buffer<std::int32_t>(1);
+  REQUIRE(device_tags.sync(pool, nullptr).ok());
+  Result<BlockTableView> table = upload_block_table(
+      *host, num_pages, {d_ids.data(), d_tags.data(), d_lens.data(), 8, width}, nullptr);
+  REQUIRE(table.ok());
+  REQUIRE(d_status.fill_bytes(0x5A).ok());
+  REQUIRE(check_page_tags(BlockTagCheckArguments{*table, &device_tags, d_status.data(),
+                                                 d_aborted.data()},
+                          nullptr)
+              .ok());
+  std::vector<RequestStatus> statuses(lengths.size());
+  std::int32_t aborted = -1;
+  REQUIRE(copy_statuses_to_host(d_status.data(), statuses, nullptr).ok());
+  REQUIRE(d_aborted.download(std::span<std::int32_t>(&aborted, 1)).ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    INFO("request " << b);
+    if (b == 5) {
+      CHECK(statuses[b].state == RequestState::stale_tag);
+      CHECK(statuses[b].failed_slot == static_cast<std::int32_t>(stale_slot));
+    } else {
+      CHECK(statuses[b].state == RequestState::ok);
+      CHECK(statuses[b].failed_slot == -1);
+    }
+  }
+  CHECK(aborted == 1);
+  // A seq_len beyond the row (only a table that skipped the host check can carry it).
+  const std::int32_t too_long = (width + 1) * page_size;
+  REQUIRE(rt::copy_async(d_lens.data() + 2, &too_long, sizeof(too_long),
+                         rt::CopyDirection::host_to_device, nullptr)
+              .ok());
+  REQUIRE(check_page_tags(BlockTagCheckArguments{*table, &device_tags, d_status.data(), nullptr},
+                          nullptr)
+              .ok());
+  REQUIRE(copy_statuses_to_host(d_status.data(), statuses, nullptr).ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  CHECK(statuses[2].state == RequestState::bad_page_table);
+}

@@ -15,13 +15,25 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace emu::detail {
 
+/// Every 256th atomic of a thread lets the others run, so a spin loop on an atomic flag
+/// (even without __nanosleep) waits for the thread that will set it, or ends as a livelock.
+inline void atomic_spin_point() {
+  EmulatedThread& self = this_thread("an atomic operation");
+  if (++self.atomics_since_yield < 256) return;
+  self.atomics_since_yield = 0;
+  self.post_site({"a loop of atomic operations", "(kernel)", 0});
+  yield_to_scheduler(self, ThreadState::yielded);
+}
+
 template <class T>
 inline std::atomic_ref<T> atomic_at(T* address) {
+  atomic_spin_point();
   return std::atomic_ref<T>(*address);
 }
 
 template <class T, class Update>
 inline T atomic_update(T* address, Update update) {
+  atomic_spin_point();
   std::atomic_ref<T> ref(*address);
   T old = ref.load(std::memory_order_relaxed);
   while (!ref.compare_exchange_weak(old, update(old), std::memory_order_relaxed)) {

@@ -139,5 +139,10 @@ template <class T> inline void __stwt(T* p, T v) { *p = v; }
 inline long long clock64() {
   return std::chrono::steady_clock::now().time_since_epoch().count();
 }
-inline void __nanosleep(unsigned) {}
+/// Lets the other emulated threads run (spin loops must back off with it to make progress).
+inline void __nanosleep(unsigned, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  auto& self = ::slimserve::emu::detail::this_thread("__nanosleep");
+  self.post_site({"__nanosleep", file, line});
+  ::slimserve::emu::detail::yield_to_scheduler(self, ::slimserve::emu::detail::ThreadState::yielded);
+}
 [[noreturn]] inline void __trap() { ::slimserve::emu::detail::fail_this_thread("__trap() called"); }

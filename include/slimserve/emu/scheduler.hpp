@@ -77,6 +77,33 @@ inline std::string format_mask(unsigned mask) {
   return text;
 }
 
+/// Runnable threads in the order they became runnable. A thread is in it at most once, so a
+/// ring of one slot per thread suffices.
+class RunQueue {
+ public:
+  void reset(std::size_t capacity) {
+    slots_.assign(capacity, nullptr);
+    head_ = 0;
+    size_ = 0;
+  }
+  bool empty() const noexcept { return size_ == 0; }
+  void push(EmulatedThread* thread) noexcept {
+    slots_[(head_ + size_) % slots_.size()] = thread;
+    ++size_;
+  }
+  EmulatedThread* pop() noexcept {
+    EmulatedThread* thread = slots_[head_];
+    head_ = (head_ + 1) % slots_.size();
+    --size_;
+    return thread;
+  }
+
+ private:
+  std::vector<EmulatedThread*> slots_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
 class Scheduler {
  public:
   Scheduler() = default;
@@ -152,6 +179,7 @@ class Scheduler {
   Status prepare_threads(unsigned threads) {
     while (pool_.size() < threads) {
       auto thread = std::make_unique<EmulatedThread>();
+      thread->pool_index = static_cast<unsigned>(pool_.size());
       if (!thread->stack.allocate(fiber_stack_bytes)) {
         return make_status(StatusCode::resource_exhausted, "emulator: cannot map a ",
                            fiber_stack_bytes, "-byte fiber stack");
@@ -169,6 +197,10 @@ class Scheduler {
     if (context_.tsan_fiber == nullptr) context_.tsan_fiber = __tsan_get_current_fiber();
     if (thread.context.tsan_fiber != nullptr) __tsan_destroy_fiber(thread.context.tsan_fiber);
     thread.context.tsan_fiber = __tsan_create_fiber(0);
+    // Pool slot i always runs the block's thread with linear index i: name it in reports.
+    const std::string name =
+        "emulated CUDA thread, linear index " + std::to_string(thread.pool_index);
+    __tsan_set_fiber_name(thread.context.tsan_fiber, name.c_str());
 #endif
     make_fiber_context(thread.context, thread.stack, &fiber_main, &thread);
     thread.needs_fresh_fiber = false;
@@ -184,7 +216,7 @@ class Scheduler {
       warp.pending.clear();
       std::fill(std::begin(warp.lanes), std::end(warp.lanes), nullptr);
     }
-    queue_.clear();
+    queue_.reset(threads);
     for (unsigned i = 0; i < threads; ++i) {
       EmulatedThread& thread = *pool_[i];
       if (thread.needs_fresh_fiber) fresh_fiber(thread);
@@ -197,11 +229,13 @@ class Scheduler {
       thread.state = ThreadState::running;
       thread.error.clear();
       thread.async_copies.reset();
+      thread.atomics_since_yield = 0;
       warps_[thread.warp].lanes[thread.lane] = &thread;
       warps_[thread.warp].present |= 1u << thread.lane;
-      queue_.push_back(&thread);
+      queue_.push(&thread);
     }
     live_ = threads;
+    spins_without_progress_ = 0;
     barrier_waiters_.clear();
     barrier_predicates_ = 0;
     if (launch.dynamic_smem != nullptr) {
@@ -209,8 +243,8 @@ class Scheduler {
     }
     tsan_release(&launch);
 
-    for (std::size_t next = 0; next < queue_.size(); ++next) {
-      EmulatedThread& thread = *queue_[next];
+    while (!queue_.empty()) {
+      EmulatedThread& thread = *queue_.pop();
       relaxed_store(current_thread_slot, &thread);
       switch_context(context_, thread.context, SwitchSync::none);
       relaxed_store(current_thread_slot, static_cast<EmulatedThread*>(nullptr));
@@ -245,16 +279,34 @@ class Scheduler {
   }
 
   Status handle_request(const LaunchState& launch, EmulatedThread& thread) {
-    switch (relaxed_load(thread.state)) {
+    const ThreadState state = relaxed_load(thread.state);
+    if (state == ThreadState::yielded) return on_yield(launch, thread);
+    spins_without_progress_ = 0;
+    switch (state) {
       case ThreadState::exited: return on_exit(launch, thread);
       case ThreadState::failed:
         thread.needs_fresh_fiber = true;
         return thread_error(launch, thread, thread.error);
       case ThreadState::at_barrier: return on_barrier(launch, thread);
       case ThreadState::at_warp_op: return on_warp_op(launch, thread);
-      case ThreadState::running: break;
+      case ThreadState::running:
+      case ThreadState::yielded: break;
     }
     return thread_error(launch, thread, "emulator bug: a thread yielded without a request");
+  }
+
+  // A thread that sleeps in a spin loop (__nanosleep) goes to the back of the queue. If only
+  // spinning threads are left for long, nothing can ever change what they wait for.
+  Status on_yield(const LaunchState& launch, EmulatedThread& thread) {
+    if (++spins_without_progress_ > live_ * max_spins_per_thread) {
+      return thread_error(launch, thread,
+                          "livelock: " + format_site(thread.posted_site()) +
+                              " keeps spinning and no emulated thread of the block makes progress "
+                              "(waiting for another block? blocks run one at a time)");
+    }
+    relaxed_store(thread.state, ThreadState::running);
+    queue_.push(&thread);
+    return {};
   }
 
   Status on_exit(const LaunchState& launch, EmulatedThread& thread) {
@@ -298,7 +350,7 @@ class Scheduler {
       relaxed_store(waiter->result[0], std::uint64_t{barrier_predicates_});
       relaxed_store(waiter->result[1], std::uint64_t{barrier_waiters_.size()});
       relaxed_store(waiter->state, ThreadState::running);
-      queue_.push_back(waiter);
+      queue_.push(waiter);
     }
     barrier_waiters_.clear();
     barrier_predicates_ = 0;
@@ -352,41 +404,55 @@ class Scheduler {
     for (unsigned lane = 0; lane < warp_size; ++lane) {
       if (mask >> lane & 1u) {
         relaxed_store(warp.lanes[lane]->state, ThreadState::running);
-        queue_.push_back(warp.lanes[lane]);
+        queue_.push(warp.lanes[lane]);
       }
     }
     return {};
   }
 
+  // Lists each distinct place where threads wait, with a count and the first thread there.
   Status deadlock(const LaunchState& launch, unsigned threads) const {
-    std::ostringstream text;
-    text << "deadlock: " << live_ << " emulated threads wait and none can run;";
-    const EmulatedThread* first = nullptr;
-    int listed = 0;
-    for (unsigned i = 0; i < threads && listed < 4; ++i) {
+    struct WaitGroup {
+      const EmulatedThread* first;
+      CallSite site;
+      unsigned mask;
+      unsigned count;
+    };
+    std::vector<WaitGroup> groups;
+    for (unsigned i = 0; i < threads; ++i) {
       const EmulatedThread& thread = *pool_[i];
       const ThreadState state = relaxed_load(thread.state);
       if (state != ThreadState::at_barrier && state != ThreadState::at_warp_op) continue;
-      if (first == nullptr) first = &thread;
-      text << " thread " << format_index(thread.thread_idx) << " waits in "
-           << format_site(thread.posted_site());
-      if (state == ThreadState::at_warp_op) {
-        text << " (mask " << format_mask(relaxed_load(thread.warp_mask)) << ")";
+      const CallSite site = thread.posted_site();
+      const unsigned mask = state == ThreadState::at_warp_op ? relaxed_load(thread.warp_mask) : 0;
+      auto same = std::find_if(groups.begin(), groups.end(), [&](const WaitGroup& g) {
+        return g.site.same_place(site) && g.mask == mask;
+      });
+      if (same != groups.end()) {
+        ++same->count;
+      } else {
+        groups.push_back(WaitGroup{&thread, site, mask, 1});
       }
-      text << ';';
-      ++listed;
     }
-    if (first == nullptr) first = pool_[0].get();
-    return thread_error(launch, *first, text.str());
+    std::ostringstream text;
+    text << "deadlock: " << live_ << " emulated threads wait and none can run:";
+    for (const WaitGroup& group : groups) {
+      text << ' ' << group.count << " wait in " << format_site(group.site);
+      if (group.mask != 0) text << " (mask " << format_mask(group.mask) << ')';
+      text << " (first: thread " << format_index(group.first->thread_idx) << ");";
+    }
+    return thread_error(launch, groups.empty() ? *pool_[0] : *groups.front().first, text.str());
   }
 
   FiberContext context_;
   std::vector<std::unique_ptr<EmulatedThread>> pool_;
   std::vector<WarpState> warps_;
-  std::vector<EmulatedThread*> queue_;  // runnable threads, in the order they became so
+  RunQueue queue_;
   std::vector<EmulatedThread*> barrier_waiters_;
   unsigned barrier_predicates_ = 0;
   std::size_t live_ = 0;
+  static constexpr std::size_t max_spins_per_thread = 2000;
+  std::size_t spins_without_progress_ = 0;
 };
 
 }  // namespace emu::detail

@@ -30,7 +30,7 @@ struct CallSite {
   }
 };
 
-enum class ThreadState : std::uint8_t { running, at_barrier, at_warp_op, exited, failed };
+enum class ThreadState : std::uint8_t { running, at_barrier, at_warp_op, yielded, exited, failed };
 
 class WarpGroup;
 /// Computes every lane's result of one warp operation once all lanes of its mask arrived.
@@ -49,9 +49,11 @@ struct AsyncCopy {
 struct AsyncCopyQueue {
   std::vector<AsyncCopy> copies;  // oldest first
   std::uint64_t committed_groups = 0;
+  std::uint64_t completed_groups = 0;
   void reset() noexcept {
     copies.clear();
     committed_groups = 0;
+    completed_groups = 0;
   }
 };
 
@@ -69,6 +71,7 @@ struct EmulatedThread {
   LaunchState* launch = nullptr;
   WarpState* warp_state = nullptr;
 
+  unsigned pool_index = 0;  // the slot always runs the block's thread of this linear index
   FiberContext context;
   FiberStack stack;
   bool needs_fresh_fiber = true;  // never started, or abandoned mid-kernel
@@ -84,6 +87,7 @@ struct EmulatedThread {
   std::string error;  // written by a failing fiber right before its last switch
 
   AsyncCopyQueue async_copies;  // cp.async emulation (arch/cp_async.cuh)
+  unsigned atomics_since_yield = 0;  // a spin loop on atomics yields now and then
 
   void post_site(const CallSite& where) noexcept {
     relaxed_store(site.what, where.what);

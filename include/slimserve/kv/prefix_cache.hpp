@@ -56,8 +56,9 @@ struct PrefixCacheOptions {
 
 class PrefixCache final : public EvictionListener {
  public:
-  /// A cache indexing `pool`'s pages. It registers itself as the pool's eviction listener, so
-  /// it must outlive its use of the pool (and is not movable: it is returned by pointer).
+  /// A cache indexing `pool`'s pages. It registers itself as the pool's eviction listener and
+  /// keeps a pointer to the pool: the pool must stay where it is (not be moved) while the cache
+  /// exists, and the cache is not movable either (it is returned by pointer).
   static Result<std::unique_ptr<PrefixCache>> create(PagePool& pool,
                                                      const PrefixCacheOptions& options);
   ~PrefixCache();

@@ -15,11 +15,6 @@
 #include "slimserve/kv/tag_update.hpp"
 #include "slimserve/runtime/platform.hpp"
 
-// TEMPORARY until the CPU emulator lands on main: its placeholder has no kernel support.
-#if !defined(SLIMSERVE_EMULATE) || __has_include("slimserve/emu/qualifiers.hpp")
-#define SLIMSERVE_KV_HAS_KERNELS 1
-#endif
-
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
@@ -29,11 +24,46 @@ struct TagScatterParams {
   std::int32_t num_pages;
 };
 
+/// Where request b's entries are in a CSR table, and whether its lengths are consistent.
+struct CsrRows {
+  PageTableView table;  // device arrays
+  SLIMSERVE_HOST_DEVICE std::int32_t batch_size() const { return table.batch_size; }
+  /// Sets [begin, begin + count) of request b's entries; false when the row is malformed.
+  SLIMSERVE_DEVICE bool row(int b, std::int64_t& begin, std::int32_t& count) const {
+    const std::int32_t first = table.indptr[b];
+    const std::int32_t end = table.indptr[b + 1];
+    const std::int32_t last_len = table.last_page_len[b];
+    begin = first;
+    count = end - first;
+    return end == first ? last_len == 0
+                        : end > first && last_len >= 1 && last_len <= table.page_size;
+  }
+  SLIMSERVE_DEVICE PageId page(std::int64_t entry) const { return table.indices[entry]; }
+  SLIMSERVE_DEVICE PageTag expected(std::int64_t entry) const { return table.expected_tags[entry]; }
+};
+
+/// The same for a 2-D block table: row b starts at b * max_pages_per_request and holds
+/// ceil(seq_lens[b] / page_size) pages.
+struct BlockRows {
+  BlockTableView table;  // device arrays
+  SLIMSERVE_HOST_DEVICE std::int32_t batch_size() const { return table.batch_size; }
+  SLIMSERVE_DEVICE bool row(int b, std::int64_t& begin, std::int32_t& count) const {
+    const std::int64_t tokens = table.seq_lens[b];
+    begin = static_cast<std::int64_t>(b) * table.max_pages_per_request;
+    count = static_cast<std::int32_t>((tokens + table.page_size - 1) / table.page_size);
+    return tokens >= 0 &&
+           tokens <= static_cast<std::int64_t>(table.max_pages_per_request) * table.page_size;
+  }
+  SLIMSERVE_DEVICE PageId page(std::int64_t entry) const { return table.block_table[entry]; }
+  SLIMSERVE_DEVICE PageTag expected(std::int64_t entry) const { return table.expected_tags[entry]; }
+};
+
+template <class Rows>
 struct TagCheckParams {
-  PageTableView table;           // device arrays
+  Rows rows;                     // CsrRows or BlockRows
   const PageTag* page_tags;      // [num_pages], the device tag array
   std::int32_t num_pages;
-  RequestStatus* statuses;       // [table.batch_size]
+  RequestStatus* statuses;       // [rows.batch_size()]
   std::int32_t* aborted_count;   // [1] or null; incremented once per failing request
 };
 
@@ -41,7 +71,6 @@ namespace detail {
 constexpr int warp_size = 32;
 }  // namespace detail
 
-#if defined(SLIMSERVE_KV_HAS_KERNELS)
 namespace detail {
 
 constexpr unsigned full_warp_mask = 0xFFFFFFFFu;
@@ -73,35 +102,31 @@ __global__ void __launch_bounds__(BlockThreads) scatter_page_tags_kernel(TagScat
 
 /// One warp per request (grid-stride over requests). Lanes read 32 consecutive entries at a
 /// time; a ballot finds the first failing slot, so the verdict is the same on every run.
-template <int WarpsPerBlock>
+template <int WarpsPerBlock, class Rows>
 __global__ void __launch_bounds__(WarpsPerBlock * detail::warp_size)
-    check_page_tags_kernel(TagCheckParams params) {
+    check_page_tags_kernel(TagCheckParams<Rows> params) {
   using detail::warp_size;
-  const PageTableView& table = params.table;
   const int lane = static_cast<int>(threadIdx.x) % warp_size;
   const int warp = static_cast<int>(threadIdx.x) / warp_size;
   const int warps_in_grid = static_cast<int>(gridDim.x) * WarpsPerBlock;
   for (int request = static_cast<int>(blockIdx.x) * WarpsPerBlock + warp;
-       request < table.batch_size; request += warps_in_grid) {
-    const std::int32_t begin = table.indptr[request];
-    const std::int32_t end = table.indptr[request + 1];
-    const std::int32_t last_len = table.last_page_len[request];
+       request < params.rows.batch_size(); request += warps_in_grid) {
+    std::int64_t begin = 0;
+    std::int32_t count = 0;
+    const bool shape_ok = params.rows.row(request, begin, count);
     RequestState state = RequestState::ok;
     std::int32_t failed_slot = -1;
-    const bool shape_ok = end == begin ? last_len == 0
-                                       : end > begin && last_len >= 1 &&
-                                             last_len <= table.page_size;
     if (!shape_ok) {  // the host validates; this is the backstop
       state = RequestState::bad_page_table;
       failed_slot = 0;
     }
-    for (std::int32_t base = begin; shape_ok && base < end; base += warp_size) {
-      const std::int32_t entry = base + lane;
+    for (std::int32_t base = 0; shape_ok && base < count; base += warp_size) {
+      const std::int32_t slot = base + lane;
       bool out_of_range = false;
       bool stale = false;
-      if (entry < end) {
-        const PageId page = table.indices[entry];   // [nnz]
-        const PageTag expected = table.expected_tags[entry];
+      if (slot < count) {
+        const PageId page = params.rows.page(begin + slot);
+        const PageTag expected = params.rows.expected(begin + slot);
         out_of_range = page < 0 || page >= params.num_pages;
         // A tag of 0 belongs only to the guard page (page 0); no owner of another page has it.
         stale = !out_of_range &&
@@ -113,7 +138,7 @@ __global__ void __launch_bounds__(WarpsPerBlock * detail::warp_size)
         const int first = detail::lowest_set_bit(range_mask | stale_mask);
         state = ((range_mask >> first) & 1u) != 0u ? RequestState::page_out_of_range
                                                    : RequestState::stale_tag;
-        failed_slot = base - begin + first;
+        failed_slot = base + first;
         break;
       }
     }
@@ -125,8 +150,6 @@ __global__ void __launch_bounds__(WarpsPerBlock * detail::warp_size)
     }
   }
 }
-
-#endif  // SLIMSERVE_KV_HAS_KERNELS
 
 }  // namespace kv
 SLIMSERVE_NAMESPACE_END

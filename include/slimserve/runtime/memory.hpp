@@ -89,6 +89,8 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   static Result<DeviceBuffer> create(std::size_t count) {
     DeviceBuffer buffer;
+    // Explicit moves: nvcc's front end does not apply C++20's implicit move to a return
+    // that goes through Result's converting constructor.
     if (count == 0) return Result<DeviceBuffer>(std::move(buffer));
     void* ptr = nullptr;
     Status status = device_malloc(&ptr, count * sizeof(T));

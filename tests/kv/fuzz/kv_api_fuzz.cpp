@@ -137,7 +137,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         PageId ids[4] = {static_cast<PageId>(in.byte()) - 8, in.byte(), in.byte(), in.byte()};
         PageTag tags[4] = {in.byte(), in.byte(), in.byte(), in.byte()};
         const Status status =
-            validate_page_table(PageTableView{indptr, ids, last, tags, 2, page_size}, num_pages);
+            validate_page_table(PageTableView{indptr, ids, last, tags, 2, page_size}, num_pages, 4);
         if (status.ok()) {
           require(indptr[0] == 0 && indptr[1] >= 0 && indptr[2] >= indptr[1]);
           for (int j = 0; j < indptr[2]; ++j) require(ids[j] >= 0 && ids[j] < num_pages);

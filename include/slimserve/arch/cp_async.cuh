@@ -1,0 +1,72 @@
+#pragma once
+/// \file
+/// \brief cp.async: asynchronous 16-byte global -> shared copies, grouped by commit and
+/// completed by wait.
+///
+///   cp_async_16(dst, src);               // queue a copy
+///   cp_async_16_zfill(dst, src, valid);  // ... or 16 zero bytes when !valid (src not read)
+///   cp_async_commit();                   // close the current group
+///   cp_async_wait<N>();                  // wait until at most N groups are pending
+///
+/// A wait covers only the calling thread's copies: a __syncthreads() must follow before other
+/// threads read them. The emulator performs the copies at the wait, so data read before the
+/// matching wait is the 0xFF poison.
+
+#include <cstdint>
+
+#include "slimserve/config.hpp"
+#include "slimserve/runtime/platform.hpp"
+
+#if !defined(__CUDACC__)
+#include "slimserve/emu/async_copy.hpp"
+#endif
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace arch {
+
+#if defined(__CUDACC__)
+
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
+  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gmem_src,
+                                                  bool valid) {
+  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int source_bytes = valid ? 16 : 0;  // 0: read nothing, fill 16 zero bytes
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
+               "r"(source_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  static_assert(N >= 0, "cp_async_wait<N>: N is a count of pending groups");
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#else  // CPU emulator
+
+inline void cp_async_16(void* smem_dst, const void* gmem_src) {
+  emu::detail::async_copy_16(smem_dst, gmem_src, false, "cp_async_16");
+}
+inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  emu::detail::async_copy_16(smem_dst, valid ? gmem_src : nullptr, !valid, "cp_async_16_zfill");
+}
+inline void cp_async_commit() { emu::detail::async_copy_commit(); }
+template <int N>
+inline void cp_async_wait() {
+  static_assert(N >= 0, "cp_async_wait<N>: N is a count of pending groups");
+  emu::detail::async_copy_wait(N);
+}
+
+#endif
+
+}  // namespace arch
+SLIMSERVE_NAMESPACE_END
