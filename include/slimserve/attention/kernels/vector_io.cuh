@@ -54,6 +54,15 @@ struct alignas(8) Vec8 {
   std::uint32_t word[2];
 };
 
+/// One 8-byte store; `address` must be 8-byte aligned.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store8(void* address, const Vec8& v) {
+#if defined(__CUDACC__)
+  *static_cast<Vec8*>(address) = v;
+#else
+  std::memcpy(address, &v, sizeof(v));
+#endif
+}
+
 /// Stores N elements of T (8 or 16 bytes, aligned to their size) with one vector store.
 template <class T, int N>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_packed(T* address, const T (&elements)[N]) {
