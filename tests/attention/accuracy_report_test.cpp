@@ -17,7 +17,7 @@ using namespace attn_test;
 
 TEST_CASE("accuracy report: FP8 vs BF16 cache on realistic K/V", "[attention][accuracy]") {
   auto rng = slimserve_test::make_rng(421);
-  constexpr int batch = 4, length = 256, kv_heads = 2, group = 8, head_dim = 128, page_size = 16;
+  constexpr int batch = 4, length = 160, kv_heads = 2, group = 8, head_dim = 128, page_size = 16;
   constexpr int qo_heads = kv_heads * group;
   const int tokens = batch * length;
 
