@@ -71,7 +71,6 @@ int fail(const Status& status) {
 }  // namespace
 
 int demo_attention() {
-  fmt::print("\n== FP8 paged KV cache + decode attention (CPU emulator) ==\n");
   std::mt19937 rng(2024);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto activation = [&](float scale, int d) {

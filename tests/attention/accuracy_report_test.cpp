@@ -17,7 +17,7 @@ using namespace attn_test;
 
 TEST_CASE("accuracy report: FP8 vs BF16 cache on realistic K/V", "[attention][accuracy]") {
   auto rng = slimserve_test::make_rng(421);
-  constexpr int batch = 2, length = 384, kv_heads = 2, group = 4, head_dim = 128, page_size = 16;
+  constexpr int batch = 4, length = 160, kv_heads = 2, group = 8, head_dim = 128, page_size = 16;
   constexpr int qo_heads = kv_heads * group;
   const int tokens = batch * length;
 
@@ -75,26 +75,30 @@ TEST_CASE("accuracy report: FP8 vs BF16 cache on realistic K/V", "[attention][ac
     }
 
   // One page table for all caches: contiguous-by-request, shuffled pages.
-  const HostPageTable table = make_page_table({length, length}, page_size, rng, false);
+  const HostPageTable table = make_page_table(std::vector<std::int64_t>(batch, length), page_size, rng, false);
   auto indptr = upload(table.indptr);
   auto indices = upload(table.indices);
   auto last = upload(table.last_page_len);
   auto k_new = upload(k_bits);
   auto v_new = upload(v_bits);
   auto q = upload(q_bits);
-  auto append_indptr = upload(std::vector<std::int32_t>{0, length, 2 * length});
+  std::vector<std::int32_t> append_rows;
+  for (int b = 0; b <= batch; ++b) append_rows.push_back(b * length);
+  auto append_indptr = upload(append_rows);
   const kv::PageTableView view{indptr.data(), indices.data(), last.data(), nullptr, batch, page_size};
 
   struct Row {
     KvDtype dtype;
     KvScaleMode mode;
-    double bound;  // loose ceiling on the relative L2 error
+    // Loose ceiling on the relative L2 error: about 2x the worst of 10 seeds, so the test is not
+    // flaky but still fails on a lost scale or a non-saturating cast (errors of order 1).
+    double bound;
   };
   const Row rows[] = {{KvDtype::bf16, KvScaleMode::none, 0.01},
-                      {KvDtype::fp8_e4m3, KvScaleMode::per_tensor, 0.10},
-                      {KvDtype::fp8_e4m3, KvScaleMode::per_token, 0.10},
-                      {KvDtype::fp8_e5m2, KvScaleMode::per_tensor, 0.20},
-                      {KvDtype::fp8_e5m2, KvScaleMode::per_token, 0.20}};
+                      {KvDtype::fp8_e4m3, KvScaleMode::per_tensor, 0.15},
+                      {KvDtype::fp8_e4m3, KvScaleMode::per_token, 0.15},
+                      {KvDtype::fp8_e5m2, KvScaleMode::per_tensor, 0.30},
+                      {KvDtype::fp8_e5m2, KvScaleMode::per_token, 0.30}};
   std::printf("\nattention output error vs FP64 on unquantized K/V (%d requests x %d tokens, D %d, GQA %d)\n",
               batch, length, head_dim, group);
   std::printf("| cache | scales | rel. L2 error | max abs error / max |o| |\n|---|---|---|---|\n");

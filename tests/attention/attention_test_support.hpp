@@ -179,11 +179,13 @@ struct DeviceCache {
 };
 
 /// CSR page table on the host: requests draw pages from a shuffled pool that has holes
-/// (pages nobody owns) and, when asked, request 1 shares request 0's first pages.
+/// (pages nobody owns) and, when asked, the last request shares the full pages of the earlier
+/// request that has the most of them (a shared prefix), then gets its own pages.
 struct HostPageTable {
   std::vector<std::int32_t> indptr{0}, indices, last_page_len;
   std::vector<std::int64_t> lengths;
   std::int32_t num_pages = 0;
+  std::int64_t shared_pages = 0;
   std::int64_t length(std::size_t b) const { return lengths[b]; }
   std::vector<std::int32_t> pages_of(std::size_t b) const {
     return {indices.begin() + indptr[b], indices.begin() + indptr[b + 1]};
@@ -200,13 +202,22 @@ inline HostPageTable make_page_table(const std::vector<std::int64_t>& lengths, s
   std::vector<std::int32_t> pool(static_cast<std::size_t>(t.num_pages));
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
+  // Donor of the shared prefix: the earlier request with the most full pages.
+  std::size_t donor = 0;
+  for (std::size_t b = 1; b + 1 < lengths.size(); ++b) {
+    if (lengths[b] / page_size > lengths[donor] / page_size) donor = b;
+  }
   std::size_t next = 0;
   for (std::size_t b = 0; b < lengths.size(); ++b) {
     const auto pages = static_cast<std::int32_t>((lengths[b] + page_size - 1) / page_size);
+    std::int64_t shared = 0;
+    if (share_prefix && lengths.size() > 1 && b + 1 == lengths.size()) {
+      shared = std::min<std::int64_t>(lengths[donor] / page_size, pages - 1);
+      shared = std::max<std::int64_t>(shared, 0);
+      t.shared_pages = shared;
+    }
     for (std::int32_t i = 0; i < pages; ++i) {
-      // Request 1 reuses request 0's full pages (a shared prefix), then gets its own.
-      const bool shared = share_prefix && b == 1 && i + 1 < t.indptr[1] && i + 1 < pages;
-      t.indices.push_back(shared ? t.indices[static_cast<std::size_t>(i)] : pool[next++]);
+      t.indices.push_back(i < shared ? t.indices[static_cast<std::size_t>(t.indptr[donor] + i)] : pool[next++]);
     }
     t.indptr.push_back(static_cast<std::int32_t>(t.indices.size()));
     t.last_page_len.push_back(pages == 0 ? 0 : static_cast<std::int32_t>(lengths[b] - static_cast<std::int64_t>(pages - 1) * page_size));

@@ -163,18 +163,33 @@ SLIMSERVE_ATTENTION_UNROLL
     p.k_token_scales[s] = k_scale;
     p.v_token_scales[s] = v_scale;
   }
-  KvT kq[in_elements];
-  KvT vq[in_elements];
-SLIMSERVE_ATTENTION_UNROLL
-  for (int i = 0; i < in_elements; ++i) {
-    kq[i] = from_float<KvT>(k[i] / k_scale);
-    vq[i] = from_float<KvT>(v[i] / v_scale);
-  }
+  // Quantize (x / scale, RNE, saturating) a register word at a time: the formats' packed
+  // conversions give the bits of the scalar from_float.
   const std::int64_t out = cache_offset(p.layout, p.page_size, p.num_kv_heads, HeadDim, dest.page,
                                         dest.slot, head, lane * in_elements);
-  // 8 * sizeof(KvT) bytes: one 16-byte store for 16-bit caches, 8 bytes for FP8.
-  store_packed(static_cast<KvT*>(p.k_pages) + out, kq);
-  store_packed(static_cast<KvT*>(p.v_pages) + out, vq);
+  if constexpr (fp8_format<KvT>) {
+    // 8 FP8 codes: one 8-byte store.
+    Vec8 kq, vq;
+    SLIMSERVE_ATTENTION_UNROLL
+    for (int w = 0; w < 2; ++w) {
+      kq.word[w] = from_float4<KvT>(f32x4{k[4 * w] / k_scale, k[4 * w + 1] / k_scale,
+                                          k[4 * w + 2] / k_scale, k[4 * w + 3] / k_scale});
+      vq.word[w] = from_float4<KvT>(f32x4{v[4 * w] / v_scale, v[4 * w + 1] / v_scale,
+                                          v[4 * w + 2] / v_scale, v[4 * w + 3] / v_scale});
+    }
+    store8(static_cast<KvT*>(p.k_pages) + out, kq);
+    store8(static_cast<KvT*>(p.v_pages) + out, vq);
+  } else {
+    // 8 BF16/FP16 values: one 16-byte store.
+    Vec16 kq, vq;
+    SLIMSERVE_ATTENTION_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      kq.word[w] = from_float2<KvT>(f32x2{k[2 * w] / k_scale, k[2 * w + 1] / k_scale});
+      vq.word[w] = from_float2<KvT>(f32x2{v[2 * w] / v_scale, v[2 * w + 1] / v_scale});
+    }
+    store16(static_cast<KvT*>(p.k_pages) + out, kq);
+    store16(static_cast<KvT*>(p.v_pages) + out, vq);
+  }
 }
 
 }  // namespace attention::kernels

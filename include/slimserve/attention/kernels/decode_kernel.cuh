@@ -80,6 +80,7 @@ struct DecodeTile {
   static constexpr int chunks_per_thread = chunks / min_threads;
   static_assert(lanes <= 32 && (lanes & (lanes - 1)) == 0, "a head vector fits one warp");
   static_assert(chunks % min_threads == 0, "whole chunks per thread");
+  static_assert(tokens <= min_threads, "one thread stages each token's scales and page check");
 };
 
 template <class KvT, int HeadDim>

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "slimserve/formats/float_formats.hpp"
+#include "slimserve/formats/packed.hpp"
 #include "slimserve/runtime/platform.hpp"
 
 /// Full unrolling of short fixed-trip loops, spelled for nvcc/clang and for g++ (emulator).
@@ -53,6 +54,15 @@ struct alignas(8) Vec8 {
   std::uint32_t word[2];
 };
 
+/// One 8-byte store; `address` must be 8-byte aligned.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store8(void* address, const Vec8& v) {
+#if defined(__CUDACC__)
+  *static_cast<Vec8*>(address) = v;
+#else
+  std::memcpy(address, &v, sizeof(v));
+#endif
+}
+
 /// Stores N elements of T (8 or 16 bytes, aligned to their size) with one vector store.
 template <class T, int N>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_packed(T* address, const T (&elements)[N]) {
@@ -77,11 +87,27 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float element_to_float(const Vec16& v, in
   return to_float(element);
 }
 
-/// All elements of a vector of T as floats.
+/// All elements of a vector of T as floats, converted a register word at a time (paired
+/// hardware conversions on the GPU; exactly the bits of the scalar `to_float`).
 template <class T>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void unpack(const Vec16& v, float (&out)[vector_elements<T>]) {
-SLIMSERVE_ATTENTION_UNROLL
-  for (int i = 0; i < vector_elements<T>; ++i) out[i] = element_to_float<T>(v, i);
+  if constexpr (fp8_format<T>) {
+    SLIMSERVE_ATTENTION_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      const f32x4 f = to_float4<T>(v.word[w]);
+      out[4 * w + 0] = f.x;
+      out[4 * w + 1] = f.y;
+      out[4 * w + 2] = f.z;
+      out[4 * w + 3] = f.w;
+    }
+  } else {
+    SLIMSERVE_ATTENTION_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      const f32x2 f = to_float2<T>(v.word[w]);
+      out[2 * w + 0] = f.x;
+      out[2 * w + 1] = f.y;
+    }
+  }
 }
 
 }  // namespace attention::kernels
