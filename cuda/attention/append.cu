@@ -1,0 +1,175 @@
+// Façade of the cache writers/readers: fused quantize-append and page dequantization.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <span>
+
+#include "kernel_tables.cuh"
+#include "slimserve/attention/append.hpp"
+#include "slimserve/attention/dequantize.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention {
+namespace {
+
+bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+
+// ---- append table: (stored type, input type, head_dim) -> launcher --------------------------
+using AppendLauncher = Status (*)(const kernels::AppendParams&, dim3, dim3, cudaStream_t);
+struct AppendKernelEntry {
+  KvDtype kv_dtype;
+  ActivationDtype input_dtype;
+  std::int32_t head_dim;
+  AppendLauncher launch;
+};
+
+template <class KvT, class InT, int HeadDim>
+Status launch_append(const kernels::AppendParams& params, dim3 grid, dim3 block, cudaStream_t stream) {
+  return rt::launch(kernels::append_kernel<KvT, InT, HeadDim>, rt::LaunchConfig{grid, block, 0, stream},
+                    params);
+}
+template <class KvT, class InT>
+constexpr std::array<AppendKernelEntry, 3> append_entries() {
+  return {{{detail::kv_dtype_of<KvT>::value, detail::activation_dtype_of<InT>::value, 64, &launch_append<KvT, InT, 64>},
+           {detail::kv_dtype_of<KvT>::value, detail::activation_dtype_of<InT>::value, 128, &launch_append<KvT, InT, 128>},
+           {detail::kv_dtype_of<KvT>::value, detail::activation_dtype_of<InT>::value, 256, &launch_append<KvT, InT, 256>}}};
+}
+template <class... Tables>
+constexpr auto concat(const Tables&... tables) {
+  std::array<AppendKernelEntry, (std::tuple_size_v<Tables> + ...)> all{};
+  std::size_t next = 0;
+  ((std::copy(tables.begin(), tables.end(), all.begin() + static_cast<std::ptrdiff_t>(next)), next += tables.size()), ...);
+  return all;
+}
+const auto& append_table() {
+  static const auto table = concat(
+      append_entries<bf16, bf16>(), append_entries<bf16, fp16>(), append_entries<fp16, bf16>(),
+      append_entries<fp16, fp16>(), append_entries<fp8_e4m3, bf16>(), append_entries<fp8_e4m3, fp16>(),
+      append_entries<fp8_e5m2, bf16>(), append_entries<fp8_e5m2, fp16>());
+  return table;
+}
+
+// ---- dequantize table: (stored type, head_dim) -> launcher ----------------------------------
+using DequantizeLauncher = Status (*)(const kernels::DequantizeParams&, dim3, cudaStream_t);
+struct DequantizeKernelEntry {
+  KvDtype kv_dtype;
+  std::int32_t head_dim;
+  DequantizeLauncher launch;
+};
+template <class KvT, int HeadDim>
+Status launch_dequantize(const kernels::DequantizeParams& params, dim3 grid, cudaStream_t stream) {
+  return rt::launch(kernels::dequantize_pages_kernel<KvT, HeadDim>,
+                    rt::LaunchConfig{grid, dim3(128), 0, stream}, params);
+}
+template <class KvT>
+constexpr std::array<DequantizeKernelEntry, 3> dequantize_entries() {
+  return {{{detail::kv_dtype_of<KvT>::value, 64, &launch_dequantize<KvT, 64>},
+           {detail::kv_dtype_of<KvT>::value, 128, &launch_dequantize<KvT, 128>},
+           {detail::kv_dtype_of<KvT>::value, 256, &launch_dequantize<KvT, 256>}}};
+}
+
+}  // namespace
+
+Status append_kv(const AppendArguments& a, cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
+  if (a.num_tokens < 0) {
+    return make_status(StatusCode::invalid_argument, "num_tokens ", a.num_tokens, " < 0");
+  }
+  if (a.table.page_size != a.cache.page_size || a.table.batch_size < 0) {
+    return make_status(StatusCode::invalid_argument, "page table page_size ", a.table.page_size,
+                       " (batch_size ", a.table.batch_size, ") does not match the cache's ",
+                       a.cache.page_size);
+  }
+  const bool explicit_form = a.token_request != nullptr || a.token_position != nullptr;
+  if (explicit_form == (a.append_indptr != nullptr) ||
+      (explicit_form && (a.token_request == nullptr || a.token_position == nullptr))) {
+    return make_status(StatusCode::invalid_argument,
+                       "give either token_request and token_position, or append_indptr");
+  }
+  if (a.num_tokens == 0 || a.table.batch_size == 0) return {};
+  if (a.table.indptr == nullptr || a.table.indices == nullptr || a.table.last_page_len == nullptr ||
+      a.k_new == nullptr || a.v_new == nullptr) {
+    return make_status(StatusCode::invalid_argument, "page table arrays and k_new/v_new must be non-null");
+  }
+  if (!aligned16(a.k_new) || !aligned16(a.v_new) || !aligned16(a.cache.k_pages) || !aligned16(a.cache.v_pages)) {
+    return make_status(StatusCode::invalid_argument, "k_new, v_new and the K/V pages must be 16-byte aligned");
+  }
+  AppendLauncher launch = nullptr;
+  for (const auto& entry : append_table()) {
+    if (entry.kv_dtype == a.cache.dtype && entry.input_dtype == a.input_dtype && entry.head_dim == a.cache.head_dim) {
+      launch = entry.launch;
+    }
+  }
+  if (launch == nullptr) {
+    return make_status(StatusCode::unsupported, "no append kernel for ", to_string(a.cache.dtype),
+                       " head_dim ", a.cache.head_dim);
+  }
+  kernels::AppendParams params{};
+  params.k_pages = a.cache.k_pages;
+  params.v_pages = a.cache.v_pages;
+  params.k_scale = a.cache.k_scale;
+  params.v_scale = a.cache.v_scale;
+  params.k_token_scales = a.cache.k_token_scales;
+  params.v_token_scales = a.cache.v_token_scales;
+  params.num_pages = a.cache.num_pages;
+  params.page_size = a.cache.page_size;
+  params.num_kv_heads = a.cache.num_kv_heads;
+  params.layout = a.cache.layout;
+  params.scale_mode = a.cache.scale_mode;
+  params.indptr = a.table.indptr;
+  params.indices = a.table.indices;
+  params.last_page_len = a.table.last_page_len;
+  params.status = a.request_status;
+  params.batch_size = a.table.batch_size;
+  params.k_new = a.k_new;
+  params.v_new = a.v_new;
+  params.token_request = a.token_request;
+  params.token_position = a.token_position;
+  params.append_indptr = a.append_indptr;
+  params.num_tokens = a.num_tokens;
+  // 128 threads: head_dim / 8 per head, the rest on further heads of the same token.
+  constexpr int threads = 128;
+  const int heads_per_block = threads / (a.cache.head_dim / 8);
+  const dim3 grid(static_cast<unsigned>(a.num_tokens),
+                  static_cast<unsigned>((a.cache.num_kv_heads + heads_per_block - 1) / heads_per_block));
+  return launch(params, grid, dim3(threads), stream);
+}
+
+Status dequantize_pages(const PagedKVCacheView& cache, const std::int32_t* page_ids,
+                        std::int32_t num_listed, bf16* k_out, bf16* v_out, cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(cache));
+  if (num_listed < 0) {
+    return make_status(StatusCode::invalid_argument, "num_listed ", num_listed, " < 0");
+  }
+  if (num_listed == 0) return {};
+  if (page_ids == nullptr || k_out == nullptr || v_out == nullptr) {
+    return make_status(StatusCode::invalid_argument, "page_ids, k_out and v_out must be non-null");
+  }
+  if (!aligned16(cache.k_pages) || !aligned16(cache.v_pages)) {
+    return make_status(StatusCode::invalid_argument, "the K/V pages must be 16-byte aligned");
+  }
+  static const auto table = [] {
+    std::array<DequantizeKernelEntry, 12> all{};
+    const std::array<DequantizeKernelEntry, 3> parts[] = {dequantize_entries<bf16>(), dequantize_entries<fp16>(),
+                                                          dequantize_entries<fp8_e4m3>(), dequantize_entries<fp8_e5m2>()};
+    std::size_t next = 0;
+    for (const auto& part : parts) for (const auto& e : part) all[next++] = e;
+    return all;
+  }();
+  kernels::DequantizeParams params{cache.k_pages, cache.v_pages, cache.k_scale, cache.v_scale,
+                                   cache.k_token_scales, cache.v_token_scales, cache.num_pages,
+                                   cache.page_size, cache.num_kv_heads, cache.layout, cache.scale_mode,
+                                   page_ids, k_out, v_out};
+  for (const auto& entry : table) {
+    if (entry.kv_dtype == cache.dtype && entry.head_dim == cache.head_dim) {
+      return entry.launch(params, dim3(static_cast<unsigned>(num_listed), 2), stream);
+    }
+  }
+  return make_status(StatusCode::unsupported, "no dequantize kernel for ", to_string(cache.dtype),
+                     " head_dim ", cache.head_dim);
+}
+
+}  // namespace attention
+SLIMSERVE_NAMESPACE_END

@@ -1,0 +1,67 @@
+#pragma once
+// Typed dispatch tables of the attention kernels: one entry per (stored type, activation type,
+// head_dim) instantiation, looked up at run time by the façade. Each decode table lives in its
+// own translation unit (decode_<type>.cu) so the instantiations compile in parallel.
+
+#include <cstdint>
+#include <span>
+
+#include "slimserve/attention/kernels/append_kernel.cuh"
+#include "slimserve/attention/kernels/decode_kernel.cuh"
+#include "slimserve/attention/kernels/dequantize_kernel.cuh"
+#include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/formats/float_formats.hpp"
+#include "slimserve/runtime/launch.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention::detail {
+
+template <class T> struct kv_dtype_of;
+template <> struct kv_dtype_of<bf16> { static constexpr KvDtype value = KvDtype::bf16; };
+template <> struct kv_dtype_of<fp16> { static constexpr KvDtype value = KvDtype::fp16; };
+template <> struct kv_dtype_of<fp8_e4m3> { static constexpr KvDtype value = KvDtype::fp8_e4m3; };
+template <> struct kv_dtype_of<fp8_e5m2> { static constexpr KvDtype value = KvDtype::fp8_e5m2; };
+
+template <class T> struct activation_dtype_of;
+template <> struct activation_dtype_of<bf16> { static constexpr ActivationDtype value = ActivationDtype::bf16; };
+template <> struct activation_dtype_of<fp16> { static constexpr ActivationDtype value = ActivationDtype::fp16; };
+
+// ---- decode ---------------------------------------------------------------------------------
+using DecodeLauncher = Status (*)(const kernels::DecodeParams&, dim3 grid, dim3 block,
+                                  cudaStream_t stream);
+struct DecodeKernelEntry {
+  KvDtype kv_dtype;
+  ActivationDtype q_dtype;
+  std::int32_t head_dim;
+  DecodeLauncher launch;
+};
+
+template <class KvT, class QT, int HeadDim>
+Status launch_decode(const kernels::DecodeParams& params, dim3 grid, dim3 block, cudaStream_t stream) {
+  return rt::launch(kernels::decode_kernel<KvT, QT, HeadDim>,
+                    rt::LaunchConfig{grid, block, sizeof(kernels::DecodeSharedStorage<KvT, HeadDim>), stream},
+                    params);
+}
+
+template <class KvT, class QT, int HeadDim>
+constexpr DecodeKernelEntry decode_entry() {
+  return {kv_dtype_of<KvT>::value, activation_dtype_of<QT>::value, HeadDim,
+          &launch_decode<KvT, QT, HeadDim>};
+}
+
+/// The six decode instantiations (2 query types x 3 head dims) of one stored type.
+template <class KvT>
+std::span<const DecodeKernelEntry> decode_kernels() {
+  static constexpr DecodeKernelEntry table[] = {
+      decode_entry<KvT, bf16, 64>(), decode_entry<KvT, bf16, 128>(), decode_entry<KvT, bf16, 256>(),
+      decode_entry<KvT, fp16, 64>(), decode_entry<KvT, fp16, 128>(), decode_entry<KvT, fp16, 256>(),
+  };
+  return table;
+}
+extern template std::span<const DecodeKernelEntry> decode_kernels<bf16>();
+extern template std::span<const DecodeKernelEntry> decode_kernels<fp16>();
+extern template std::span<const DecodeKernelEntry> decode_kernels<fp8_e4m3>();
+extern template std::span<const DecodeKernelEntry> decode_kernels<fp8_e5m2>();
+
+}  // namespace attention::detail
+SLIMSERVE_NAMESPACE_END

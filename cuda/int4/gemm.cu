@@ -1,0 +1,294 @@
+// W4A16 GEMM façade: preflight, planning, the typed dispatch table and the launches.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "gemm_internal.hpp"
+#include "slimserve/int4/gemm.hpp"
+#include "slimserve/int4/gemm_kernel.cuh"
+#include "slimserve/runtime/launch.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace int4 {
+namespace {
+
+using DecodeTile = GemmTileConfig<16, 128, 1, 4, 4>;  // GemmTile::m16_n128
+using WideTile = GemmTileConfig<64, 128, 2, 2, 3>;    // GemmTile::m64_n128
+constexpr int block_k = DecodeTile::block_k;
+static_assert(WideTile::block_k == block_k, "split-K slices are sized by one block_k");
+
+#if defined(SLIMSERVE_PLATFORM_CUDA)
+constexpr unsigned reduce_max_blocks = 2048;
+#else
+constexpr unsigned reduce_max_blocks = 16;  // emulated grids stay small; the loop strides
+#endif
+constexpr unsigned reduce_threads = 256;
+constexpr int max_auto_splits = 16;
+
+/// One row of the dispatch table: a (type, tile) pair and its instantiated launcher.
+struct FusedKernel {
+  ActivationType activation;
+  GemmTile tile;
+  int block_m;
+  int block_n;
+  std::size_t shared_memory_bytes;
+  Status (*launch)(const GemmParams& params, dim3 grid, cudaStream_t stream);
+};
+
+template <class T, class Config>
+Status launch_fused(const GemmParams& params, dim3 grid, cudaStream_t stream) {
+  return rt::launch(w4a16_gemm_kernel<T, Config>,
+                    rt::LaunchConfig{grid, dim3(Config::threads),
+                                     sizeof(GemmSharedStorage<Config>), stream},
+                    params);
+}
+
+template <class T, class Config>
+constexpr FusedKernel fused_kernel(ActivationType activation, GemmTile tile) {
+  return FusedKernel{activation,       tile, Config::block_m, Config::block_n,
+                     sizeof(GemmSharedStorage<Config>), &launch_fused<T, Config>};
+}
+
+const std::array<FusedKernel, 4> fused_kernels = {{
+    fused_kernel<bf16, DecodeTile>(ActivationType::bf16, GemmTile::m16_n128),
+    fused_kernel<bf16, WideTile>(ActivationType::bf16, GemmTile::m64_n128),
+    fused_kernel<fp16, DecodeTile>(ActivationType::fp16, GemmTile::m16_n128),
+    fused_kernel<fp16, WideTile>(ActivationType::fp16, GemmTile::m64_n128),
+}};
+
+const FusedKernel* find_fused_kernel(ActivationType activation, GemmTile tile) {
+  for (const FusedKernel& kernel : fused_kernels) {
+    if (kernel.activation == activation && kernel.tile == tile) return &kernel;
+  }
+  return nullptr;
+}
+
+bool aligned(const void* pointer, std::size_t alignment) {
+  return reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0;
+}
+
+Status check_pointer(const void* pointer, const char* name, std::size_t alignment,
+                     bool required) {
+  if (pointer == nullptr) {
+    if (required) return make_status(StatusCode::invalid_argument, name, " is null");
+    return {};
+  }
+  if (!aligned(pointer, alignment)) {
+    return make_status(StatusCode::invalid_argument, name, " (", pointer, ") is not ",
+                       alignment, "-byte aligned");
+  }
+  return {};
+}
+
+int device_sm_count() {
+#if defined(SLIMSERVE_PLATFORM_CUDA)
+  int device = 0;
+  int count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  return std::max(count, 1);
+#else
+  return 8;  // the emulator has no SMs; a small number keeps emulated grids small
+#endif
+}
+
+std::size_t align_up(std::size_t bytes, std::size_t alignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
+
+/// Automatic split-K. The busiest SM's work, in full-K tile units, is
+/// ceil(tiles * s / sm_count) / s; take the s (1..16) that minimizes it, the largest such s
+/// on ties (more blocks in flight hide memory latency), keeping each slice at least two K
+/// steps long and the FP32 partials at most 1/4 of the packed weight bytes
+/// (s * m * 4 <= k / 8). UNMEASURED: a model, not a tuning result.
+int choose_split(std::int64_t tiles, int sm_count, int k_steps, std::int64_t m, std::int64_t k) {
+  const std::int64_t most = std::clamp<std::int64_t>(
+      std::min<std::int64_t>({max_auto_splits, k_steps / 2, k / (32 * m)}), 1, max_auto_splits);
+  int best = 1;
+  double best_cost = std::numeric_limits<double>::max();
+  for (std::int64_t s = 1; s <= most; ++s) {
+    const std::int64_t waves = (tiles * s + sm_count - 1) / sm_count;
+    const double cost = static_cast<double>(waves) / static_cast<double>(s);
+    if (cost <= best_cost * (1.0 + 1e-9)) {
+      best_cost = cost;
+      best = static_cast<int>(s);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+namespace detail {
+
+GemmWorkspaceLayout layout_workspace(const GemmArguments& args, GemmPath path, int splits) {
+  constexpr std::size_t alignment = 256;
+  GemmWorkspaceLayout layout;
+  std::size_t offset = 0;
+  if (path == GemmPath::fused && splits > 1) {
+    layout.partials_offset = offset;
+    layout.partials_bytes = static_cast<std::size_t>(splits) * static_cast<std::size_t>(args.m) *
+                            static_cast<std::size_t>(args.n) * sizeof(float);
+    offset = align_up(offset + layout.partials_bytes, alignment);
+  }
+  if (path == GemmPath::expand) {
+    layout.dense_offset = offset;
+    layout.dense_bytes =
+        static_cast<std::size_t>(args.k) * static_cast<std::size_t>(args.n) * sizeof(std::uint16_t);
+    offset = align_up(offset + layout.dense_bytes, alignment);
+    layout.library_offset = offset;
+    layout.library_bytes = dense_library_workspace_bytes();
+    offset = align_up(offset + layout.library_bytes, alignment);
+  }
+  layout.total_bytes = offset;
+  return layout;
+}
+
+}  // namespace detail
+
+Status can_implement(const GemmArguments& args) {
+  if (args.activation != ActivationType::bf16 && args.activation != ActivationType::fp16) {
+    return make_status(StatusCode::invalid_argument, "unknown activation type ",
+                       static_cast<int>(args.activation));
+  }
+  constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+  if (args.m < 1 || args.m > int_max) {
+    return make_status(StatusCode::invalid_argument, "m = ", args.m, " must be in 1..", int_max);
+  }
+  if (args.n < 16 || args.n % 16 != 0 || args.n > int_max) {
+    return make_status(StatusCode::unsupported, "n = ", args.n,
+                       " must be a positive multiple of 16 (pad the weight's columns)");
+  }
+  if (args.k < 16 || args.k % 16 != 0 || args.k > int_max) {
+    return make_status(StatusCode::unsupported, "k = ", args.k,
+                       " must be a positive multiple of 16 (pad the weight's rows)");
+  }
+  const bool per_channel = args.group_size == args.k;
+  if (!per_channel &&
+      (args.group_size <= 0 || args.group_size % 32 != 0 || args.k % args.group_size != 0)) {
+    return make_status(StatusCode::unsupported, "group_size ", args.group_size, " with k = ",
+                       args.k, ": needs a multiple of 32 that divides k, or k itself");
+  }
+  SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.a, "a", 16, true));
+  SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.b, "b (packed weights)", 16, true));
+  SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.scales, "scales", 16, true));
+  SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.zeros, "zeros", 16, false));
+  SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.bias, "bias", 16, false));
+  SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.c, "c", 16, true));
+  return {};
+}
+
+Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options) {
+  SLIMSERVE_RETURN_IF_ERROR(can_implement(args));
+  if (options.split_k < 0) {
+    return make_status(StatusCode::invalid_argument, "split_k = ", options.split_k,
+                       " (0: automatic, s >= 1: s slices)");
+  }
+  GemmPlan plan;
+  plan.path = options.path;
+  if (plan.path == GemmPath::automatic) {
+    plan.path = args.m >= options.expand_min_m ? GemmPath::expand : GemmPath::fused;
+  }
+  plan.tile = args.m <= 16 ? GemmTile::m16_n128 : GemmTile::m64_n128;
+  const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile);
+  if (kernel == nullptr) {
+    return make_status(StatusCode::internal, "no fused kernel for ", to_string(args.activation));
+  }
+
+  const int k_steps = static_cast<int>((args.k + block_k - 1) / block_k);
+  int splits = 1;
+  if (plan.path == GemmPath::fused) {
+    if (options.split_k > 0) {
+      if (options.split_k > k_steps) {
+        return make_status(StatusCode::invalid_argument, "split_k = ", options.split_k,
+                           " is more than the ", k_steps, " K steps of ", block_k,
+                           " rows (k = ", args.k, ")");
+      }
+      splits = options.split_k;
+    } else {
+      const int sm_count = options.sm_count > 0 ? options.sm_count : device_sm_count();
+      const std::int64_t tiles = ((args.n + kernel->block_n - 1) / kernel->block_n) *
+                                 ((args.m + kernel->block_m - 1) / kernel->block_m);
+      splits = choose_split(tiles, sm_count, k_steps, args.m, args.k);
+    }
+  }
+  const int steps_per_split = (k_steps + splits - 1) / splits;
+  plan.k_per_split = steps_per_split * block_k;
+  plan.splits = (k_steps + steps_per_split - 1) / steps_per_split;  // no empty slices
+  plan.workspace = detail::layout_workspace(args, plan.path, plan.splits);
+  return plan;
+}
+
+Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace,
+                std::size_t workspace_bytes, cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(can_implement(args));
+  const GemmWorkspaceLayout layout = detail::layout_workspace(args, plan.path, plan.splits);
+  if (layout.total_bytes != plan.workspace.total_bytes) {
+    return make_status(StatusCode::invalid_argument,
+                       "the plan was made for other arguments (workspace ",
+                       plan.workspace.total_bytes, " bytes, these need ", layout.total_bytes, ")");
+  }
+  if (workspace_bytes < layout.total_bytes || (layout.total_bytes > 0 && workspace == nullptr)) {
+    return make_status(StatusCode::resource_exhausted, "workspace of ", workspace_bytes,
+                       " bytes; the plan needs ", layout.total_bytes);
+  }
+  if (layout.total_bytes > 0 && !aligned(workspace, 16)) {
+    return make_status(StatusCode::invalid_argument, "workspace is not 16-byte aligned");
+  }
+  auto* bytes = static_cast<unsigned char*>(workspace);
+  if (plan.path == GemmPath::expand) {
+    return detail::run_expansion_path(args, layout, bytes, stream);
+  }
+  if (plan.path != GemmPath::fused || plan.splits < 1 || plan.k_per_split % block_k != 0 ||
+      static_cast<std::int64_t>(plan.splits - 1) * plan.k_per_split >= args.k) {
+    return make_status(StatusCode::invalid_argument, "the plan is not a fused-path plan for k = ",
+                       args.k, " (splits ", plan.splits, ", k_per_split ", plan.k_per_split, ")");
+  }
+  const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile);
+  if (kernel == nullptr) return make_status(StatusCode::internal, "no fused kernel");
+
+  GemmParams params{};
+  params.a = static_cast<const std::uint16_t*>(args.a);
+  params.b = args.b;
+  params.scales = static_cast<const std::uint16_t*>(args.scales);
+  params.zeros = static_cast<const std::uint16_t*>(args.zeros);
+  params.bias = static_cast<const std::uint16_t*>(args.bias);
+  params.c = static_cast<std::uint16_t*>(args.c);
+  params.partials =
+      plan.splits > 1 ? reinterpret_cast<float*>(bytes + layout.partials_offset) : nullptr;
+  params.m = static_cast<int>(args.m);
+  params.n = static_cast<int>(args.n);
+  params.k = static_cast<int>(args.k);
+  params.group_size = static_cast<int>(args.group_size);
+  params.k_per_split = plan.k_per_split;
+  params.splits = plan.splits;
+  const dim3 grid(static_cast<unsigned>((args.n + kernel->block_n - 1) / kernel->block_n),
+                  static_cast<unsigned>((args.m + kernel->block_m - 1) / kernel->block_m),
+                  static_cast<unsigned>(plan.splits));
+  SLIMSERVE_RETURN_IF_ERROR(kernel->launch(params, grid, stream));
+  if (plan.splits == 1) return {};
+
+  const std::int64_t count = args.m * args.n;
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<std::int64_t>((count + reduce_threads - 1) / reduce_threads, 1, reduce_max_blocks));
+  const rt::LaunchConfig config{dim3(blocks), dim3(reduce_threads), 0, stream};
+  if (args.activation == ActivationType::bf16) {
+    return rt::launch(splitk_reduce_kernel<bf16>, config, params.partials, params.bias, params.c,
+                      args.m, args.n, plan.splits);
+  }
+  return rt::launch(splitk_reduce_kernel<fp16>, config, params.partials, params.bias, params.c,
+                    args.m, args.n, plan.splits);
+}
+
+std::size_t gemm_shared_memory_bytes(ActivationType activation, GemmTile tile) {
+  const FusedKernel* kernel = find_fused_kernel(activation, tile);
+  return kernel == nullptr ? 0 : kernel->shared_memory_bytes;
+}
+
+}  // namespace int4
+SLIMSERVE_NAMESPACE_END

@@ -1,0 +1,21 @@
+# CTest driver: writes a small model-like .safetensors, quantizes it with the tool in several
+# settings and checks each output. Variables: TOOL, CHECK, WORK_DIR.
+file(MAKE_DIRECTORY "${WORK_DIR}")
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "${out}${err}")
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "failed (${result}): ${ARGN}")
+  endif()
+endfunction()
+
+set(input "${WORK_DIR}/input.safetensors")
+run("${CHECK}" write "${input}")
+run("${TOOL}" "${input}" "${WORK_DIR}/ct_g32.safetensors" --format ct --group 32 --threads 2)
+run("${CHECK}" verify "${input}" "${WORK_DIR}/ct_g32.safetensors" ct 32)
+run("${TOOL}" "${input}" "${WORK_DIR}/ct_asym_g128.safetensors" --format ct --group 128 --asym)
+run("${CHECK}" verify "${input}" "${WORK_DIR}/ct_asym_g128.safetensors" ct 128)
+run("${TOOL}" "${input}" "${WORK_DIR}/gptq_g64.safetensors" --format gptq --group 64 --asym)
+run("${CHECK}" verify "${input}" "${WORK_DIR}/gptq_g64.safetensors" gptq 64)
+run("${TOOL}" "${input}" "${WORK_DIR}/gptq_v1_channel.safetensors" --format gptq-v1 --group channel)
+run("${CHECK}" verify "${input}" "${WORK_DIR}/gptq_v1_channel.safetensors" gptq -1)

@@ -1,0 +1,72 @@
+#pragma once
+/// \file
+/// \brief Pages -> BF16: the real values (stored * scale) of listed pages, for engines and tests.
+///
+/// Grid: (num_listed_pages, 2) (y: 0 = K, 1 = V); block: any size, each thread converting one
+/// 16-byte vector of the stored type at a time. Output is NHD-ordered whatever the cache layout:
+/// [num_listed_pages, page_size, H_kv, D]. A page id outside the cache yields a NaN-filled page.
+
+#include <cmath>
+#include <cstdint>
+
+#include "slimserve/attention/kernels/vector_io.cuh"
+#include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/runtime/platform.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention::kernels {
+
+struct DequantizeParams {
+  const void* k_pages;
+  const void* v_pages;
+  const float* k_scale;
+  const float* v_scale;
+  const float* k_token_scales;
+  const float* v_token_scales;
+  std::int32_t num_pages;
+  std::int32_t page_size;
+  std::int32_t num_kv_heads;
+  KvLayout layout;
+  KvScaleMode scale_mode;
+  const std::int32_t* page_ids;  // [num_listed]
+  bf16* k_out;                   // [num_listed, page_size, H_kv, D]
+  bf16* v_out;
+};
+
+template <class KvT, int HeadDim>
+__global__ void dequantize_pages_kernel(const DequantizeParams p) {
+  constexpr int E = vector_elements<KvT>;
+  const bool is_v = blockIdx.y == 1;
+  const KvT* pages = static_cast<const KvT*>(is_v ? p.v_pages : p.k_pages);
+  const float* token_scales = is_v ? p.v_token_scales : p.k_token_scales;
+  bf16* out = is_v ? p.v_out : p.k_out;
+  const std::int64_t listed = blockIdx.x;
+  const std::int32_t page = p.page_ids[listed];
+  const bool page_valid = page >= 0 && page < p.num_pages;
+  const float tensor_scale =
+      p.scale_mode == KvScaleMode::per_tensor ? *(is_v ? p.v_scale : p.k_scale) : 1.0f;
+
+  const std::int32_t vectors = p.page_size * p.num_kv_heads * (HeadDim / E);
+  for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < vectors;
+       i += static_cast<std::int32_t>(blockDim.x)) {
+    // i enumerates (slot, head, vector) in NHD order.
+    const std::int32_t vec = i % (HeadDim / E);
+    const std::int32_t head = (i / (HeadDim / E)) % p.num_kv_heads;
+    const std::int32_t slot = i / (HeadDim / E) / p.num_kv_heads;
+    bf16* dst = out + (listed * p.page_size * p.num_kv_heads + static_cast<std::int64_t>(slot) * p.num_kv_heads + head) * HeadDim + vec * E;
+    if (!page_valid) {
+      for (int e = 0; e < E; ++e) dst[e] = from_float<bf16>(NAN);
+      continue;
+    }
+    float scale = tensor_scale;
+    if (p.scale_mode == KvScaleMode::per_token) {
+      scale = token_scales[cache_offset(p.layout, p.page_size, p.num_kv_heads, 1, page, slot, head, 0)];
+    }
+    const Vec16 raw = load16(pages + cache_offset(p.layout, p.page_size, p.num_kv_heads, HeadDim,
+                                                  page, slot, head, vec * E));
+    for (int e = 0; e < E; ++e) dst[e] = from_float<bf16>(element_to_float<KvT>(raw, e) * scale);
+  }
+}
+
+}  // namespace attention::kernels
+SLIMSERVE_NAMESPACE_END

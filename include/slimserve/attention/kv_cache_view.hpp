@@ -1,0 +1,134 @@
+#pragma once
+/// \file
+/// \brief A non-owning view of a paged K/V cache: geometry, element type, layout and scales.
+///
+/// Pages hold `page_size` tokens of every KV head. K and V live in two separate allocations of
+/// the same shape, in one of two layouts:
+///   NHD: [num_pages, page_size, num_kv_heads, head_dim]  (a token's heads are contiguous)
+///   HND: [num_pages, num_kv_heads, page_size, head_dim]  (a head's tokens are contiguous)
+/// Scale convention (every path, K and V alike): stored = quantize(real / scale) with
+/// saturating round-to-nearest-even, real = stored * scale.
+///   - KvScaleMode::none: scale 1 (16-bit caches only; FP8 must say where its scale is).
+///   - KvScaleMode::per_tensor: one calibrated float each for K and V, as device pointers so a
+///     captured CUDA graph reads the current value at replay.
+///   - KvScaleMode::per_token: one float per (token, head) for K and one for V, written by the
+///     append kernel from that token's amax; stored beside the pages in arrays shaped like the
+///     pages with head_dim = 1. Costs 8 bytes per token per KV head (K + V).
+/// Plain C++: usable by host code that never includes a CUDA header.
+
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+#include "slimserve/config.hpp"
+#include "slimserve/status.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention {
+
+/// Element type of the cached K/V pages.
+enum class KvDtype : std::uint8_t { bf16, fp16, fp8_e4m3, fp8_e5m2 };
+/// Element type of activations: queries, outputs, and new K/V handed to the append kernel.
+enum class ActivationDtype : std::uint8_t { bf16, fp16 };
+enum class KvLayout : std::uint8_t { nhd, hnd };
+enum class KvScaleMode : std::uint8_t { none, per_tensor, per_token };
+
+constexpr std::string_view to_string(KvDtype dtype) noexcept {
+  switch (dtype) {
+    case KvDtype::bf16: return "bf16";
+    case KvDtype::fp16: return "fp16";
+    case KvDtype::fp8_e4m3: return "fp8_e4m3";
+    case KvDtype::fp8_e5m2: return "fp8_e5m2";
+  }
+  return "unknown";
+}
+constexpr std::string_view to_string(KvLayout layout) noexcept {
+  return layout == KvLayout::nhd ? "NHD" : "HND";
+}
+constexpr std::string_view to_string(KvScaleMode mode) noexcept {
+  switch (mode) {
+    case KvScaleMode::none: return "none";
+    case KvScaleMode::per_tensor: return "per_tensor";
+    case KvScaleMode::per_token: return "per_token";
+  }
+  return "unknown";
+}
+
+constexpr int element_bytes(KvDtype dtype) noexcept {
+  return dtype == KvDtype::bf16 || dtype == KvDtype::fp16 ? 2 : 1;
+}
+constexpr bool is_fp8(KvDtype dtype) noexcept { return element_bytes(dtype) == 1; }
+
+/// What the kernels support; anything else is rejected by preflight.
+constexpr bool supported_page_size(int page_size) noexcept {
+  return page_size == 16 || page_size == 32 || page_size == 64 || page_size == 128;
+}
+constexpr bool supported_head_dim(int head_dim) noexcept {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+struct PagedKVCacheView {
+  void* k_pages = nullptr;  ///< [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D]
+  void* v_pages = nullptr;  ///< same shape as k_pages
+  const float* k_scale = nullptr;  ///< per_tensor: one device float
+  const float* v_scale = nullptr;  ///< per_tensor: one device float
+  float* k_token_scales = nullptr;  ///< per_token: [num_pages, page_size, H] or [num_pages, H, page_size]
+  float* v_token_scales = nullptr;  ///< per_token: same shape as k_token_scales
+  std::int32_t num_pages = 0;
+  std::int32_t page_size = 0;
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;
+  KvDtype dtype = KvDtype::bf16;
+  KvLayout layout = KvLayout::nhd;
+  KvScaleMode scale_mode = KvScaleMode::none;
+};
+
+/// Index of element `d` of (page, slot, head) in the page array; pass head_dim = 1 for the
+/// per-token scale arrays, which share the layout.
+SLIMSERVE_HOST_DEVICE constexpr std::int64_t cache_offset(KvLayout layout, std::int32_t page_size,
+                                                          std::int32_t num_kv_heads,
+                                                          std::int32_t head_dim, std::int32_t page,
+                                                          std::int32_t slot, std::int32_t head,
+                                                          std::int32_t d) {
+  const std::int64_t token_major =
+      layout == KvLayout::nhd
+          ? (static_cast<std::int64_t>(page) * page_size + slot) * num_kv_heads + head
+          : (static_cast<std::int64_t>(page) * num_kv_heads + head) * page_size + slot;
+  return token_major * head_dim + d;
+}
+
+/// Bytes of K + V (+ scales) one token occupies in the cache.
+constexpr std::int64_t cache_bytes_per_token(KvDtype dtype, KvScaleMode mode,
+                                             std::int32_t num_kv_heads, std::int32_t head_dim) {
+  const std::int64_t data = 2LL * num_kv_heads * head_dim * element_bytes(dtype);
+  const std::int64_t scales =
+      mode == KvScaleMode::per_token ? 2LL * num_kv_heads * static_cast<std::int64_t>(sizeof(float)) : 0;
+  return data + scales;
+}
+
+/// Tokens of one layer that fit in 1 GiB (pages are allocated whole; the per-tensor scales'
+/// 8 bytes are ignored).
+constexpr std::int64_t tokens_per_gib(KvDtype dtype, KvScaleMode mode, std::int32_t num_kv_heads,
+                                      std::int32_t head_dim, std::int32_t page_size) {
+  const std::int64_t page_bytes = cache_bytes_per_token(dtype, mode, num_kv_heads, head_dim) * page_size;
+  return (std::int64_t{1} << 30) / page_bytes * page_size;
+}
+
+/// Host check of a calibrated scale before the caller uploads it: finite and > 0.
+inline Status validate_static_scale(float scale, std::string_view what) {
+  if (!std::isfinite(scale) || !(scale > 0.0f)) {
+    return make_status(StatusCode::invalid_argument, what,
+                       " must be finite and > 0 (stored = quantize(real / scale)), got ", scale);
+  }
+  return {};
+}
+inline Status validate_static_scales(float k_scale, float v_scale) {
+  SLIMSERVE_RETURN_IF_ERROR(validate_static_scale(k_scale, "k_scale"));
+  return validate_static_scale(v_scale, "v_scale");
+}
+
+/// Shape, type and pointer checks of a view (the page contents are not read).
+Status validate_cache_view(const PagedKVCacheView& cache);
+
+}  // namespace attention
+SLIMSERVE_NAMESPACE_END

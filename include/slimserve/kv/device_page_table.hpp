@@ -1,0 +1,106 @@
+#pragma once
+/// \file
+/// \brief Copies a page table built on the host (page_table_builder.hpp) into caller-owned
+/// device buffers on a stream, and returns the view kernels take.
+///
+/// The copies are asynchronous: the host arrays (pinned, for a true async copy) must stay
+/// unchanged until the stream has passed them. The host table is validated again before the
+/// copy, so nothing unchecked reaches the device.
+
+#include <cstdint>
+
+#include "slimserve/config.hpp"
+#include "slimserve/kv/page_table_builder.hpp"
+#include "slimserve/kv/page_table_view.hpp"
+#include "slimserve/runtime/memory.hpp"
+#include "slimserve/status.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace kv {
+
+/// Caller-owned device arrays for the CSR form (same capacities as the host buffers).
+struct PageTableDeviceBuffers {
+  std::int32_t* indptr = nullptr;         ///< [max_batch + 1]
+  PageId* indices = nullptr;              ///< [max_entries]
+  std::int32_t* last_page_len = nullptr;  ///< [max_batch]
+  PageTag* expected_tags = nullptr;       ///< [max_entries]
+  std::int32_t max_batch = 0;
+  std::int64_t max_entries = 0;
+};
+
+/// Caller-owned device arrays for the 2-D form.
+struct BlockTableDeviceBuffers {
+  PageId* block_table = nullptr;     ///< [max_batch, max_pages_per_request]
+  PageTag* expected_tags = nullptr;  ///< [max_batch, max_pages_per_request]
+  std::int32_t* seq_lens = nullptr;  ///< [max_batch]
+  std::int32_t max_batch = 0;
+  std::int32_t max_pages_per_request = 0;
+};
+
+inline Result<PageTableView> upload_page_table(const PageTableView& host_table,
+                                               std::int32_t num_pages,
+                                               const PageTableDeviceBuffers& device,
+                                               cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(validate_page_table(host_table, num_pages));
+  const std::int32_t batch = host_table.batch_size;
+  const std::int64_t entries = host_table.indptr[batch];
+  if (batch > device.max_batch || entries > device.max_entries) {
+    return make_status(StatusCode::resource_exhausted, "table of ", batch, " requests and ",
+                       entries, " pages does not fit device buffers of ", device.max_batch,
+                       " requests and ", device.max_entries, " pages");
+  }
+  if (device.indptr == nullptr || device.indices == nullptr || device.last_page_len == nullptr ||
+      device.expected_tags == nullptr) {
+    return make_status(StatusCode::invalid_argument, "a page-table device buffer is null");
+  }
+  using rt::CopyDirection;
+  const auto ints = sizeof(std::int32_t);
+  const auto page_count = static_cast<std::size_t>(entries);
+  SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.indptr, host_table.indptr, (batch + 1) * ints,
+                                           CopyDirection::host_to_device, stream));
+  SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.last_page_len, host_table.last_page_len,
+                                           batch * ints, CopyDirection::host_to_device, stream));
+  SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.indices, host_table.indices,
+                                           page_count * sizeof(PageId),
+                                           CopyDirection::host_to_device, stream));
+  SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.expected_tags, host_table.expected_tags,
+                                           page_count * sizeof(PageTag),
+                                           CopyDirection::host_to_device, stream));
+  return PageTableView{device.indptr,        device.indices, device.last_page_len,
+                       device.expected_tags, batch,          host_table.page_size};
+}
+
+inline Result<BlockTableView> upload_block_table(const BlockTableView& host_table,
+                                                 std::int32_t num_pages,
+                                                 const BlockTableDeviceBuffers& device,
+                                                 cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(validate_block_table(host_table, num_pages));
+  if (host_table.batch_size > device.max_batch ||
+      host_table.max_pages_per_request != device.max_pages_per_request) {
+    return make_status(StatusCode::resource_exhausted, "block table [", host_table.batch_size,
+                       ", ", host_table.max_pages_per_request, "] does not match device buffers [",
+                       device.max_batch, ", ", device.max_pages_per_request, "]");
+  }
+  if (device.block_table == nullptr || device.expected_tags == nullptr ||
+      device.seq_lens == nullptr) {
+    return make_status(StatusCode::invalid_argument, "a block-table device buffer is null");
+  }
+  using rt::CopyDirection;
+  const auto entries = static_cast<std::size_t>(host_table.batch_size) *
+                       static_cast<std::size_t>(host_table.max_pages_per_request);
+  SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.block_table, host_table.block_table,
+                                           entries * sizeof(PageId),
+                                           CopyDirection::host_to_device, stream));
+  SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.expected_tags, host_table.expected_tags,
+                                           entries * sizeof(PageTag),
+                                           CopyDirection::host_to_device, stream));
+  SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.seq_lens, host_table.seq_lens,
+                                           host_table.batch_size * sizeof(std::int32_t),
+                                           CopyDirection::host_to_device, stream));
+  return BlockTableView{device.block_table,     device.expected_tags,
+                        device.seq_lens,        host_table.batch_size,
+                        host_table.max_pages_per_request, host_table.page_size};
+}
+
+}  // namespace kv
+SLIMSERVE_NAMESPACE_END

@@ -1,0 +1,57 @@
+#pragma once
+/// \file
+/// \brief The device's copy of every page's current generation tag, kept in step with a
+/// PagePool on a stream.
+///
+/// `sync(pool, stream)` uploads what changed since the last sync: only the changed entries
+/// (a small scatter kernel) when few changed, the whole array (one copy) when that is cheaper.
+/// Call it once per scheduler step, before the step's tag check, on the same stream.
+///
+/// Staging memory is double-buffered pinned host memory: the buffer written by sync N is
+/// written again by sync N+2, so sync N's copy must have completed by then (engines that wait
+/// for each step's output, as all do, satisfy this).
+
+#include <cstdint>
+
+#include "slimserve/config.hpp"
+#include "slimserve/kv/detail/pinned_array.hpp"
+#include "slimserve/kv/page_pool.hpp"
+#include "slimserve/kv/page_table_view.hpp"
+#include "slimserve/kv/tag_update.hpp"
+#include "slimserve/runtime/memory.hpp"
+#include "slimserve/status.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace kv {
+
+class DeviceTagArray {
+ public:
+  /// Device and staging memory for a pool of `num_pages` pages (guard page included).
+  static Result<DeviceTagArray> create(std::int32_t num_pages);
+
+  /// Uploads the pool's changed tags and clears the pool's dirty list.
+  Status sync(PagePool& pool, cudaStream_t stream);
+
+  /// Device tags, [num_pages].
+  const PageTag* data() const noexcept { return tags_.data(); }
+  std::int32_t num_pages() const noexcept { return num_pages_; }
+  /// Above this many changed entries, sync uploads the whole array.
+  std::int32_t scatter_capacity() const noexcept { return scatter_capacity_; }
+
+  /// For tests: how the last sync travelled.
+  enum class LastSync { nothing, scatter, whole_array };
+  LastSync last_sync() const noexcept { return last_sync_; }
+
+ private:
+  rt::DeviceBuffer<PageTag> tags_;              // [num_pages]
+  rt::DeviceBuffer<TagUpdate> updates_;         // [2, 1 + scatter_capacity]: header, entries
+  detail::PinnedArray<TagUpdate> staging_;      // [2, 1 + scatter_capacity]: header, entries
+  detail::PinnedArray<PageTag> mirror_;         // [2, num_pages]
+  std::int32_t num_pages_ = 0;
+  std::int32_t scatter_capacity_ = 0;
+  int next_slot_ = 0;
+  LastSync last_sync_ = LastSync::nothing;
+};
+
+}  // namespace kv
+SLIMSERVE_NAMESPACE_END

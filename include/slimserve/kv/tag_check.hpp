@@ -1,0 +1,70 @@
+#pragma once
+/// \file
+/// \brief The GPU tag check (host façade): compares every entry of a batch's page table with
+/// the device tag array and writes one RequestStatus per request.
+///
+/// Launch it as its own step after the page table and the tag array reached the device and
+/// before any kernel that reads or writes pages; those kernels take the statuses and skip
+/// requests that are not ok. No host synchronization; fixed launch shape for a given batch
+/// size, so it can be captured in a CUDA graph.
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "slimserve/config.hpp"
+#include "slimserve/kv/device_tag_array.hpp"
+#include "slimserve/kv/page_table_view.hpp"
+#include "slimserve/kv/request_status.hpp"
+#include "slimserve/runtime/memory.hpp"
+#include "slimserve/status.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace kv {
+
+struct TagCheckArguments {
+  PageTableView table;                      ///< device arrays (upload_page_table)
+  const DeviceTagArray* page_tags = nullptr;
+  RequestStatus* statuses = nullptr;        ///< device, [table.batch_size]
+  std::int32_t* aborted_count = nullptr;    ///< device, [1], optional: number of failing requests
+};
+
+/// The same for the 2-D block-table form.
+struct BlockTagCheckArguments {
+  BlockTableView table;                     ///< device arrays (upload_block_table)
+  const DeviceTagArray* page_tags = nullptr;
+  RequestStatus* statuses = nullptr;        ///< device, [table.batch_size]
+  std::int32_t* aborted_count = nullptr;    ///< device, [1], optional: number of failing requests
+};
+
+/// Enqueues the check on `stream`. Host preflight only (pointers, sizes); the verdicts are on
+/// the device when the stream reaches them.
+Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream);
+Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream);
+
+/// Copies `host.size()` statuses from the device (asynchronously; pinned host memory for a
+/// true async copy).
+Status copy_statuses_to_host(const RequestStatus* device_statuses, std::span<RequestStatus> host,
+                             cudaStream_t stream);
+
+constexpr std::string_view to_string(RequestState state) noexcept {
+  switch (state) {
+    case RequestState::ok: return "ok";
+    case RequestState::stale_tag: return "stale tag";
+    case RequestState::page_out_of_range: return "page out of range";
+    case RequestState::bad_page_table: return "bad page table";
+  }
+  return "unknown";
+}
+
+struct AbortedRequest {
+  std::int32_t request = 0;  ///< index in the batch
+  RequestStatus status{};
+};
+
+/// The requests whose status is not ok (after the copy completed); `out` is cleared first.
+void collect_aborted(std::span<const RequestStatus> statuses, std::vector<AbortedRequest>& out);
+
+}  // namespace kv
+SLIMSERVE_NAMESPACE_END

@@ -1,0 +1,59 @@
+#include "slimserve/attention/kv_cache_view.hpp"
+
+#include <cstdint>
+#include <limits>
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention {
+
+Status validate_cache_view(const PagedKVCacheView& cache) {
+  if (!supported_page_size(cache.page_size)) {
+    return make_status(StatusCode::unsupported, "page_size ", cache.page_size,
+                       " is not supported (16, 32, 64 or 128)");
+  }
+  if (!supported_head_dim(cache.head_dim)) {
+    return make_status(StatusCode::unsupported, "head_dim ", cache.head_dim,
+                       " is not supported (64, 128 or 256)");
+  }
+  if (cache.num_kv_heads <= 0 || cache.num_pages <= 0) {
+    return make_status(StatusCode::invalid_argument, "cache needs num_kv_heads > 0 and num_pages > 0, got ",
+                       cache.num_kv_heads, " and ", cache.num_pages);
+  }
+  // Page offsets are int64 in the kernels; the element count of one head's slice must fit int32.
+  const std::int64_t page_elements =
+      static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads * cache.head_dim;
+  if (page_elements > std::numeric_limits<std::int32_t>::max()) {
+    return make_status(StatusCode::invalid_argument, "a page of ", page_elements,
+                       " elements is too large");
+  }
+  if (cache.k_pages == nullptr || cache.v_pages == nullptr) {
+    return make_status(StatusCode::invalid_argument, "k_pages and v_pages must be non-null");
+  }
+  switch (cache.scale_mode) {
+    case KvScaleMode::none:
+      if (is_fp8(cache.dtype)) {
+        return make_status(StatusCode::invalid_argument, "an ", to_string(cache.dtype),
+                           " cache needs scales (per_tensor or per_token); a silent 1.0 is refused");
+      }
+      break;
+    case KvScaleMode::per_tensor:
+      if (cache.k_scale == nullptr || cache.v_scale == nullptr) {
+        return make_status(StatusCode::invalid_argument,
+                           "per_tensor scales need non-null device pointers k_scale and v_scale");
+      }
+      break;
+    case KvScaleMode::per_token:
+      if (cache.k_token_scales == nullptr || cache.v_token_scales == nullptr) {
+        return make_status(StatusCode::invalid_argument,
+                           "per_token scales need non-null k_token_scales and v_token_scales arrays");
+      }
+      break;
+    default:
+      return make_status(StatusCode::invalid_argument, "unknown scale mode ",
+                         static_cast<int>(cache.scale_mode));
+  }
+  return {};
+}
+
+}  // namespace attention
+SLIMSERVE_NAMESPACE_END

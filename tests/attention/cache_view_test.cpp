@@ -1,0 +1,79 @@
+// Cache view: preflight of shapes/pointers/scales, addressing, capacity arithmetic.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "slimserve/attention/kv_cache_view.hpp"
+
+using namespace slimserve;
+using namespace slimserve::attention;
+
+TEST_CASE("static scales: non-finite and non-positive are rejected", "[attention][cache]") {
+  CHECK(validate_static_scales(0.5f, 2.0f).ok());
+  const float bad[] = {0.0f, -1.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::quiet_NaN()};
+  for (float s : bad) {
+    auto k = validate_static_scales(s, 1.0f);
+    CHECK(k.code() == StatusCode::invalid_argument);
+    CHECK(k.message().find("k_scale") != std::string_view::npos);
+    CHECK(validate_static_scales(1.0f, s).message().find("v_scale") != std::string_view::npos);
+  }
+}
+
+TEST_CASE("cache view preflight", "[attention][cache]") {
+  float dummy[4] = {1, 1, 1, 1};
+  PagedKVCacheView v;
+  v.k_pages = dummy;
+  v.v_pages = dummy;
+  v.num_pages = 4;
+  v.page_size = 16;
+  v.num_kv_heads = 2;
+  v.head_dim = 128;
+  v.dtype = KvDtype::bf16;
+  CHECK(validate_cache_view(v).ok());
+  v.dtype = KvDtype::fp8_e4m3;  // FP8 without scales: refused, never defaulted to 1.0
+  CHECK(validate_cache_view(v).code() == StatusCode::invalid_argument);
+  v.scale_mode = KvScaleMode::per_tensor;
+  CHECK(validate_cache_view(v).code() == StatusCode::invalid_argument);  // null scale pointers
+  v.k_scale = dummy;
+  v.v_scale = dummy + 1;
+  CHECK(validate_cache_view(v).ok());
+  v.scale_mode = KvScaleMode::per_token;
+  CHECK(validate_cache_view(v).code() == StatusCode::invalid_argument);
+  v.k_token_scales = dummy;
+  v.v_token_scales = dummy;
+  CHECK(validate_cache_view(v).ok());
+  v.head_dim = 96;
+  CHECK(validate_cache_view(v).code() == StatusCode::unsupported);
+  v.head_dim = 64;
+  v.page_size = 24;
+  CHECK(validate_cache_view(v).code() == StatusCode::unsupported);
+  v.page_size = 128;
+  v.v_pages = nullptr;
+  CHECK(validate_cache_view(v).code() == StatusCode::invalid_argument);
+}
+
+TEST_CASE("cache addressing: NHD and HND cover each page exactly once", "[attention][cache]") {
+  constexpr int ps = 16, h = 3, d = 64, pages = 2;
+  for (KvLayout layout : {KvLayout::nhd, KvLayout::hnd}) {
+    std::vector<int> hits(static_cast<std::size_t>(pages * ps * h * d), 0);
+    for (int p = 0; p < pages; ++p)
+      for (int s = 0; s < ps; ++s)
+        for (int hh = 0; hh < h; ++hh)
+          for (int e = 0; e < d; ++e) ++hits[static_cast<std::size_t>(cache_offset(layout, ps, h, d, p, s, hh, e))];
+    for (int x : hits) CHECK(x == 1);
+  }
+  CHECK(cache_offset(KvLayout::nhd, ps, h, d, 1, 2, 1, 5) == ((1 * ps + 2) * h + 1) * d + 5);
+  CHECK(cache_offset(KvLayout::hnd, ps, h, d, 1, 2, 1, 5) == ((1 * h + 1) * ps + 2) * d + 5);
+}
+
+TEST_CASE("capacity arithmetic", "[attention][cache]") {
+  // 8 KV heads x 128: BF16 4096 B/token, FP8 2048, FP8 + per-token scales 2048 + 64.
+  CHECK(cache_bytes_per_token(KvDtype::bf16, KvScaleMode::none, 8, 128) == 4096);
+  CHECK(cache_bytes_per_token(KvDtype::fp8_e4m3, KvScaleMode::per_tensor, 8, 128) == 2048);
+  CHECK(cache_bytes_per_token(KvDtype::fp8_e5m2, KvScaleMode::per_token, 8, 128) == 2112);
+  CHECK(tokens_per_gib(KvDtype::bf16, KvScaleMode::none, 8, 128, 16) == 262144);
+  CHECK(tokens_per_gib(KvDtype::fp8_e4m3, KvScaleMode::per_tensor, 8, 128, 16) == 524288);
+  CHECK(tokens_per_gib(KvDtype::fp8_e4m3, KvScaleMode::per_token, 8, 128, 16) == (1LL << 30) / (2112 * 16) * 16);
+}

@@ -1,0 +1,476 @@
+// Paged decode attention against an FP64 reference computed from the stored (already
+// quantized) cache: dtype x layout x head_dim x GQA grid, ragged lengths, shuffled pages with
+// holes and shared pages, split vs unsplit, aborted requests, merge on its own, preflight.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <vector>
+
+#include "attention_test_support.hpp"
+#include "slimserve/attention/decode.hpp"
+
+using namespace attn_test;
+
+namespace {
+
+struct DecodeCase {
+  KvDtype dtype;
+  KvLayout layout;
+  KvScaleMode scale_mode;
+  int head_dim;
+  int num_kv_heads;
+  int group;  // query heads per KV head
+  int page_size;
+  ActivationDtype q_dtype;
+  int query_tokens;
+  std::vector<std::int64_t> lengths;
+  float scale_factor = 1.0f;  // < 1 pushes the largest values into FP8 saturation
+};
+
+/// Everything a decode run needs, built on the host and uploaded.
+struct DecodeFixture {
+  DecodeCase c;
+  HostPageTable table;
+  HostCache cache;
+  std::vector<float> q_values;             // activation values (as the kernel reads them)
+  std::vector<std::uint16_t> q_bits;
+  std::vector<double> v_max_per_row;       // max |v| a row attends over (tolerance scale)
+
+  DecodeFixture(const DecodeCase& dc, std::mt19937_64& rng)
+      : c(dc), table(make_page_table(dc.lengths, dc.page_size, rng, dc.lengths.size() > 1)),
+        cache(CacheShape{dc.dtype, dc.layout, dc.scale_mode, table.num_pages, dc.page_size,
+                         dc.num_kv_heads, dc.head_dim}) {
+    // Real K/V rows for every owned (page, slot, head); shared pages are written once.
+    const int d_dim = c.head_dim;
+    struct Row { int page, slot, head; std::vector<float> k, v; };
+    std::vector<Row> rows;
+    std::set<std::int64_t> seen;
+    float k_amax = 0.0f, v_amax = 0.0f;
+    for (std::size_t b = 0; b < c.lengths.size(); ++b) {
+      const auto pages = table.pages_of(b);
+      for (std::int64_t p = 0; p < c.lengths[b]; ++p) {
+        const int page = pages[static_cast<std::size_t>(p / c.page_size)];
+        const int slot = static_cast<int>(p % c.page_size);
+        if (!seen.insert(static_cast<std::int64_t>(page) * c.page_size + slot).second) continue;
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          Row r{page, slot, h, std::vector<float>(static_cast<std::size_t>(d_dim)), std::vector<float>(static_cast<std::size_t>(d_dim))};
+          realistic_row(rng, d_dim, r.k.data(), 1.0f);
+          realistic_row(rng, d_dim, r.v.data(), 0.5f);
+          for (int d = 0; d < d_dim; ++d) {
+            k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
+            v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
+          }
+          rows.push_back(std::move(r));
+        }
+      }
+    }
+    if (c.scale_mode == KvScaleMode::per_tensor) {
+      // Calibrated from amax (different for K and V, never 1); scale_factor < 1 saturates.
+      cache.k_scale = k_amax / format_max(c.dtype) * c.scale_factor;
+      cache.v_scale = v_amax / format_max(c.dtype) * c.scale_factor;
+      if (!is_fp8(c.dtype)) {
+        cache.k_scale = 0.37f;
+        cache.v_scale = 1.9f;
+      }
+      REQUIRE(validate_static_scales(cache.k_scale, cache.v_scale).ok());
+    }
+    for (const auto& r : rows) {
+      cache.store(false, r.page, r.slot, r.head, r.k.data());
+      cache.store(true, r.page, r.slot, r.head, r.v.data());
+    }
+
+    const int num_qo_heads = c.num_kv_heads * c.group;
+    const std::size_t q_count = c.lengths.size() * static_cast<std::size_t>(c.query_tokens * num_qo_heads * d_dim);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (std::size_t i = 0; i < q_count; ++i) {
+      q_bits.push_back(to_activation(c.q_dtype, normal(rng)));
+      q_values.push_back(from_activation(c.q_dtype, q_bits.back()));
+    }
+    // Per output row: the largest |v| over the tokens it can see.
+    for (std::size_t b = 0; b < c.lengths.size(); ++b) {
+      const auto pages = table.pages_of(b);
+      for (int t = 0; t < c.query_tokens; ++t) {
+        for (int h = 0; h < num_qo_heads; ++h) {
+          double vmax = 0.0;
+          for (std::int64_t p = 0; p < c.lengths[b]; ++p) {
+            for (int d = 0; d < d_dim; ++d) {
+              vmax = std::max(vmax, std::fabs(cache.real(true, pages[static_cast<std::size_t>(p / c.page_size)],
+                                                         static_cast<int>(p % c.page_size), h / c.group, d)));
+            }
+          }
+          v_max_per_row.push_back(vmax);
+        }
+      }
+    }
+  }
+  int num_qo_heads() const { return c.num_kv_heads * c.group; }
+  std::size_t out_rows() const { return c.lengths.size() * static_cast<std::size_t>(c.query_tokens * num_qo_heads()); }
+  DecodeProblem problem() const {
+    DecodeProblem p;
+    p.batch_size = static_cast<std::int32_t>(c.lengths.size());
+    p.num_qo_heads = num_qo_heads();
+    p.num_kv_heads = c.num_kv_heads;
+    p.head_dim = c.head_dim;
+    p.page_size = c.page_size;
+    p.query_tokens = c.query_tokens;
+    p.kv_dtype = c.dtype;
+    return p;
+  }
+};
+
+struct DecodeOutput {
+  std::vector<float> o;
+  std::vector<float> lse;
+  bool split = false;
+};
+
+/// Plans and runs on the device copy; outputs are poisoned (0xFF) before the run.
+DecodeOutput run(const DecodeFixture& f, bool allow_split, const std::vector<kv::RequestStatus>* status,
+                 const HostCache* cache_override = nullptr, const HostPageTable* plan_table = nullptr) {
+  DeviceCache cache(cache_override ? *cache_override : f.cache);
+  auto indptr = upload(f.table.indptr);
+  auto indices = upload(f.table.indices);
+  auto last = upload(f.table.last_page_len);
+  auto q = upload(f.q_bits);
+  auto o = rt::DeviceBuffer<std::uint16_t>::create(f.q_bits.size());
+  auto lse = rt::DeviceBuffer<float>::create(f.out_rows());
+  REQUIRE(o.ok());
+  REQUIRE(lse.ok());
+  REQUIRE(o->fill_bytes(0xFF).ok());
+  REQUIRE(lse->fill_bytes(0xFF).ok());
+  rt::DeviceBuffer<kv::RequestStatus> status_device;
+  if (status != nullptr) status_device = upload(*status);
+
+  // The plan may be made from other (stale, upper-bound) lengths than the device table's.
+  const HostPageTable& planned = plan_table != nullptr ? *plan_table : f.table;
+  DecodePlanArguments plan_args{f.problem(), planned.indptr, planned.last_page_len};
+  plan_args.allow_split = allow_split;
+  plan_args.max_ctas = 64;           // a small "device": long requests split
+  plan_args.min_chunk_tokens = 64;
+  auto bytes = decode_workspace_size(plan_args);
+  REQUIRE(bytes.ok());
+  auto workspace = rt::DeviceBuffer<unsigned char>::create(*bytes);
+  REQUIRE(workspace.ok());
+  REQUIRE(workspace->fill_bytes(0xFF).ok());
+  auto plan = plan_decode(plan_args, workspace->data(), *bytes, nullptr);
+  REQUIRE(plan.ok());
+
+  DecodeArguments args;
+  args.cache = cache.view;
+  args.table = kv::PageTableView{indptr.data(), indices.data(), last.data(), nullptr,
+                                 static_cast<std::int32_t>(f.c.lengths.size()), f.c.page_size};
+  args.request_status = status != nullptr ? status_device.data() : nullptr;
+  args.q = q.data();
+  args.o = o->data();
+  args.lse = lse->data();
+  args.q_dtype = f.c.q_dtype;
+  args.sm_scale = 1.0f / std::sqrt(static_cast<float>(f.c.head_dim));
+  const Status s = run_decode(args, *plan, workspace->data(), *bytes, nullptr);
+  INFO(s.to_string());
+  REQUIRE(s.ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+
+  DecodeOutput out;
+  out.split = plan->split_kv;
+  const auto o_bits = download(*o, f.q_bits.size());
+  for (auto b : o_bits) out.o.push_back(from_activation(f.c.q_dtype, b));
+  out.lse = download(*lse, f.out_rows());
+  return out;
+}
+
+/// Tolerance per element, from the error sources the reference does not share:
+///  - the output rounding to BF16/FP16: half an ulp, <= 2^-8 (BF16) or 2^-11 (FP16) of |ref|,
+///    and one more such step when the kernel's pre-rounding value sits on the other side of a
+///    rounding boundary (covered by using a full 2^-8 / 2^-11 below);
+///  - FP32 accumulation of q.k over head_dim terms and of sum(p v) over the tokens, plus exp2f:
+///    relative errors ~1e-5 in the weights; 5e-4 of the largest |v| attended over covers them.
+double tolerance(ActivationDtype t, double ref, double v_max) {
+  const double rel = t == ActivationDtype::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  return rel * std::fabs(ref) + 5e-4 * v_max + 1e-6;
+}
+
+void check_against_reference(const DecodeFixture& f, const DecodeOutput& out, const Reference& ref,
+                             const std::vector<bool>* aborted_request = nullptr) {
+  const std::size_t d_dim = static_cast<std::size_t>(f.c.head_dim);
+  const std::size_t rows_per_request = static_cast<std::size_t>(f.c.query_tokens * f.num_qo_heads());
+  std::size_t bad = 0;
+  for (std::size_t row = 0; row < f.out_rows(); ++row) {
+    const std::size_t b = row / rows_per_request;
+    if (aborted_request != nullptr && (*aborted_request)[b]) {
+      // Marked: NaN output, lse = -inf.
+      for (std::size_t d = 0; d < d_dim; ++d) bad += !std::isnan(out.o[row * d_dim + d]);
+      bad += !(out.lse[row] == -std::numeric_limits<float>::infinity());
+      continue;
+    }
+    for (std::size_t d = 0; d < d_dim; ++d) {
+      const double got = out.o[row * d_dim + d];
+      const double want = ref.o[row * d_dim + d];
+      const double tol = tolerance(f.c.q_dtype, want, f.v_max_per_row[row]);
+      if (!(std::fabs(got - want) <= tol)) {
+        if (bad < 5) {
+          std::printf("row %zu (request %zu) d %zu: got %.7g want %.7g tol %.3g (split %d)\n", row, b, d,
+                      got, want, tol, out.split);
+        }
+        ++bad;
+      }
+    }
+    // LSE: scores carry ~1e-5 relative FP32 error; 1e-3 absolute + 1e-5 relative covers them.
+    const double want_lse = ref.lse[row];
+    if (std::isinf(want_lse)) {
+      bad += !(out.lse[row] == static_cast<float>(want_lse));
+    } else if (!(std::fabs(out.lse[row] - want_lse) <= 1e-3 + 1e-5 * std::fabs(want_lse))) {
+      if (bad < 5) std::printf("row %zu lse got %.7g want %.7g\n", row, static_cast<double>(out.lse[row]), want_lse);
+      ++bad;
+    }
+  }
+  CHECK(bad == 0);
+}
+
+std::vector<DecodeCase> ci_grid() {
+  using enum KvDtype;
+  const auto nhd = KvLayout::nhd;
+  const auto hnd = KvLayout::hnd;
+  const auto bf = ActivationDtype::bf16;
+  const auto fp = ActivationDtype::fp16;
+  return {
+      // dtype     layout scales                   D  Hkv G  ps   q  qt lengths (1, ps-1, ps, ps+1, long)
+      {fp8_e4m3, hnd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, 1, {1, 15, 16, 17, 1300}},
+      {fp8_e5m2, nhd, KvScaleMode::per_token, 64, 1, 8, 32, fp, 1, {1, 31, 32, 33, 700}},
+      {bf16, nhd, KvScaleMode::none, 256, 2, 1, 64, bf, 1, {1, 63, 64, 65, 300}},
+      {fp16, hnd, KvScaleMode::per_tensor, 128, 1, 2, 128, fp, 3, {3, 127, 128, 129, 500}},
+      {fp8_e4m3, nhd, KvScaleMode::per_token, 256, 1, 2, 16, bf, 1, {1, 15, 17, 400}},
+      {fp8_e4m3, nhd, KvScaleMode::per_tensor, 64, 1, 4, 16, fp, 2, {2, 16, 2100}, 0.5f},  // MQA; saturating
+      {fp8_e5m2, hnd, KvScaleMode::per_tensor, 128, 2, 3, 32, bf, 1, {1, 33, 200}},  // GQA 3
+  };
+}
+
+}  // namespace
+
+TEST_CASE("decode: grid of dtypes x layouts x head dims x GQA against FP64", "[attention][decode]") {
+  auto rng = slimserve_test::make_rng(401);
+  for (const DecodeCase& c : ci_grid()) {
+    INFO("dtype " << to_string(c.dtype) << " layout " << to_string(c.layout) << " scales "
+                  << to_string(c.scale_mode) << " D " << c.head_dim << " Hkv " << c.num_kv_heads
+                  << " group " << c.group << " ps " << c.page_size << " query tokens " << c.query_tokens);
+    DecodeFixture f(c, rng);
+    const Reference ref = reference_decode(f.cache, f.table, f.q_values, f.num_qo_heads(),
+                                           c.query_tokens, 1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+    const DecodeOutput unsplit = run(f, false, nullptr);
+    CHECK_FALSE(unsplit.split);
+    check_against_reference(f, unsplit, ref);
+    const DecodeOutput split = run(f, true, nullptr);
+    CHECK(split.split);
+    check_against_reference(f, split, ref);
+    // Split and unsplit agree with each other within two output roundings.
+    std::size_t disagree = 0;
+    for (std::size_t i = 0; i < split.o.size(); ++i) {
+      const double a = split.o[i], b = unsplit.o[i];
+      disagree += !(std::fabs(a - b) <= 2 * tolerance(c.q_dtype, b, f.v_max_per_row[i / static_cast<std::size_t>(c.head_dim)]));
+    }
+    CHECK(disagree == 0);
+  }
+}
+
+TEST_CASE("decode: aborted requests read no page and are marked", "[attention][decode]") {
+  auto rng = slimserve_test::make_rng(402);
+  DecodeCase c{KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 128, 2, 2, 16,
+               ActivationDtype::bf16, 1, {20, 700, 33, 5}};
+  DecodeFixture f(c, rng);
+  // Request 1 (long, so it is split) and 3 fail the tag check; their pages (request 1 does not
+  // share with 0 here: request 0 has only one full page... make sure) are poisoned with NaN.
+  std::vector<kv::RequestStatus> status(4, kv::RequestStatus{kv::RequestState::ok, -1});
+  status[1] = {kv::RequestState::stale_tag, 3};
+  status[3] = {kv::RequestState::page_out_of_range, 0};
+  std::vector<bool> aborted{false, true, false, true};
+  HostCache poisoned = f.cache;
+  for (std::size_t b : {std::size_t{1}, std::size_t{3}}) {
+    for (int page : f.table.pages_of(b)) {
+      const auto pages0 = f.table.pages_of(0);
+      if (std::find(pages0.begin(), pages0.end(), page) != pages0.end()) continue;  // shared with a live request
+      for (int slot = 0; slot < c.page_size; ++slot)
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          for (int d = 0; d < c.head_dim; ++d) {
+            poisoned.set_bits(poisoned.k, poisoned.offset(page, slot, h, d), 0xFF);
+            poisoned.set_bits(poisoned.v, poisoned.offset(page, slot, h, d), 0xFF);
+          }
+          poisoned.k_token_scale[poisoned.scale_offset(page, slot, h)] = std::numeric_limits<float>::quiet_NaN();
+          poisoned.v_token_scale[poisoned.scale_offset(page, slot, h)] = std::numeric_limits<float>::quiet_NaN();
+        }
+    }
+  }
+  const Reference ref = reference_decode(f.cache, f.table, f.q_values, f.num_qo_heads(), 1,
+                                         1.0 / std::sqrt(128.0));
+  for (bool allow_split : {false, true}) {
+    const DecodeOutput out = run(f, allow_split, &status, &poisoned);
+    CHECK(out.split == allow_split);
+    check_against_reference(f, out, ref, &aborted);
+  }
+}
+
+TEST_CASE("decode: a plan made for other lengths stays correct (graph replay)", "[attention][decode]") {
+  auto rng = slimserve_test::make_rng(406);
+  DecodeCase c{KvDtype::fp8_e4m3, KvLayout::hnd, KvScaleMode::per_tensor, 128, 1, 4, 16,
+               ActivationDtype::bf16, 1, {700, 40, 1}};
+  DecodeFixture f(c, rng);
+  const Reference ref = reference_decode(f.cache, f.table, f.q_values, f.num_qo_heads(), 1,
+                                         1.0 / std::sqrt(128.0));
+  // Planned for shorter requests (the last split must run to the real end) and for longer ones
+  // (trailing splits are empty and must weigh nothing in the merge).
+  for (const std::vector<std::int64_t>& planned_lengths :
+       {std::vector<std::int64_t>{300, 17, 1}, std::vector<std::int64_t>{1500, 200, 90}}) {
+    const HostPageTable planned = make_page_table(planned_lengths, 16, rng, false);
+    const DecodeOutput out = run(f, true, nullptr, nullptr, &planned);
+    CHECK(out.split);
+    check_against_reference(f, out, ref);
+  }
+}
+
+TEST_CASE("decode: merge of partial states on its own", "[attention][merge]") {
+  auto rng = slimserve_test::make_rng(403);
+  constexpr int d_dim = 64, rows = 3;
+  // Request 0: one partial; 1: four (one empty: lse -inf); 2: none; 3: two, one marked NaN.
+  const std::vector<std::int32_t> split_indptr{0, 1, 5, 5, 7};
+  const int partials = 7;
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> po(static_cast<std::size_t>(partials * rows * d_dim)), pl(static_cast<std::size_t>(partials * rows));
+  for (auto& x : po) x = normal(rng);
+  for (auto& x : pl) x = normal(rng) * 4.0f;
+  for (int r = 0; r < rows; ++r) {
+    pl[static_cast<std::size_t>(2 * rows + r)] = -INFINITY;
+    pl[static_cast<std::size_t>(6 * rows + r)] = std::numeric_limits<float>::quiet_NaN();
+  }
+  auto po_d = upload(po);
+  auto pl_d = upload(pl);
+  auto si_d = upload(split_indptr);
+  auto o = rt::DeviceBuffer<std::uint16_t>::create(4 * rows * d_dim);
+  auto lse = rt::DeviceBuffer<float>::create(4 * rows);
+  REQUIRE(o.ok());
+  REQUIRE(lse.ok());
+  REQUIRE(o->fill_bytes(0xFF).ok());
+  REQUIRE(lse->fill_bytes(0xFF).ok());
+  MergeArguments args{po_d.data(), pl_d.data(), si_d.data(), 4, rows, d_dim, o->data(), lse->data(),
+                      ActivationDtype::fp16};
+  REQUIRE(merge_attention_states(args, nullptr).ok());
+  const auto o_bits = download(*o, 4 * rows * d_dim);
+  const auto lse_h = download(*lse, 4 * rows);
+  for (int b = 0; b < 4; ++b) {
+    for (int r = 0; r < rows; ++r) {
+      const std::size_t out_row = static_cast<std::size_t>(b * rows + r);
+      if (b == 3) {  // a marked partial marks the output
+        CHECK(lse_h[out_row] == -INFINITY);
+        for (int d = 0; d < d_dim; ++d) CHECK(std::isnan(from_activation(ActivationDtype::fp16, o_bits[out_row * d_dim + static_cast<std::size_t>(d)])));
+        continue;
+      }
+      double m = -INFINITY;
+      for (int i = split_indptr[static_cast<std::size_t>(b)]; i < split_indptr[static_cast<std::size_t>(b) + 1]; ++i) m = std::max(m, static_cast<double>(pl[static_cast<std::size_t>(i * rows + r)]));
+      double sum = 0.0;
+      std::vector<double> acc(d_dim, 0.0);
+      if (m != -INFINITY) {
+        for (int i = split_indptr[static_cast<std::size_t>(b)]; i < split_indptr[static_cast<std::size_t>(b) + 1]; ++i) {
+          const double w = std::exp(pl[static_cast<std::size_t>(i * rows + r)] - m);
+          sum += w;
+          for (int d = 0; d < d_dim; ++d) acc[static_cast<std::size_t>(d)] += w * po[(static_cast<std::size_t>(i * rows + r)) * d_dim + static_cast<std::size_t>(d)];
+        }
+      }
+      const double want_lse = m == -INFINITY ? -INFINITY : m + std::log(sum);
+      if (std::isinf(want_lse)) {
+        CHECK(lse_h[out_row] == -INFINITY);
+      } else {
+        CHECK(std::fabs(lse_h[out_row] - want_lse) <= 1e-5 * (1 + std::fabs(want_lse)));  // FP32 exp/log
+      }
+      for (int d = 0; d < d_dim; ++d) {
+        const double want = m == -INFINITY ? 0.0 : acc[static_cast<std::size_t>(d)] / sum;
+        const double got = from_activation(ActivationDtype::fp16, o_bits[out_row * d_dim + static_cast<std::size_t>(d)]);
+        // FP16 output rounding (2^-11 relative) plus FP32 weighting (1e-5 of the inputs' scale).
+        CHECK(std::fabs(got - want) <= std::ldexp(std::fabs(want), -10) + 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("decode: preflight refuses before launching, outputs untouched", "[attention][decode]") {
+  auto rng = slimserve_test::make_rng(404);
+  DecodeCase c{KvDtype::fp8_e4m3, KvLayout::hnd, KvScaleMode::per_tensor, 64, 1, 2, 16,
+               ActivationDtype::bf16, 1, {40, 3}};
+  DecodeFixture f(c, rng);
+  DeviceCache cache(f.cache);
+  auto indptr = upload(f.table.indptr);
+  auto indices = upload(f.table.indices);
+  auto last = upload(f.table.last_page_len);
+  auto q = upload(f.q_bits);
+  auto o = rt::DeviceBuffer<std::uint16_t>::create(f.q_bits.size());
+  REQUIRE(o.ok());
+  REQUIRE(o->fill_bytes(0x7F).ok());
+  DecodePlanArguments plan_args{f.problem(), f.table.indptr, f.table.last_page_len};
+  auto bytes = decode_workspace_size(plan_args);
+  REQUIRE(bytes.ok());
+  auto workspace = rt::DeviceBuffer<unsigned char>::create(*bytes);
+  REQUIRE(workspace.ok());
+  CHECK(plan_decode(plan_args, workspace->data(), *bytes - 1, nullptr).status().code() ==
+        StatusCode::resource_exhausted);
+  auto plan = plan_decode(plan_args, workspace->data(), *bytes, nullptr);
+  REQUIRE(plan.ok());
+  DecodeArguments args;
+  args.cache = cache.view;
+  args.table = kv::PageTableView{indptr.data(), indices.data(), last.data(), nullptr, 2, 16};
+  args.q = q.data();
+  args.o = o->data();
+  args.q_dtype = ActivationDtype::bf16;
+  args.sm_scale = 0.125f;
+
+  SECTION("workspace too small") {
+    CHECK(run_decode(args, *plan, workspace->data(), *bytes - 4, nullptr).code() == StatusCode::resource_exhausted);
+  }
+  SECTION("plan made for another cache") {
+    args.cache.dtype = KvDtype::fp8_e5m2;
+    CHECK(run_decode(args, *plan, workspace->data(), *bytes, nullptr).code() == StatusCode::invalid_argument);
+  }
+  SECTION("page table of another batch") {
+    args.table.batch_size = 3;
+    CHECK(run_decode(args, *plan, workspace->data(), *bytes, nullptr).code() == StatusCode::invalid_argument);
+  }
+  SECTION("bad sm_scale") {
+    args.sm_scale = std::numeric_limits<float>::quiet_NaN();
+    CHECK(run_decode(args, *plan, workspace->data(), *bytes, nullptr).code() == StatusCode::invalid_argument);
+  }
+  SECTION("FP8 cache without scales") {
+    args.cache.scale_mode = KvScaleMode::none;
+    CHECK(run_decode(args, *plan, workspace->data(), *bytes, nullptr).code() == StatusCode::invalid_argument);
+  }
+  const auto after = download(*o, f.q_bits.size());
+  for (auto bits : after) CHECK(bits == 0x7F7F);
+}
+
+TEST_CASE("decode: full grid (GPU only; the emulator runs the representative grid)", "[attention][decode][full]") {
+  if (rt::device_count() == 0) {
+    WARN("no GPU: the full dtype x layout x head_dim x GQA x page grid runs only on a device");
+    return;
+  }
+  auto rng = slimserve_test::make_rng(405);
+  int index = 0;
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp16, KvDtype::fp8_e4m3, KvDtype::fp8_e5m2})
+    for (KvLayout layout : {KvLayout::nhd, KvLayout::hnd})
+      for (int head_dim : {64, 128, 256})
+        for (int group : {1, 4, 8})
+          for (int page_size : {16, 32, 64, 128}) {
+            ++index;
+            const KvScaleMode mode = is_fp8(dtype) ? (index % 2 ? KvScaleMode::per_tensor : KvScaleMode::per_token)
+                                                   : (index % 2 ? KvScaleMode::none : KvScaleMode::per_tensor);
+            const ActivationDtype q_dtype = index % 3 ? ActivationDtype::bf16 : ActivationDtype::fp16;
+            const int query_tokens = index % 5 == 0 ? 2 : 1;
+            const std::int64_t ps = page_size;
+            DecodeCase c{dtype, layout, mode, head_dim, 2, group, page_size, q_dtype, query_tokens,
+                         {std::max<std::int64_t>(query_tokens, 1), ps - 1, ps, ps + 1, 2500}};
+            INFO("dtype " << to_string(dtype) << " layout " << to_string(layout) << " D " << head_dim
+                          << " group " << group << " ps " << page_size << " scales " << to_string(mode));
+            DecodeFixture f(c, rng);
+            const Reference ref = reference_decode(f.cache, f.table, f.q_values, f.num_qo_heads(), query_tokens,
+                                                   1.0 / std::sqrt(static_cast<double>(head_dim)));
+            check_against_reference(f, run(f, false, nullptr), ref);
+            check_against_reference(f, run(f, true, nullptr), ref);
+          }
+}

@@ -1,0 +1,148 @@
+// The W4A16 GEMM (fused kernel and expansion path) against an FP64 reference.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "gemm_test_runner.hpp"
+#include "slimserve/int4/gemm.hpp"
+#include "support/random.hpp"
+
+using namespace slimserve;
+using namespace slimserve::int4;
+using slimserve_test::GemmCase;
+using slimserve_test::MatrixSpec;
+
+namespace {
+
+constexpr std::array<std::int64_t, 7> m_values = {1, 2, 7, 16, 33, 128, 1000};
+
+GemmOptions fused(int split_k) {
+  GemmOptions options;
+  options.path = GemmPath::fused;
+  options.split_k = split_k;
+  options.sm_count = 8;
+  return options;
+}
+
+GemmOptions expand() {
+  GemmOptions options;
+  options.path = GemmPath::expand;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("fused W4A16: every group size, symmetric and asymmetric, BF16 and FP16") {
+  auto rng = slimserve_test::make_rng(21);
+  const std::array<std::int64_t, 4> group_sizes = {32, 64, 128, 0};  // 0: per-channel
+  const std::array<int, 4> splits = {1, 2, 3, 0};
+  int index = 0;
+  for (ActivationType type : {ActivationType::bf16, ActivationType::fp16}) {
+    for (std::int64_t group : group_sizes) {
+      for (bool symmetric : {true, false}) {
+        const std::int64_t k = group == 128 ? 256 : 192;
+        MatrixSpec spec{k, 48, group == 0 ? k : group, symmetric, false, type};
+        GemmCase test{spec, m_values[static_cast<std::size_t>(index % 6)], index % 3 != 0,
+                      fused(splits[static_cast<std::size_t>(index % 4)])};
+        slimserve_test::run_and_check(test, rng);
+        ++index;
+      }
+    }
+  }
+}
+
+TEST_CASE("fused W4A16: M = 1, 2, 7, 16, 33, 128, 1000 (M tails masked)") {
+  auto rng = slimserve_test::make_rng(22);
+  for (std::int64_t m : m_values) {
+    for (ActivationType type : {ActivationType::bf16, ActivationType::fp16}) {
+      const bool small = m <= 16;
+      MatrixSpec spec{128, small ? 144 : 32, 64, m % 2 == 0, false, type};
+      GemmCase test{spec, m, m % 3 == 1, fused(small ? 2 : 1)};
+      slimserve_test::run_and_check(test, rng);
+    }
+  }
+}
+
+TEST_CASE("fused W4A16: K and N tails (K % 64 != 0, N % 128 != 0) with split-K") {
+  auto rng = slimserve_test::make_rng(23);
+  // k = 208: per-channel, 208 % 64 = 16; k = 160: group 32, 160 % 64 = 32; n = 144 and 16.
+  const std::array<MatrixSpec, 4> specs = {{
+      {208, 144, 208, true, false, ActivationType::bf16},
+      {160, 16, 32, false, false, ActivationType::fp16},
+      {160, 144, 32, true, false, ActivationType::fp16},
+      {208, 16, 208, false, false, ActivationType::bf16},
+  }};
+  int index = 0;
+  for (const MatrixSpec& spec : specs) {
+    for (int split : {1, 3}) {
+      GemmCase test{spec, index % 2 == 0 ? 1 : 20, true, fused(split)};
+      slimserve_test::run_and_check(test, rng);
+      ++index;
+    }
+  }
+}
+
+TEST_CASE("automatic split-K fills the SMs and stays exact") {
+  auto rng = slimserve_test::make_rng(24);
+  GemmOptions options;
+  options.sm_count = 8;  // 1 x 1 tiles -> 8 slices wanted, capped by k_steps / 2 = 4
+  GemmCase test{{512, 64, 128, false, false, ActivationType::bf16}, 3, true, options};
+  const GemmPlan plan = slimserve_test::run_and_check(test, rng);
+  CHECK(plan.path == GemmPath::fused);
+  CHECK(plan.splits == 4);
+  CHECK(plan.k_per_split == 128);
+}
+
+TEST_CASE("act-order weights run with A's columns in the packed order") {
+  auto rng = slimserve_test::make_rng(25);
+  for (ActivationType type : {ActivationType::bf16, ActivationType::fp16}) {
+    GemmCase test{{256, 32, 64, false, true, type}, 5, true, fused(2)};
+    slimserve_test::run_and_check(test, rng);
+  }
+}
+
+TEST_CASE("expansion path (dequantize, then dense GEMM) matches the same reference") {
+  auto rng = slimserve_test::make_rng(26);
+  int index = 0;
+  for (std::int64_t m : {std::int64_t{1}, std::int64_t{33}, std::int64_t{128}, std::int64_t{1000}}) {
+    const ActivationType type = index % 2 == 0 ? ActivationType::bf16 : ActivationType::fp16;
+    const std::int64_t group = index % 2 == 0 ? 32 : 128;
+    GemmCase test{{128, m == 1000 ? 16 : 80, group, index % 3 == 0, false, type}, m, index != 1,
+                  expand()};
+    const GemmPlan plan = slimserve_test::run_and_check(test, rng);
+    CHECK(plan.path == GemmPath::expand);
+    ++index;
+  }
+}
+
+TEST_CASE("the automatic path switches to expansion at expand_min_m") {
+  auto rng = slimserve_test::make_rng(27);
+  GemmOptions options;
+  options.expand_min_m = 40;
+  options.sm_count = 8;
+  GemmCase below{{64, 32, 32, true, false, ActivationType::fp16}, 39, false, options};
+  CHECK(slimserve_test::run_and_check(below, rng).path == GemmPath::fused);
+  GemmCase at{{64, 32, 32, true, false, ActivationType::fp16}, 40, false, options};
+  CHECK(slimserve_test::run_and_check(at, rng).path == GemmPath::expand);
+}
+
+TEST_CASE("random shapes, group sizes, types, splits and paths") {
+  auto rng = slimserve_test::make_rng(28);
+  std::uniform_int_distribution<int> pick(0, 1 << 20);
+  const std::array<std::int64_t, 4> group_sizes = {32, 64, 128, 0};
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::int64_t group = group_sizes[static_cast<std::size_t>(pick(rng) % 4)];
+    const std::int64_t k = group == 0 ? 16 * (1 + pick(rng) % 20) : group * (1 + pick(rng) % (256 / group));
+    const std::int64_t n = 16 * (1 + pick(rng) % 10);
+    const std::int64_t m = 1 + pick(rng) % 40;
+    const ActivationType type = pick(rng) % 2 == 0 ? ActivationType::bf16 : ActivationType::fp16;
+    const int k_steps = static_cast<int>((k + 63) / 64);
+    GemmOptions options = pick(rng) % 4 == 0 ? expand() : fused(pick(rng) % (k_steps + 1));
+    options.sm_count = 8;
+    GemmCase test{{k, n, group == 0 ? k : group, pick(rng) % 2 == 0, false, type}, m,
+                  pick(rng) % 2 == 0, options};
+    slimserve_test::run_and_check(test, rng);
+  }
+}
