@@ -16,3 +16,5 @@ option(SLIMSERVE_WERROR "Treat warnings as errors in slimserve's own targets" ${
 set(SLIMSERVE_SANITIZE "" CACHE STRING
     "Sanitizers for the CPU-emulated and host targets: '', 'address,undefined' or 'thread'")
 set_property(CACHE SLIMSERVE_SANITIZE PROPERTY STRINGS "" "address,undefined" "thread")
+set(SLIMSERVE_GPU_TEST_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" CACHE STRING
+    "CUDA architectures for the GPU test binaries (default: CMAKE_CUDA_ARCHITECTURES)")

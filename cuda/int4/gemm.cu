@@ -190,6 +190,11 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
                        " (0: automatic, s >= 1: s slices)");
   }
   GemmPlan plan;
+  plan.activation = args.activation;
+  plan.m = args.m;
+  plan.n = args.n;
+  plan.k = args.k;
+  plan.group_size = args.group_size;
   plan.path = options.path;
   if (plan.path == GemmPath::automatic) {
     plan.path = args.m >= options.expand_min_m ? GemmPath::expand : GemmPath::fused;
@@ -227,6 +232,13 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
 Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace,
                 std::size_t workspace_bytes, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(args));
+  if (plan.activation != args.activation || plan.m != args.m || plan.n != args.n ||
+      plan.k != args.k || plan.group_size != args.group_size) {
+    return make_status(StatusCode::invalid_argument, "the plan was made for m=", plan.m,
+                       " n=", plan.n, " k=", plan.k, " group_size=", plan.group_size,
+                       "; these arguments have m=", args.m, " n=", args.n, " k=", args.k,
+                       " group_size=", args.group_size, " (plan again)");
+  }
   const GemmWorkspaceLayout layout = detail::layout_workspace(args, plan.path, plan.splits);
   if (layout.total_bytes != plan.workspace.total_bytes) {
     return make_status(StatusCode::invalid_argument,
@@ -245,12 +257,19 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
     return detail::run_expansion_path(args, layout, bytes, stream);
   }
   if (plan.path != GemmPath::fused || plan.splits < 1 || plan.k_per_split % block_k != 0 ||
-      static_cast<std::int64_t>(plan.splits - 1) * plan.k_per_split >= args.k) {
+      static_cast<std::int64_t>(plan.splits - 1) * plan.k_per_split >= args.k ||
+      static_cast<std::int64_t>(plan.splits) * plan.k_per_split < args.k) {
     return make_status(StatusCode::invalid_argument, "the plan is not a fused-path plan for k = ",
                        args.k, " (splits ", plan.splits, ", k_per_split ", plan.k_per_split, ")");
   }
   const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile);
   if (kernel == nullptr) return make_status(StatusCode::internal, "no fused kernel");
+  constexpr std::int64_t max_grid_y = 65535;  // CUDA's limit on gridDim.y (M tiles)
+  if ((args.m + kernel->block_m - 1) / kernel->block_m > max_grid_y) {
+    return make_status(StatusCode::unsupported, "m = ", args.m, " needs more than ", max_grid_y,
+                       " row tiles of ", kernel->block_m, " on the fused path; use the "
+                       "expansion path for such M");
+  }
 
   GemmParams params{};
   params.a = static_cast<const std::uint16_t*>(args.a);

@@ -20,7 +20,10 @@ __global__ void gather_columns_kernel(const std::uint16_t* __restrict__ a,      
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < count; i += stride) {
     const std::int64_t row = i / k;
-    out[i] = a[row * k + k_order[i % k]];
+    const std::int64_t column = k_order[i % k];
+    // A corrupt order must not read outside A: such columns become NaN (0xFFFF in BF16 and
+    // FP16) so the error shows in C instead of reading another tensor's memory.
+    out[i] = (column >= 0 && column < k) ? a[row * k + column] : std::uint16_t{0xFFFF};
   }
 }
 

@@ -32,6 +32,9 @@ __global__ void repack_codes_kernel(const std::uint32_t* __restrict__ codes,   /
       const std::int64_t packed_row = tile_row * gemm_layout::tile_k + at.k;
       const std::int64_t row = k_order != nullptr ? k_order[packed_row] : packed_row;
       const std::int64_t col = tile_col * gemm_layout::tile_n + at.n;
+      // A corrupt order (checked on the host, but this is device memory) reads nothing
+      // outside `codes`; its nibble stays 0.
+      if (row < 0 || row >= k) continue;
       const std::uint32_t code = (codes[(row / 8) * n + col] >> (4 * (row % 8))) & 0xFu;
       word |= code << (4 * nibble);
     }

@@ -5,47 +5,21 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "slimserve/int4/gemm.hpp"
 #include "slimserve/int4/gemm_layout.hpp"
+#include "slimserve/int4/quantize.hpp"
 #include "slimserve/int4/quantized_matrix.hpp"
+#include "slimserve/int4/tensor.hpp"
 #include "slimserve/runtime/memory.hpp"
 
 namespace {
 
 using namespace slimserve;
 using namespace slimserve::int4;
-
-/// Symmetric round-to-nearest INT4 quantization of a [k, n] weight, per group of rows.
-QuantizedMatrix quantize_symmetric(const std::vector<float>& w, std::int64_t k, std::int64_t n,
-                                   std::int64_t group_size) {
-  QuantizedMatrix q;
-  q.k = k;
-  q.n = n;
-  q.group_size = group_size;
-  q.symmetric = true;
-  q.codes.assign(static_cast<std::size_t>(k / 8 * n), 0u);
-  q.scales.resize(static_cast<std::size_t>(k / group_size * n));
-  q.zeros.assign(q.scales.size(), 8);
-  for (std::int64_t g = 0; g < k / group_size; ++g) {
-    for (std::int64_t col = 0; col < n; ++col) {
-      float amax = 0.0f;
-      for (std::int64_t row = g * group_size; row < (g + 1) * group_size; ++row) {
-        amax = std::max(amax, std::fabs(w[static_cast<std::size_t>(row * n + col)]));
-      }
-      const float scale = amax > 0.0f ? amax / 7.0f : 1.0f;
-      q.scales[static_cast<std::size_t>(g * n + col)] = scale;
-      for (std::int64_t row = g * group_size; row < (g + 1) * group_size; ++row) {
-        const float level = std::nearbyint(w[static_cast<std::size_t>(row * n + col)] / scale);
-        const auto code = static_cast<std::uint32_t>(std::clamp(level, -8.0f, 7.0f) + 8.0f);
-        q.codes[static_cast<std::size_t>((row / 8) * n + col)] |= code << (4 * (row % 8));
-      }
-    }
-  }
-  return q;
-}
 
 template <class T>
 rt::DeviceBuffer<T> upload(const std::vector<T>& host) {
@@ -66,13 +40,27 @@ int demo_int4() {
   std::normal_distribution<float> normal(0.0f, 0.02f);
 
   // BF16 weight [k, n] and activations [m, k].
+  Tensor weight(ElementType::bfloat16, {k, n});
   std::vector<float> w(static_cast<std::size_t>(k * n));
-  for (float& v : w) v = activation_to_float(type, to_activation_bits(type, normal(rng)));
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    const std::uint16_t bits = to_activation_bits(type, normal(rng));
+    w[i] = activation_to_float(type, bits);
+    std::memcpy(weight.bytes.data() + 2 * i, &bits, sizeof(bits));
+  }
   std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k));
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (auto& v : a) v = to_activation_bits(type, uniform(rng));
 
-  Result<GemmWeights> packed = repack_for_gemm(quantize_symmetric(w, k, n, group_size), type);
+  // The library's quantizer (round to nearest, symmetric, group 128), then the GEMM layout.
+  QuantizeOptions options;
+  options.group_size = group_size;
+  options.symmetric = true;
+  Result<QuantizedMatrix> quantized = quantize(weight.view(), WeightLayout::k_by_n, options);
+  if (!quantized.ok()) {
+    fmt::print("int4: quantize failed: {}\n", quantized.status().to_string());
+    return 1;
+  }
+  Result<GemmWeights> packed = repack_for_gemm(*quantized, type);
   if (!packed.ok()) {
     fmt::print("int4: repack failed: {}\n", packed.status().to_string());
     return 1;

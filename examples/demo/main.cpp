@@ -8,6 +8,8 @@
 
 int demo_formats();
 int demo_kv();
+int demo_attention();
+int demo_int4();
 
 int main() {
   fmt::print("slimserve {}.{}.{} demo (kernels run on the CPU emulator)\n\n",
@@ -19,6 +21,8 @@ int main() {
   const Section sections[] = {
       {"Numeric formats and KV capacity", demo_formats},
       {"Tagged KV pages", demo_kv},
+      {"FP8 paged KV cache: decode loop", demo_attention},
+      {"INT4 weights: W4A16 GEMM", demo_int4},
   };
   int failures = 0;
   for (const Section& section : sections) {

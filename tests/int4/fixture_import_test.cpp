@@ -85,3 +85,36 @@ TEST_CASE("fixtures: compressed-tensors pack-quantized, symmetric and asymmetric
     }
   }
 }
+
+TEST_CASE("fixtures: AutoGPTQ v1 checkpoints, symmetric and act-order asymmetric", "[int4][fixtures]") {
+  for (const char* name : {"gptq_v1_sym_g32.safetensors", "gptq_v1_actorder_asym_g32.safetensors"}) {
+    INFO(name);
+    const auto file = open_fixture(name);
+    REQUIRE(file.metadata().at("checkpoint_format") == "gptq");
+    const bool symmetric = file.metadata().at("sym") == "true";
+    const bool act_order = file.metadata().at("desc_act") == "true";
+    const int4::GptqTensorView view{get(file, "layer.qweight"), get(file, "layer.qzeros"), get(file, "layer.scales"),
+                                    get(file, "layer.g_idx")};
+    auto m = int4::import_gptq(view, {32, act_order, symmetric, int4::GptqZeroFormat::v1_minus_one});
+    INFO(m.status().to_string());
+    REQUIRE(m.ok());
+    REQUIRE(m->row_group.empty() == !act_order);
+    require_reference(file, *m, 0.0f);
+    // The same file read with the v2 convention contradicts its own "sym" (zeros 7, not 8).
+    if (symmetric) {
+      REQUIRE(int4::import_gptq(view, {32, act_order, true, int4::GptqZeroFormat::v2_plain}).status().code() ==
+              slimserve::StatusCode::data_loss);
+    }
+    // Act-order g_idx read as if desc_act were false is refused, not silently regrouped.
+    if (act_order) {
+      REQUIRE(int4::import_gptq(view, {32, false, symmetric, int4::GptqZeroFormat::v1_minus_one}).status().code() ==
+              slimserve::StatusCode::data_loss);
+    }
+    auto back = int4::export_gptq(*m, int4::GptqZeroFormat::v1_minus_one, int4::ElementType::float32);
+    REQUIRE(back.ok());
+    for (const auto& [stored, exported] : {std::pair{view.qweight, back->qweight.view()}, std::pair{view.qzeros, back->qzeros.view()},
+                                           std::pair{*view.g_idx, back->g_idx.view()}}) {
+      REQUIRE(std::equal(stored.bytes.begin(), stored.bytes.end(), exported.bytes.begin(), exported.bytes.end()));
+    }
+  }
+}

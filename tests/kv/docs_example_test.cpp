@@ -33,15 +33,9 @@ struct KvEngine {
       std::move(kv::PrefixCache::create(pool, {page_size, /*hash_seed=*/0x5eed})).value();
   kv::DeviceTagArray device_tags = std::move(kv::DeviceTagArray::create(num_pages)).value();
 
-  // Host staging (pinned in a real engine) and device copies of the page table.
-  std::vector<std::int32_t> indptr = std::vector<std::int32_t>(max_batch + 1);
-  std::vector<std::int32_t> last_page_len = std::vector<std::int32_t>(max_batch);
-  std::vector<kv::PageId> indices = std::vector<kv::PageId>(max_entries);
-  std::vector<kv::PageTag> tags = std::vector<kv::PageTag>(max_entries);
-  rt::DeviceBuffer<std::int32_t> d_indptr = rt::DeviceBuffer<std::int32_t>::create(max_batch + 1).value();
-  rt::DeviceBuffer<std::int32_t> d_last = rt::DeviceBuffer<std::int32_t>::create(max_batch).value();
-  rt::DeviceBuffer<kv::PageId> d_indices = rt::DeviceBuffer<kv::PageId>::create(max_entries).value();
-  rt::DeviceBuffer<kv::PageTag> d_tags = rt::DeviceBuffer<kv::PageTag>::create(max_entries).value();
+  // Pinned host staging and device arrays of the page table, sized for the largest batch.
+  kv::PageTableStorage table_storage =
+      std::move(kv::PageTableStorage::create(max_batch, max_entries)).value();
   rt::DeviceBuffer<kv::RequestStatus> d_status =
       rt::DeviceBuffer<kv::RequestStatus>::create(max_batch).value();
 
@@ -67,15 +61,10 @@ struct KvEngine {
     for (const Sequence* seq : batch) {
       requests.push_back({seq->pages, static_cast<std::int64_t>(seq->tokens.size())});
     }
-    auto host_table = kv::build_page_table(
-        requests, {page_size, num_pages},
-        {indptr.data(), indices.data(), last_page_len.data(), tags.data(), max_batch, max_entries});
+    auto host_table = kv::build_page_table(requests, {page_size, num_pages}, table_storage.host());
     if (!host_table.ok()) return host_table.status();
     SLIMSERVE_RETURN_IF_ERROR(device_tags.sync(pool, stream));  // only the changed tags
-    auto table = kv::upload_page_table(
-        *host_table, num_pages,
-        {d_indptr.data(), d_indices.data(), d_last.data(), d_tags.data(), max_batch, max_entries},
-        stream);
+    auto table = kv::upload_page_table(*host_table, num_pages, table_storage.device(), stream);
     if (!table.ok()) return table.status();
     SLIMSERVE_RETURN_IF_ERROR(
         kv::check_page_tags({*table, &device_tags, d_status.data(), nullptr}, stream));

@@ -242,3 +242,30 @@ TEST_CASE("page table: upload copies the validated table to device buffers", "[k
   CHECK(upload_page_table(*host, num_pages, small, nullptr).status().code() ==
         StatusCode::resource_exhausted);
 }
+
+TEST_CASE("page table: PageTableStorage pairs pinned host and device buffers", "[kv][table]") {
+  CHECK(PageTableStorage::create(0, 8).status().code() == StatusCode::invalid_argument);
+  CHECK(PageTableStorage::create(4, 0).status().code() == StatusCode::invalid_argument);
+  auto rng = slimserve_test::make_rng(4);
+  std::vector<std::int64_t> tokens;
+  const auto pages = make_requests(rng, tokens);
+  const auto requests = as_requests(pages, tokens);
+  Result<PageTableStorage> storage = PageTableStorage::create(8, 64);
+  REQUIRE(storage.ok());
+  Result<PageTableView> host = build_page_table(requests, {page_size, num_pages}, storage->host());
+  REQUIRE(host.ok());
+  Result<PageTableView> device = upload_page_table(*host, num_pages, storage->device(), nullptr);
+  REQUIRE(device.ok());
+  const auto entries = static_cast<std::size_t>(host->indptr[host->batch_size]);
+  std::vector<PageId> back(entries);
+  REQUIRE(rt::copy_async(back.data(), device->indices, entries * sizeof(PageId),
+                         rt::CopyDirection::device_to_host, nullptr)
+              .ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  for (std::size_t j = 0; j < entries; ++j) CHECK(back[j] == host->indices[j]);
+  // A batch beyond the storage's capacity is refused before anything is written.
+  Result<PageTableStorage> small = PageTableStorage::create(2, 64);
+  REQUIRE(small.ok());
+  CHECK(build_page_table(requests, {page_size, num_pages}, small->host()).status().code() ==
+        StatusCode::resource_exhausted);
+}

@@ -79,3 +79,22 @@ TEST_CASE("shared pool: scheduler allocates, completion thread posts releases", 
     CHECK(c->check_invariants().ok());
   });
 }
+
+TEST_CASE("shared pool: a bad posted handle is reported, the others are still released",
+          "[kv][threads]") {
+  PagePool pool = std::move(PagePool::create(PagePoolOptions{8})).value();
+  SharedPagePool shared(pool);
+  std::vector<PageHandle> pages(3);
+  REQUIRE(shared.allocate(pages).ok());
+  const PageHandle stale{pages[1].id, pages[1].tag + 5};
+  const std::vector<PageHandle> posted{pages[0], stale, pages[1], pages[2]};
+  shared.post_release(posted);
+  const Status drained = shared.drain_releases();
+  CHECK(drained.code() == StatusCode::stale_handle);
+  shared.with_lock([](PagePool& p, PrefixCache*) {
+    CHECK(p.counts().used == 0);
+    CHECK(p.counts().free == 7);
+    CHECK(p.check_invariants().ok());
+  });
+  CHECK(shared.drain_releases().ok());  // nothing left
+}

@@ -80,6 +80,13 @@ struct GemmWorkspaceLayout {
 };
 
 struct GemmPlan {
+  /// The problem the plan was made for; run_gemm refuses other arguments (a plan made for a
+  /// smaller k would otherwise silently skip rows of K).
+  ActivationType activation = ActivationType::bf16;
+  std::int64_t m = 0;
+  std::int64_t n = 0;
+  std::int64_t k = 0;
+  std::int64_t group_size = 0;
   GemmPath path = GemmPath::fused;
   GemmTile tile = GemmTile::m16_n128;
   int splits = 1;
@@ -104,8 +111,9 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
 std::size_t gemm_shared_memory_bytes(ActivationType activation, GemmTile tile);
 
 /// Act-order weights (GemmWeights::k_order non-empty) need A's columns in the packed row
-/// order: out[r, i] = a[r, k_order[i]] for [m, k] BF16/FP16 matrices (not in place). The
-/// k_order values are not rechecked on the device (repack_for_gemm validated them).
+/// order: out[r, i] = a[r, k_order[i]] for [m, k] BF16/FP16 matrices (not in place).
+/// repack_for_gemm validated k_order; the kernel still reads only inside A: an entry outside
+/// [0, k) yields NaN columns.
 Status gather_activation_columns(const void* a, const std::int32_t* k_order, void* out,
                                  std::int64_t m, std::int64_t k, CUstream_st* stream);
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "slimserve/config.hpp"
+#include "slimserve/kv/detail/pinned_array.hpp"
 #include "slimserve/kv/page_table_builder.hpp"
 #include "slimserve/kv/page_table_view.hpp"
 #include "slimserve/runtime/memory.hpp"
@@ -35,6 +36,57 @@ struct BlockTableDeviceBuffers {
   std::int32_t* seq_lens = nullptr;  ///< [max_batch]
   std::int32_t max_batch = 0;
   std::int32_t max_pages_per_request = 0;
+};
+
+/// Owns a matching pair of CSR buffer sets: pinned host staging for build_page_table and
+/// device arrays for upload_page_table, both sized once for the largest batch.
+class PageTableStorage {
+ public:
+  static Result<PageTableStorage> create(std::int32_t max_batch, std::int64_t max_entries) {
+    if (max_batch < 1 || max_entries < 1) {
+      return make_status(StatusCode::invalid_argument, "PageTableStorage needs max_batch >= 1 ",
+                         "and max_entries >= 1, got ", max_batch, " and ", max_entries);
+    }
+    PageTableStorage storage;
+    storage.max_batch_ = max_batch;
+    storage.max_entries_ = max_entries;
+    const auto rows = static_cast<std::size_t>(max_batch);
+    const auto entries = static_cast<std::size_t>(max_entries);
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_indptr_, rows + 1));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_last_, rows));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_indices_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_tags_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_indptr_, rows + 1));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_last_, rows));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_indices_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_tags_, entries));
+    return Result<PageTableStorage>(std::move(storage));
+  }
+  PageTableHostBuffers host() const noexcept {
+    return {h_indptr_.data(), h_indices_.data(), h_last_.data(), h_tags_.data(), max_batch_,
+            max_entries_};
+  }
+  PageTableDeviceBuffers device() const noexcept {
+    return {d_indptr_.data(), d_indices_.data(), d_last_.data(), d_tags_.data(), max_batch_,
+            max_entries_};
+  }
+
+ private:
+  template <class Buffer>
+  static Status assign(Buffer& buffer, std::size_t count) {
+    auto made = Buffer::create(count);
+    if (!made.ok()) return made.status();
+    buffer = std::move(made).value();
+    return {};
+  }
+  std::int32_t max_batch_ = 0;
+  std::int64_t max_entries_ = 0;
+  detail::PinnedArray<std::int32_t> h_indptr_, h_last_;
+  detail::PinnedArray<PageId> h_indices_;
+  detail::PinnedArray<PageTag> h_tags_;
+  rt::DeviceBuffer<std::int32_t> d_indptr_, d_last_;
+  rt::DeviceBuffer<PageId> d_indices_;
+  rt::DeviceBuffer<PageTag> d_tags_;
 };
 
 inline Result<PageTableView> upload_page_table(const PageTableView& host_table,

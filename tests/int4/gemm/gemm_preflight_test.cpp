@@ -160,6 +160,22 @@ TEST_CASE("bad split_k, plans and workspaces are refused before any launch") {
   CHECK(still_poisoned(buffers.c));
 }
 
+TEST_CASE("a plan made for a smaller k is refused, not run over part of K") {
+  // Same m and n (so the same, empty, workspace): only k differs. Running it would skip rows.
+  const Buffers small = make_buffers(1, 64, 64);
+  const Buffers large = make_buffers(1, 64, 256);
+  GemmOptions options;
+  options.path = GemmPath::fused;
+  options.split_k = 1;
+  const Result<GemmPlan> plan = plan_gemm(make_args(small, 1, 64, 64), options);
+  REQUIRE(plan.ok());
+  REQUIRE(plan->workspace_bytes() == 0);
+  const Status status = run_gemm(make_args(large, 1, 64, 256), *plan, nullptr, 0, nullptr);
+  CHECK(status.code() == StatusCode::invalid_argument);
+  CHECK(status.message().find("k=64") != std::string_view::npos);
+  CHECK(still_poisoned(large.c));
+}
+
 TEST_CASE("the workspace size is the carving: fused split-K and expansion layouts") {
   const Buffers buffers = make_buffers(4, 64, 128);
   const GemmArguments args = make_args(buffers, 4, 64, 128);
