@@ -3,6 +3,7 @@
 // these kernels are undefined behaviour, not errors.)
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,12 @@ using slimserve::Status;
 using slimserve::StatusCode;
 
 namespace {
+
+// The expected messages name the first offending thread in the default (forward) order.
+const bool forward_schedule = [] {
+  unsetenv("SLIMSERVE_EMU_SCHEDULE");
+  return true;
+}();
 
 // Threads of the second block split between two different __syncthreads.
 __global__ void divergent_barrier_kernel(int* out) {
@@ -105,6 +112,13 @@ __global__ void atomic_spin_forever_kernel(int* flag) {
     while (atomicAdd(flag, 0) == 0) {
     }
   }
+}
+
+// Records the order in which threads pass two points (before and after a barrier).
+__global__ void order_kernel(int* counter, int* tickets) {
+  tickets[threadIdx.x] = atomicAdd(counter, 1);
+  __syncthreads();
+  tickets[blockDim.x + threadIdx.x] = atomicAdd(counter, 1);
 }
 
 // A healthy kernel: proves the emulator recovers after an aborted launch.
@@ -236,4 +250,33 @@ TEST_CASE("a spin-wait on another block is reported as a livelock", "[emu][check
       rt::launch(&atomic_spin_forever_kernel, {dim3(2), dim3(32), 0, nullptr}, flag->data()),
       {"livelock", "block (0,0,0) thread (0,0,0)", "atomic operations"});
   expect_healthy_launch_works();
+}
+
+TEST_CASE("SLIMSERVE_EMU_SCHEDULE=reverse runs threads last-first", "[emu][checks]") {
+  constexpr int threads = 40;
+  auto counter = rt::DeviceBuffer<int>::create(1);
+  auto tickets = rt::DeviceBuffer<int>::create(2 * threads);
+  REQUIRE((counter.ok() && tickets.ok()));
+  for (const bool reverse : {true, false}) {
+    INFO("reverse " << reverse);
+    if (reverse) {
+      setenv("SLIMSERVE_EMU_SCHEDULE", "reverse", 1);
+    } else {
+      unsetenv("SLIMSERVE_EMU_SCHEDULE");
+    }
+    REQUIRE(counter->fill_bytes(0).ok());
+    const Status status = rt::launch(&order_kernel, {dim3(1), dim3(threads), 0, nullptr},
+                                     counter->data(), tickets->data());
+    INFO(status.to_string());
+    REQUIRE(status.ok());
+    std::vector<int> host(2 * threads);
+    REQUIRE(tickets->download(host).ok());
+    for (int t = 0; t < threads; ++t) {
+      INFO("thread " << t);
+      const int rank = reverse ? threads - 1 - t : t;
+      CHECK(host[t] == rank);
+      CHECK(host[threads + t] == threads + rank);
+    }
+  }
+  unsetenv("SLIMSERVE_EMU_SCHEDULE");
 }

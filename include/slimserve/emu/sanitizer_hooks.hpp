@@ -21,6 +21,7 @@
 #define SLIMSERVE_EMU_ASAN 1
 #endif
 
+#include <atomic>
 #include <cstddef>
 
 #if defined(SLIMSERVE_EMU_TSAN)
@@ -58,11 +59,11 @@ inline void tsan_acquire(void* sync_object) noexcept {
 /// must not create happens-before between emulated threads).
 template <class T>
 inline T relaxed_load(const T& value) noexcept {
-  return __atomic_load_n(&value, __ATOMIC_RELAXED);
+  return std::atomic_ref<T>(const_cast<T&>(value)).load(std::memory_order_relaxed);
 }
 template <class T>
 inline void relaxed_store(T& value, T desired) noexcept {
-  __atomic_store_n(&value, desired, __ATOMIC_RELAXED);
+  std::atomic_ref<T>(value).store(desired, std::memory_order_relaxed);
 }
 
 }  // namespace emu::detail

@@ -138,6 +138,10 @@ class Scheduler {
     const dim3 block = launch.block_dim;
     const unsigned threads = block.x * block.y * block.z;
     SLIMSERVE_RETURN_IF_ERROR(prepare_threads(threads));
+    // SLIMSERVE_EMU_SCHEDULE=reverse runs threads in the opposite order (last thread first,
+    // at the start and after every barrier), to shake out code that depends on the order.
+    const char* schedule = std::getenv("SLIMSERVE_EMU_SCHEDULE");
+    reverse_ = schedule != nullptr && std::strcmp(schedule, "reverse") == 0;
     scheduler_context_slot = &context_;
     for (unsigned z = 0; z < launch.grid_dim.z; ++z) {
       for (unsigned y = 0; y < launch.grid_dim.y; ++y) {
@@ -232,8 +236,8 @@ class Scheduler {
       thread.atomics_since_yield = 0;
       warps_[thread.warp].lanes[thread.lane] = &thread;
       warps_[thread.warp].present |= 1u << thread.lane;
-      queue_.push(&thread);
     }
+    for (unsigned k = 0; k < threads; ++k) queue_.push(pool_[reverse_ ? threads - 1 - k : k].get());
     live_ = threads;
     spins_without_progress_ = 0;
     barrier_waiters_.clear();
@@ -346,6 +350,10 @@ class Scheduler {
   }
 
   void release_barrier() {
+    if (reverse_) {
+      std::sort(barrier_waiters_.begin(), barrier_waiters_.end(),
+                [](const EmulatedThread* a, const EmulatedThread* b) { return a->linear > b->linear; });
+    }
     for (EmulatedThread* waiter : barrier_waiters_) {
       relaxed_store(waiter->result[0], std::uint64_t{barrier_predicates_});
       relaxed_store(waiter->result[1], std::uint64_t{barrier_waiters_.size()});
@@ -401,7 +409,8 @@ class Scheduler {
                           format_site(warp.lanes[group.failed_lane()]->posted_site()) + ": " +
                               group.error());
     }
-    for (unsigned lane = 0; lane < warp_size; ++lane) {
+    for (unsigned k = 0; k < warp_size; ++k) {
+      const unsigned lane = reverse_ ? warp_size - 1 - k : k;
       if (mask >> lane & 1u) {
         relaxed_store(warp.lanes[lane]->state, ThreadState::running);
         queue_.push(warp.lanes[lane]);
@@ -453,6 +462,7 @@ class Scheduler {
   std::size_t live_ = 0;
   static constexpr std::size_t max_spins_per_thread = 2000;
   std::size_t spins_without_progress_ = 0;
+  bool reverse_ = false;
 };
 
 }  // namespace emu::detail

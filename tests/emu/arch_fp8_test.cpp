@@ -1,0 +1,183 @@
+// Packed FP8 conversions against brute-force references: decoding every one of the 256 codes,
+// and encoding chosen and random floats by searching all finite codes for the nearest value
+// (ties to the even code). KERNEL: on a GPU this checks the PTX cvt instructions the same way.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "slimserve/arch/fp8_convert.cuh"
+#include "slimserve/runtime/launch.hpp"
+#include "slimserve/runtime/memory.hpp"
+#include "support/random.hpp"
+
+namespace rt = slimserve::rt;
+namespace arch = slimserve::arch;
+
+namespace {
+
+__global__ void decode_kernel(std::uint32_t* __restrict__ e4m3,  // [128]: codes 2i, 2i+1
+                              std::uint32_t* __restrict__ e5m2)  // [128]
+{
+  const unsigned i = threadIdx.x;
+  const auto pair = static_cast<std::uint16_t>((2 * i) | (2 * i + 1) << 8);
+  e4m3[i] = arch::cvt_e4m3x2_to_f16x2(pair);
+  e5m2[i] = arch::cvt_e5m2x2_to_f16x2(pair);
+}
+
+__global__ void encode_kernel(const float* __restrict__ in,  // [2n]
+                              std::uint16_t* __restrict__ e4m3, std::uint16_t* __restrict__ e5m2,
+                              int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  e4m3[i] = arch::cvt_f32x2_to_e4m3x2(in[2 * i], in[2 * i + 1]);
+  e5m2[i] = arch::cvt_f32x2_to_e5m2x2(in[2 * i], in[2 * i + 1]);
+}
+
+struct Format {
+  int exponent_bits, mantissa_bits, bias;
+  bool has_inf;  // e5m2: IEEE-style specials; e4m3fn: only S.1111.111 is NaN
+};
+constexpr Format e4m3{4, 3, 7, false};
+constexpr Format e5m2{5, 2, 15, true};
+
+bool is_nan_code(unsigned code, const Format& f) {
+  const unsigned magnitude = code & 0x7Fu;
+  if (!f.has_inf) return magnitude == 0x7F;
+  return (magnitude >> f.mantissa_bits) == 0x1Fu && (magnitude & 3u) != 0;
+}
+bool is_inf_code(unsigned code, const Format& f) {
+  return f.has_inf && (code & 0x7Fu) == 0x7Cu;
+}
+// Value of a finite code by the textbook formula.
+double code_value(unsigned code, const Format& f) {
+  const unsigned magnitude = code & 0x7Fu;
+  const int e = static_cast<int>(magnitude >> f.mantissa_bits);
+  const double m = static_cast<double>(magnitude & ((1u << f.mantissa_bits) - 1u)) /
+                   static_cast<double>(1u << f.mantissa_bits);
+  const double v = e == 0 ? std::ldexp(m, 1 - f.bias) : std::ldexp(1.0 + m, e - f.bias);
+  return (code & 0x80u) ? -v : v;
+}
+float f16_to_float(std::uint16_t h) {
+  const int e = (h >> 10) & 0x1F;
+  const double m = (h & 0x3FF) / 1024.0;
+  double v = e == 0 ? std::ldexp(m, -14) : (e == 31 ? (m == 0 ? INFINITY : NAN)
+                                                     : std::ldexp(1.0 + m, e - 15));
+  return static_cast<float>((h & 0x8000) ? -v : v);
+}
+// Nearest finite code, ties to the even code; beyond the range: the largest finite code.
+unsigned encode_reference(float x, const Format& f) {
+  unsigned best = 0;
+  double best_error = INFINITY;
+  const double target = std::fabs(static_cast<double>(x));
+  for (unsigned code = 0; code < 0x80; ++code) {
+    if (is_nan_code(code, f) || is_inf_code(code, f)) continue;
+    if (std::isinf(target)) {  // saturates: the largest finite code
+      best = code;
+      continue;
+    }
+    const double error = std::fabs(code_value(code, f) - target);
+    if (error < best_error || (error == best_error && (code & 1u) == 0)) {
+      best = code;
+      best_error = error;
+    }
+  }
+  return (std::signbit(x) ? 0x80u : 0u) | best;
+}
+
+}  // namespace
+
+TEST_CASE("fp8x2 -> f16x2 decodes all 256 codes exactly", "[emu][arch]") {
+  auto d_e4m3 = rt::DeviceBuffer<std::uint32_t>::create(128);
+  auto d_e5m2 = rt::DeviceBuffer<std::uint32_t>::create(128);
+  REQUIRE((d_e4m3.ok() && d_e5m2.ok()));
+  REQUIRE(d_e4m3->fill_bytes(0xAB).ok());
+  REQUIRE(d_e5m2->fill_bytes(0xAB).ok());
+  const slimserve::Status status = rt::launch(&decode_kernel, {dim3(1), dim3(128), 0, nullptr},
+                                              d_e4m3->data(), d_e5m2->data());
+  INFO(status.to_string());
+  REQUIRE(status.ok());
+  std::vector<std::uint32_t> got_e4m3(128), got_e5m2(128);
+  REQUIRE(d_e4m3->download(got_e4m3).ok());
+  REQUIRE(d_e5m2->download(got_e5m2).ok());
+  for (unsigned code = 0; code < 256; ++code) {
+    INFO("code " << code);
+    const int shift = (code % 2) * 16;
+    for (int which = 0; which < 2; ++which) {
+      const Format& f = which == 0 ? e4m3 : e5m2;
+      const auto half = static_cast<std::uint16_t>(
+          (which == 0 ? got_e4m3 : got_e5m2)[code / 2] >> shift);
+      const float value = f16_to_float(half);
+      if (is_nan_code(code, f)) {
+        CHECK(std::isnan(value));
+      } else if (is_inf_code(code, f)) {
+        CHECK(value == ((code & 0x80u) ? -INFINITY : INFINITY));
+      } else {
+        CHECK(static_cast<double>(value) == code_value(code, f));
+        CHECK(std::signbit(value) == ((code & 0x80u) != 0));
+      }
+    }
+  }
+}
+
+TEST_CASE("f32x2 -> fp8x2 rounds to nearest even and saturates", "[emu][arch]") {
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.0f, 448.0f, 449.0f, 464.0f, 465.0f,
+                               1.0e6f, -1.0e6f, 57344.0f, 61439.0f, 61440.0f, 1.0e9f,
+                               INFINITY, -INFINITY,
+                               1.0625f,   // e4m3 tie between 1.0 and 1.125 -> 1.0 (even)
+                               1.1875f,   // tie between 1.125 and 1.25 -> 1.25 (even)
+                               1.125f,    // e5m2 tie between 1.0 and 1.25 -> 1.0
+                               0x1p-10f,  // e4m3 tie between 0 and the smallest subnormal
+                               0x1p-9f * 1.5f, 0x1p-17f, 0x1p-16f * 1.5f, 0x1p-6f, 0x1p-7f,
+                               240.0f, 232.0f, 3.0e-3f};
+  auto rng = slimserve_test::make_rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 17);
+  while (values.size() < 256) values.push_back(std::ldexp(normal(rng), exponent(rng)));
+  const int n = static_cast<int>(values.size() / 2);
+
+  auto d_in = rt::DeviceBuffer<float>::create(values.size());
+  auto d_e4m3 = rt::DeviceBuffer<std::uint16_t>::create(n);
+  auto d_e5m2 = rt::DeviceBuffer<std::uint16_t>::create(n);
+  REQUIRE((d_in.ok() && d_e4m3.ok() && d_e5m2.ok()));
+  REQUIRE(d_in->upload(values).ok());
+  REQUIRE(d_e4m3->fill_bytes(0xAB).ok());
+  REQUIRE(d_e5m2->fill_bytes(0xAB).ok());
+  const slimserve::Status status =
+      rt::launch(&encode_kernel, {dim3(2), dim3(64), 0, nullptr}, d_in->data(), d_e4m3->data(),
+                 d_e5m2->data(), n);
+  INFO(status.to_string());
+  REQUIRE(status.ok());
+  std::vector<std::uint16_t> got_e4m3(n), got_e5m2(n);
+  REQUIRE(d_e4m3->download(got_e4m3).ok());
+  REQUIRE(d_e5m2->download(got_e5m2).ok());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    INFO("value " << values[i] << " (index " << i << ")");
+    const unsigned shift = (i % 2) * 8;
+    CHECK(((got_e4m3[i / 2] >> shift) & 0xFFu) == encode_reference(values[i], e4m3));
+    CHECK(((got_e5m2[i / 2] >> shift) & 0xFFu) == encode_reference(values[i], e5m2));
+  }
+}
+
+TEST_CASE("NaN converts to an fp8 NaN", "[emu][arch]") {
+  const std::vector<float> values = {std::numeric_limits<float>::quiet_NaN(), 1.0f};
+  auto d_in = rt::DeviceBuffer<float>::create(2);
+  auto d_e4m3 = rt::DeviceBuffer<std::uint16_t>::create(1);
+  auto d_e5m2 = rt::DeviceBuffer<std::uint16_t>::create(1);
+  REQUIRE((d_in.ok() && d_e4m3.ok() && d_e5m2.ok()));
+  REQUIRE(d_in->upload(values).ok());
+  REQUIRE(rt::launch(&encode_kernel, {dim3(1), dim3(32), 0, nullptr}, d_in->data(),
+                     d_e4m3->data(), d_e5m2->data(), 1)
+              .ok());
+  std::vector<std::uint16_t> got_e4m3(1), got_e5m2(1);
+  REQUIRE(d_e4m3->download(got_e4m3).ok());
+  REQUIRE(d_e5m2->download(got_e5m2).ok());
+  CHECK(is_nan_code(got_e4m3[0] & 0xFFu, e4m3));
+  CHECK(is_nan_code(got_e5m2[0] & 0xFFu, e5m2));
+  CHECK((got_e4m3[0] >> 8) == 0x38u);  // 1.0
+  CHECK((got_e5m2[0] >> 8) == 0x3Cu);
+}
