@@ -43,6 +43,12 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
       }
       break;
     case KvScaleMode::per_token:
+      // Per-token scales map each vector's amax onto the format's largest value; for a 16-bit
+      // cache that is ~3e38 (BF16), and q.k over such values overflows FP32.
+      if (!is_fp8(cache.dtype)) {
+        return make_status(StatusCode::invalid_argument, "per_token scales are for FP8 caches; a ",
+                           to_string(cache.dtype), " cache takes scale mode none or per_tensor");
+      }
       if (cache.k_token_scales == nullptr || cache.v_token_scales == nullptr) {
         return make_status(StatusCode::invalid_argument,
                            "per_token scales need non-null k_token_scales and v_token_scales arrays");

@@ -90,15 +90,17 @@ TEST_CASE("accuracy report: FP8 vs BF16 cache on realistic K/V", "[attention][ac
   struct Row {
     KvDtype dtype;
     KvScaleMode mode;
-    // Loose ceiling on the relative L2 error: about 2x the worst of 10 seeds, so the test is not
-    // flaky but still fails on a lost scale or a non-saturating cast (errors of order 1).
+    // Loose ceiling on the relative L2 error: outlier channels make the FP8 error swing with the
+    // seed (e4m3 per-tensor: median 0.056, one seed reached 0.124), so the bounds sit at about
+    // 2x the worst seen: not flaky, yet a lost scale or a non-saturating cast (errors of order
+    // 1) still fails.
     double bound;
   };
   const Row rows[] = {{KvDtype::bf16, KvScaleMode::none, 0.01},
-                      {KvDtype::fp8_e4m3, KvScaleMode::per_tensor, 0.15},
-                      {KvDtype::fp8_e4m3, KvScaleMode::per_token, 0.15},
-                      {KvDtype::fp8_e5m2, KvScaleMode::per_tensor, 0.30},
-                      {KvDtype::fp8_e5m2, KvScaleMode::per_token, 0.30}};
+                      {KvDtype::fp8_e4m3, KvScaleMode::per_tensor, 0.25},
+                      {KvDtype::fp8_e4m3, KvScaleMode::per_token, 0.25},
+                      {KvDtype::fp8_e5m2, KvScaleMode::per_tensor, 0.45},
+                      {KvDtype::fp8_e5m2, KvScaleMode::per_token, 0.45}};
   std::printf("\nattention output error vs FP64 on unquantized K/V (%d requests x %d tokens, D %d, GQA %d)\n",
               batch, length, head_dim, group);
   std::printf("| cache | scales | rel. L2 error | max abs error / max |o| |\n|---|---|---|---|\n");

@@ -36,8 +36,9 @@ std::vector<AppendCase> append_grid() {
   };
 }
 
-/// New tokens [num_tokens, H, D] as activation bits, with outliers beyond the FP8 range of
-/// the static scale (they must saturate, never become NaN).
+/// New tokens [num_tokens, H, D] as activation bits, with outliers beyond the FP8 (and, for
+/// the FP16 cache, the FP16) range of the static scale: they must saturate, never become
+/// NaN or infinity.
 struct NewTokens {
   std::vector<std::uint16_t> k_bits, v_bits;
   std::vector<float> k, v;  // the activation values
@@ -49,6 +50,8 @@ NewTokens make_tokens(std::mt19937_64& rng, const AppendCase& c, int num_tokens)
     for (int which = 0; which < 2; ++which) {
       realistic_row(rng, c.head_dim, row.data(), which == 0 ? 1.0f : 0.5f);
       if (t % 5 == 1) row[7] = 3000.0f * (which == 0 ? 1.0f : -1.0f);  // saturates per-tensor FP8
+      // Beyond FP16's 65504 once divided by the FP16 case's K scale 0.37: must store ±max, not inf.
+      if (t % 7 == 3) row[11] = 30000.0f * (which == 0 ? -1.0f : 1.0f);
       for (float x : row) {
         const std::uint16_t bits = to_activation(c.input, x);
         (which == 0 ? n.k_bits : n.v_bits).push_back(bits);

@@ -39,8 +39,13 @@ std::vector<T> download(const rt::DeviceBuffer<T>& buffer, std::size_t count) {
 /// Stored bits of a value in the cache type (saturating RNE, per the formats API).
 inline std::uint16_t quantize(KvDtype dtype, float x) {
   switch (dtype) {
-    case KvDtype::bf16: return from_float<bf16>(x).bits;
-    case KvDtype::fp16: return from_float<fp16>(x).bits;
+    // 16-bit caches saturate too (the kernel clamps before converting; ±inf would poison rows).
+    case KvDtype::bf16:
+      return from_float<bf16>(std::isnan(x) ? x : std::clamp(x, -format_traits<bf16>::max_finite,
+                                                             format_traits<bf16>::max_finite)).bits;
+    case KvDtype::fp16:
+      return from_float<fp16>(std::isnan(x) ? x : std::clamp(x, -format_traits<fp16>::max_finite,
+                                                             format_traits<fp16>::max_finite)).bits;
     case KvDtype::fp8_e4m3: return from_float<fp8_e4m3>(x).bits;
     case KvDtype::fp8_e5m2: return from_float<fp8_e5m2>(x).bits;
   }

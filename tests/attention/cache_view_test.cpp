@@ -44,6 +44,10 @@ TEST_CASE("cache view preflight", "[attention][cache]") {
   v.k_token_scales = dummy;
   v.v_token_scales = dummy;
   CHECK(validate_cache_view(v).ok());
+  v.dtype = KvDtype::bf16;  // per-token scales onto BF16's ~3e38 range would overflow q.k
+  CHECK(validate_cache_view(v).code() == StatusCode::invalid_argument);
+  CHECK(validate_cache_view(v).message().find("FP8") != std::string_view::npos);
+  v.dtype = KvDtype::fp8_e4m3;
   v.head_dim = 96;
   CHECK(validate_cache_view(v).code() == StatusCode::unsupported);
   v.head_dim = 64;

@@ -13,7 +13,7 @@
 ///     captured CUDA graph reads the current value at replay.
 ///   - KvScaleMode::per_token: one float per (token, head) for K and one for V, written by the
 ///     append kernel from that token's amax; stored beside the pages in arrays shaped like the
-///     pages with head_dim = 1. Costs 8 bytes per token per KV head (K + V).
+///     pages with head_dim = 1. Costs 8 bytes per token per KV head (K + V). FP8 caches only.
 /// Plain C++: usable by host code that never includes a CUDA header.
 
 #include <cmath>

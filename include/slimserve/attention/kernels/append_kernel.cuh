@@ -103,6 +103,16 @@ SLIMSERVE_ATTENTION_UNROLL
   return x;
 }
 
+/// Clamps to ±max_finite, keeping NaN: a 16-bit cache saturates like an FP8 one instead of
+/// storing ±inf, which would turn a whole attention row into NaN. (FP8 conversions saturate
+/// by themselves.)
+template <class KvT>
+SLIMSERVE_HOST_DEVICE inline float saturate_finite(float x) {
+  constexpr float max_finite = format_traits<KvT>::max_finite;
+  if (x != x) return x;  // NaN stays NaN (fminf/fmaxf would drop it)
+  return fminf(fmaxf(x, -max_finite), max_finite);
+}
+
 /// Scale that maps this head vector's amax onto the format's largest finite value.
 template <class KvT>
 SLIMSERVE_HOST_DEVICE inline float per_token_scale(float amax) {
@@ -184,8 +194,10 @@ SLIMSERVE_ATTENTION_UNROLL
     Vec16 kq, vq;
     SLIMSERVE_ATTENTION_UNROLL
     for (int w = 0; w < 4; ++w) {
-      kq.word[w] = from_float2<KvT>(f32x2{k[2 * w] / k_scale, k[2 * w + 1] / k_scale});
-      vq.word[w] = from_float2<KvT>(f32x2{v[2 * w] / v_scale, v[2 * w + 1] / v_scale});
+      kq.word[w] = from_float2<KvT>(f32x2{saturate_finite<KvT>(k[2 * w] / k_scale),
+                                          saturate_finite<KvT>(k[2 * w + 1] / k_scale)});
+      vq.word[w] = from_float2<KvT>(f32x2{saturate_finite<KvT>(v[2 * w] / v_scale),
+                                          saturate_finite<KvT>(v[2 * w + 1] / v_scale)});
     }
     store16(static_cast<KvT*>(p.k_pages) + out, kq);
     store16(static_cast<KvT*>(p.v_pages) + out, vq);
