@@ -62,7 +62,7 @@ void BM_emulated_launch_64x128(benchmark::State& state) {
     }
   }
   const double switches_per_launch = blocks * block_threads * (20.0 + 10.0) * 2.0;
-  state.counters["switches/s"] = benchmark::Counter(switches_per_launch * state.iterations(),
+  state.counters["switches/s"] = benchmark::Counter(switches_per_launch * static_cast<double>(state.iterations()),
                                                     benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_emulated_launch_64x128)->Unit(benchmark::kMillisecond)->UseRealTime();
