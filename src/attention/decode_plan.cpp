@@ -52,6 +52,12 @@ Status validate_host_page_table(const DecodePlanArguments& args) {
       return make_status(StatusCode::invalid_argument, "last_page_len[", b, "] = ", last,
                          " is outside [1, page_size = ", p.page_size, "]");
     }
+    // The same rule as the page-table validator and the GPU tag check, so a table they abort
+    // is never planned as valid: a request with no pages has last_page_len 0.
+    if (pages == 0 && last != 0) {
+      return make_status(StatusCode::invalid_argument, "last_page_len[", b, "] = ", last,
+                         " for a request with no pages (must be 0)");
+    }
   }
   return {};
 }

@@ -123,6 +123,15 @@ TEST_CASE("decode plan: preflight rejects bad tables and shapes", "[attention][p
     args.last_page_len_host = last;
     CHECK(make_decode_plan(args).status().code() == StatusCode::invalid_argument);
   }
+  SECTION("nonzero last_page_len on a request with no pages") {
+    std::vector<std::int32_t> indptr{0, 3, 3};
+    std::vector<std::int32_t> last{8, 5};
+    args.indptr_host = indptr;
+    args.last_page_len_host = last;
+    auto plan = make_decode_plan(args);
+    CHECK(plan.status().code() == StatusCode::invalid_argument);
+    CHECK(plan.status().message().find("no pages") != std::string_view::npos);
+  }
   SECTION("decreasing indptr") {
     std::vector<std::int32_t> indptr{0, 3, 2};
     args.indptr_host = indptr;

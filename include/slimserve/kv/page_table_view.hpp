@@ -5,7 +5,9 @@
 /// CSR form (FlashInfer's and most engines'): request b owns pages
 /// `indices[indptr[b] .. indptr[b+1])`, in order; its length in tokens is
 /// `(indptr[b+1] - indptr[b] - 1) * page_size + last_page_len[b]` with
-/// `1 <= last_page_len[b] <= page_size` (a request with no pages has length 0).
+/// `1 <= last_page_len[b] <= page_size`; a request with no pages has length 0 and
+/// `last_page_len[b] == 0` (the host validators, the planners and the GPU tag check all
+/// enforce this one rule).
 /// `expected_tags[j]` is the generation tag the owner recorded for `indices[j]`; the GPU tag
 /// check compares it with the page's current tag. All arrays are int32/uint32 device pointers.
 
