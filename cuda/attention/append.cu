@@ -107,21 +107,9 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
                        " head_dim ", a.cache.head_dim);
   }
   kernels::AppendParams params{};
-  params.k_pages = a.cache.k_pages;
-  params.v_pages = a.cache.v_pages;
-  params.k_scale = a.cache.k_scale;
-  params.v_scale = a.cache.v_scale;
-  params.k_token_scales = a.cache.k_token_scales;
-  params.v_token_scales = a.cache.v_token_scales;
-  params.num_pages = a.cache.num_pages;
+  detail::fill_paged_cache_fields(params, a.cache, a.table, a.request_status);
   params.page_size = a.cache.page_size;
   params.num_kv_heads = a.cache.num_kv_heads;
-  params.layout = a.cache.layout;
-  params.scale_mode = a.cache.scale_mode;
-  params.indptr = a.table.indptr;
-  params.indices = a.table.indices;
-  params.last_page_len = a.table.last_page_len;
-  params.status = a.request_status;
   params.batch_size = a.table.batch_size;
   params.k_new = a.k_new;
   params.v_new = a.v_new;

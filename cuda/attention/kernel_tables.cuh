@@ -10,6 +10,8 @@
 #include "slimserve/attention/kernels/decode_kernel.cuh"
 #include "slimserve/attention/kernels/dequantize_kernel.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/kv/page_table_view.hpp"
+#include "slimserve/kv/request_status.hpp"
 #include "slimserve/formats/float_formats.hpp"
 #include "slimserve/runtime/launch.hpp"
 
@@ -25,6 +27,27 @@ template <> struct kv_dtype_of<fp8_e5m2> { static constexpr KvDtype value = KvDt
 template <class T> struct activation_dtype_of;
 template <> struct activation_dtype_of<bf16> { static constexpr ActivationDtype value = ActivationDtype::bf16; };
 template <> struct activation_dtype_of<fp16> { static constexpr ActivationDtype value = ActivationDtype::fp16; };
+
+/// The fields every page-touching kernel's Params share (cache storage, scales, page table,
+/// tag-check verdicts), filled from the façade's arguments in one place.
+template <class Params>
+void fill_paged_cache_fields(Params& params, const PagedKVCacheView& cache,
+                             const kv::PageTableView& table,
+                             const kv::RequestStatus* request_status) {
+  params.k_pages = cache.k_pages;
+  params.v_pages = cache.v_pages;
+  params.k_scale = cache.k_scale;
+  params.v_scale = cache.v_scale;
+  params.k_token_scales = cache.k_token_scales;
+  params.v_token_scales = cache.v_token_scales;
+  params.num_pages = cache.num_pages;
+  params.layout = cache.layout;
+  params.scale_mode = cache.scale_mode;
+  params.indptr = table.indptr;
+  params.indices = table.indices;
+  params.last_page_len = table.last_page_len;
+  params.status = request_status;
+}
 
 // ---- decode ---------------------------------------------------------------------------------
 using DecodeLauncher = Status (*)(const kernels::DecodeParams&, dim3 grid, dim3 block,
