@@ -147,8 +147,16 @@ Result<PagePlan> RequestPageSets::append(RequestRef request, std::int32_t new_to
                        pool_->available_pages(), " available; nothing was taken");
   }
   if (filled_in_last != 0) {
-    Result<AppendTarget> target = pool_->prepare_append(slot.pages.back(), request.writer);
-    if (!target.ok()) return target.status();
+    const PageHandle last = slot.pages.back();
+    // Hold the copy source until the copy is enqueued: while held, no other holder is granted
+    // it in place, so the copy never reads a page another request writes.
+    if (copy) SLIMSERVE_RETURN_IF_ERROR(pool_->share(last));
+    Result<AppendTarget> target = pool_->prepare_append(last, request.writer);
+    if (!target.ok()) {
+      if (copy) (void)pool_->release(last);
+      return target.status();
+    }
+    if (copy) copy_sources_.push_back(last);
     if (target->needs_copy) {
       plan.needs_copy = true;
       plan.copy_from = target->copy_from;
@@ -163,6 +171,11 @@ Result<PagePlan> RequestPageSets::append(RequestRef request, std::int32_t new_to
   SLIMSERVE_RETURN_IF_ERROR(pool_->allocate(std::span(slot.pages).subspan(old_size), request.writer));
   slot.tokens += new_tokens;
   return plan;
+}
+
+void RequestPageSets::release_copy_sources() {
+  release_tail_first(*pool_, copy_sources_);
+  copy_sources_.clear();
 }
 
 Result<RequestRef> RequestPageSets::fork(RequestRef parent) {

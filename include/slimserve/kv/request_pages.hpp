@@ -46,6 +46,8 @@ struct RequestPageSetsOptions {
 struct PagePlan {
   /// Copy-on-write: copy the first `copy_tokens` tokens of `copy_from` into `copy_to` (the
   /// request's new last page) before appending; copy_pages does it under the tag check.
+  /// `copy_from` stays held (read-only: no other holder can be granted it in place) until
+  /// release_copy_sources(), so the copy reads a page nobody writes.
   bool needs_copy = false;
   PageHandle copy_from{};
   PageHandle copy_to{};
@@ -74,6 +76,11 @@ class RequestPageSets {
   /// Room for `new_tokens` more tokens: copy-on-write of a shared or cached last page (see
   /// the plan), then fresh pages, all writable by the request. All or nothing.
   Result<PagePlan> append(RequestRef request, std::int32_t new_tokens);
+  /// Drops the references that kept copy-on-write sources read-only: call it once the step's
+  /// copies are enqueued (stream order puts them before any later write).
+  void release_copy_sources();
+  /// Copy-on-write sources still held.
+  std::span<const PageHandle> pending_copy_sources() const noexcept { return copy_sources_; }
   /// A child sharing every page of `parent` (all read-only now; each side copies on its next
   /// append). All or nothing.
   Result<RequestRef> fork(RequestRef parent);
@@ -123,6 +130,7 @@ class RequestPageSets {
   std::int32_t page_size_;
   std::vector<Slot> slots_;
   std::vector<std::int32_t> free_slots_;
+  std::vector<PageHandle> copy_sources_;  // one extra reference each, until release_copy_sources
   std::int32_t active_ = 0;
   std::int32_t preempted_ = 0;
   std::uint64_t refused_ = 0;
