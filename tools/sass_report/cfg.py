@@ -1,0 +1,159 @@
+"""Control-flow graph, natural loops and the choice of a kernel's steady-state main loop.
+
+Method (documented in docs/perf/sass-report.md): basic blocks split at branch targets and
+after control transfers; a back edge is a branch to an instruction at or before itself; its
+natural loop is the header plus every block that reaches the back edge without passing the
+header. Loops sharing a header are merged. The main loop is the outermost loop whose body
+(with nested loops) holds global loads (LDG, cp.async, TMA); among several, the one with the
+most global-load instructions, then the largest. Nothing depends on addresses, so the choice
+survives any rewrite that keeps "the loop that streams from DRAM" recognisable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .classify import instruction_class
+from .sass import Function, Instruction
+
+_ENDS_BLOCK = {"BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "KILL", "BREAK"}
+
+
+@dataclass
+class Block:
+    index: int
+    start: int  # first instruction index
+    end: int  # one past the last
+    successors: list[int] = field(default_factory=list)
+    predecessors: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Loop:
+    header: int  # block index
+    latches: list[int]
+    blocks: set[int]
+    children: list["Loop"] = field(default_factory=list)
+    parent: "Loop | None" = None
+
+    def own_blocks(self) -> set[int]:
+        nested = set()
+        for child in self.children:
+            nested |= child.blocks
+        return self.blocks - nested
+
+    @property
+    def depth(self) -> int:
+        return 0 if self.parent is None else self.parent.depth + 1
+
+
+def _unconditional(instruction: Instruction) -> bool:
+    return instruction.predicate in (None, "PT", "UPT")
+
+
+def build_blocks(function: Function) -> list[Block]:
+    instructions = function.instructions
+    leaders = {0}
+    for label_index in function.labels.values():
+        if label_index < len(instructions):
+            leaders.add(label_index)
+    for i, instruction in enumerate(instructions):
+        if instruction.opcode in _ENDS_BLOCK or instruction.target is not None:
+            if i + 1 < len(instructions):
+                leaders.add(i + 1)
+    starts = sorted(leaders)
+    blocks = [Block(n, start, starts[n + 1] if n + 1 < len(starts) else len(instructions))
+              for n, start in enumerate(starts)]
+    block_at = {block.start: block.index for block in blocks}
+    for block in blocks:
+        last = instructions[block.end - 1]
+        falls_through = True
+        if last.opcode in ("BRA", "JMP", "BRX", "JMX") and _unconditional(last):
+            falls_through = False
+        if last.opcode in ("EXIT", "RET", "KILL") and _unconditional(last):
+            falls_through = False
+        if last.target is not None and last.opcode in ("BRA", "JMP"):
+            target = function.labels.get(last.target)
+            if target is not None and target in block_at:
+                block.successors.append(block_at[target])
+        if falls_through and block.index + 1 < len(blocks):
+            block.successors.append(block.index + 1)
+    for block in blocks:
+        for successor in block.successors:
+            blocks[successor].predecessors.append(block.index)
+    return blocks
+
+
+def find_loops(blocks: list[Block]) -> list[Loop]:
+    """Natural loops (merged per header), nested into a forest; returns the top-level loops."""
+    by_header: dict[int, Loop] = {}
+    for block in blocks:
+        for successor in block.successors:
+            if blocks[successor].start <= block.start:  # back edge (layout order)
+                body = {successor, block.index}
+                stack = [block.index] if block.index != successor else []
+                while stack:
+                    node = stack.pop()
+                    for predecessor in blocks[node].predecessors:
+                        if predecessor not in body:
+                            body.add(predecessor)
+                            stack.append(predecessor)
+                loop = by_header.get(successor)
+                if loop is None:
+                    by_header[successor] = Loop(successor, [block.index], body)
+                else:
+                    loop.latches.append(block.index)
+                    loop.blocks |= body
+    loops = sorted(by_header.values(), key=lambda loop: len(loop.blocks))
+    roots: list[Loop] = []
+    for i, loop in enumerate(loops):
+        parent = next((outer for outer in loops[i + 1:]
+                       if loop.blocks < outer.blocks or
+                       (loop.blocks <= outer.blocks and outer.header != loop.header)), None)
+        if parent is None:
+            roots.append(loop)
+        else:
+            loop.parent = parent
+            parent.children.append(loop)
+    return roots
+
+
+def all_loops(roots: list[Loop]) -> list[Loop]:
+    out: list[Loop] = []
+    stack = list(roots)
+    while stack:
+        loop = stack.pop()
+        out.append(loop)
+        stack.extend(loop.children)
+    return out
+
+
+def block_instructions(function: Function, blocks: list[Block], indices) -> list[Instruction]:
+    out: list[Instruction] = []
+    for index in sorted(indices):
+        block = blocks[index]
+        out.extend(function.instructions[block.start:block.end])
+    return out
+
+
+def global_loads(instructions: list[Instruction]) -> int:
+    return sum(1 for i in instructions if instruction_class(i) == "global_load")
+
+
+def choose_main_loop(function: Function, blocks: list[Block], roots: list[Loop]) -> Loop | None:
+    """The outermost loop streaming from global memory (see the module docstring)."""
+    candidates = []
+    stack = list(roots)
+    while stack:
+        loop = stack.pop()
+        loads = global_loads(block_instructions(function, blocks, loop.blocks))
+        if loads:
+            candidates.append((loads, len(loop.blocks), loop))
+        else:
+            continue
+    # Outermost: only loops without a loading ancestor are candidates (roots were scanned
+    # first and children are not pushed), so pick the busiest of those.
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
+    return candidates[0][2]
