@@ -1,7 +1,7 @@
 """Control-flow graph, natural loops and the choice of a kernel's steady-state main loop.
 
 Method (documented in docs/perf/sass-report.md): basic blocks split at branch targets and
-after control transfers; a back edge is a branch to an instruction at or before itself; its
+after control transfers; a back edge is an edge to a block that dominates its source; its
 natural loop is the header plus every block that reaches the back edge without passing the
 header. Loops sharing a header are merged. The main loop is the outermost loop whose body
 (with nested loops) holds global loads (LDG, cp.async, TMA); among several, the one with the
@@ -84,12 +84,74 @@ def build_blocks(function: Function) -> list[Block]:
     return blocks
 
 
+def dominators(blocks: list[Block]) -> dict[int, int]:
+    """Immediate dominators of the blocks reachable from the entry (Cooper, Harvey, Kennedy:
+    "A Simple, Fast Dominance Algorithm")."""
+    order: list[int] = []
+    seen = {0}
+    stack = [(0, iter(blocks[0].successors))]
+    while stack:  # iterative depth-first search for the postorder
+        node, successors = stack[-1]
+        advanced = False
+        for s in successors:
+            if s not in seen:
+                seen.add(s)
+                stack.append((s, iter(blocks[s].successors)))
+                advanced = True
+                break
+        if not advanced:
+            order.append(node)
+            stack.pop()
+    rpo = order[::-1]
+    number = {b: i for i, b in enumerate(rpo)}
+    idom = {0: 0}
+
+    def intersect(a: int, b: int) -> int:
+        while a != b:
+            while number[a] > number[b]:
+                a = idom[a]
+            while number[b] > number[a]:
+                b = idom[b]
+        return a
+
+    changed = True
+    while changed:
+        changed = False
+        for b in rpo[1:]:
+            preds = [p for p in blocks[b].predecessors if p in idom]
+            if not preds:
+                continue
+            new = preds[0]
+            for p in preds[1:]:
+                new = intersect(p, new)
+            if idom.get(b) != new:
+                idom[b] = new
+                changed = True
+    return idom
+
+
+def _dominates(idom: dict[int, int], a: int, b: int) -> bool:
+    while True:
+        if a == b:
+            return True
+        if b == 0 or b not in idom:
+            return False
+        b = idom[b]
+
+
 def find_loops(blocks: list[Block]) -> list[Loop]:
-    """Natural loops (merged per header), nested into a forest; returns the top-level loops."""
+    """Natural loops (merged per header), nested into a forest; returns the top-level loops.
+    A back edge is an edge to a block that dominates its source; in code unreachable from the
+    entry (device subroutines) an edge to an earlier address stands in for it."""
+    idom = dominators(blocks)
     by_header: dict[int, Loop] = {}
     for block in blocks:
         for successor in block.successors:
-            if blocks[successor].start <= block.start:  # back edge (layout order)
+            if block.index in idom:
+                is_back = _dominates(idom, successor, block.index)
+            else:
+                is_back = blocks[successor].start <= block.start
+            if is_back:
                 body = {successor, block.index}
                 stack = [block.index] if block.index != successor else []
                 while stack:

@@ -132,7 +132,8 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
             elif pipe is not None:
                 pipe_cycles[pipe] += weight / hopper.PIPE_RATE[pipe]
             if cls == "global_load":
-                load_bytes_per_warp += weight * 32 * access_bytes(instruction)
+                # In flight together: one trip of a nested loop (its trips are sequential).
+                load_bytes_per_warp += min(weight, 1.0) * 32 * access_bytes(instruction)
 
     warps = math.ceil(work.threads / 32)
     units = work.bytes_per_iteration / 16  # 16-byte units of DRAM per CTA iteration
@@ -198,6 +199,8 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
         "bytes_formula": work.bytes_formula,
         "warp_instr_per_16B": round(per16, 3),
         "instr_by_class": class_per16,
+        "instr_per_iteration_by_class": {  # per warp, one main-loop iteration
+            cls: round(by_class[cls], 1) for cls in CLASSES if by_class.get(cls)},
         "tensor_cycles_per_16B": round(cycles["tensor"], 3),
         "cycles_per_16B": {k: (round(v, 3) if v != math.inf else None) for k, v in cycles.items()},
         "bytes_in_flight_per_sm": round(in_flight_sm),

@@ -13,7 +13,8 @@ So rare fix-ups (the online-softmax rescale when a new maximum appears, error pa
 alternative versions a compiler makes of a loop (unrolled body vs. remainder) are not summed
 together; the path does what an iteration of the problem must do, and no more. When the
 required blocks cannot lie on one path every block is counted (pessimistic) and the report
-says so. A nested loop counts its own steady path (requirement 1 only) times its trip count.
+says so. A nested loop counts its own steady path times its trip count; its path requests as
+much global traffic as one path through it can.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .classify import access_bytes, instruction_class
 from .sass import Function
 
 _WORK_CLASSES = {"shared_load", "tensor"}
+_MOST = float("inf")  # traffic demand meaning "as much as one path can request"
 _GLOBAL_TRAFFIC = {"LDG", "LDGSTS", "STG", "RED", "ATOM", "ATOMG", "REDG", "UTMALDG",
                    "UTMASTG", "UBLKCP", "LD", "ST"}
 
@@ -66,7 +68,9 @@ def steady_weights(function: Function, blocks: list[Block], region: Region, chil
     for n, child in enumerate(region.children):
         for b in child.blocks:
             node_of[b] = ("loop", n)
-        child_steady[n] = steady_weights(function, blocks, loop_region(child), child_trips)
+        # A nested loop's iteration does all the global traffic one path through it can.
+        child_steady[n] = steady_weights(function, blocks, loop_region(child), child_trips,
+                                         traffic_per_thread=_MOST)
     for b in region.blocks:
         node_of.setdefault(b, ("block", b))
     nodes = set(node_of.values())
@@ -136,6 +140,8 @@ def steady_weights(function: Function, blocks: list[Block], region: Region, chil
         return everything()
     position = {node: i for i, node in enumerate(order)}
 
+    if traffic_per_thread == _MOST:
+        traffic_per_thread = sum(traffic(node) for node in nodes)
     cap = math.ceil(traffic_per_thread) if traffic_per_thread > 0 else 0
 
     # States: (node, capped traffic) -> (cost, previous state). Waypoints (required nodes, in
