@@ -18,6 +18,13 @@ def _mix(classes: dict, top: int = 5) -> str:
     return ", ".join(f"{_SHORT[k]} {v:.1f}" for v, k in items)
 
 
+def _predicted(row: dict) -> str:
+    text = f"{100 * row['predicted_copy_bw_fraction']:.0f}%"
+    if row["bound_by"] == "tensor":
+        text += f" (tensor peak {100 * row['predicted_tensor_fraction']:.0f}%)"
+    return text
+
+
 def _kb(x: float) -> str:
     return f"{x / 1024:.1f}K"
 
@@ -40,7 +47,8 @@ def markdown(rows: list[dict], uncovered: list[str], toolchain: str) -> str:
         "Columns: *w-i/16B* = warp-instructions issued in the steady-state main loop per 16 B of",
         "DRAM traffic (≈1 allows copy bandwidth, ≤2–2.5 stays near it); *mix* = the largest",
         "classes of that figure; *tensor* = tensor-pipe cycles per 16 B; *in flight* = bytes of",
-        "loads in flight per SM (need in brackets); *predicted* = fraction of copy bandwidth.",
+        "loads in flight per SM (need in brackets); *predicted* = fraction of copy bandwidth",
+        "(for tensor-bound rows also of the tensor peak).",
         "",
     ]
     groups: dict[str, list[dict]] = {}
@@ -62,7 +70,7 @@ def markdown(rows: list[dict], uncovered: list[str], toolchain: str) -> str:
                 f"**{r['warp_instr_per_16B']:.2f}** | {_mix(r['instr_by_class'])} | "
                 f"{r['tensor_cycles_per_16B']:.2f} | {_kb(r['bytes_in_flight_per_sm'])} "
                 f"({_kb(r['bytes_in_flight_needed'])}) | "
-                f"{100 * r['predicted_copy_bw_fraction']:.0f}% | {r['bound_by']} |")
+                f"{_predicted(r)} | {r['bound_by']} |")
         out.append("")
     if uncovered:
         out += ["## Kernels not in the manifest", "",
