@@ -56,6 +56,25 @@ VERSIONED_LOADS = """
 """
 
 
+# A TMA + wgmma loop: one elected thread issues the bulk tensor copy, the warpgroup waits on the
+# mbarrier (a spin loop of its own) and issues HGMMA.
+TMA_LOOP = """
+.text._Z6kernelv:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   ELECT P0, URZ, PT ;
+        /*0020*/              @!P0 BRA `(.L_x_1) ;
+        /*0030*/                   UTMALDG.2D [UR8], [UR4] ;
+.L_x_1:
+        /*0040*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR6], R3 ;
+        /*0050*/              @!P1 BRA `(.L_x_1) ;
+        /*0060*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], R24 ;
+        /*0070*/                   ISETP.NE.AND P2, PT, R0, RZ, PT ;
+        /*0080*/               @P2 BRA `(.L_x_0) ;
+        /*0090*/                   EXIT ;
+"""
+
+
 def analyse_text(text, traffic):
     function = next(iter(parse_nvdisasm(text).values()))
     blocks = cfg.build_blocks(function)
@@ -86,6 +105,19 @@ class LoopsAndPaths(unittest.TestCase):
         self.assertTrue(big.met_traffic)
         _, _, too_much, _ = analyse_text(VERSIONED_LOADS, traffic=1000)
         self.assertFalse(too_much.met_traffic)
+
+    def test_tma_loop(self):
+        _, main, result, opcodes = analyse_text(TMA_LOOP, traffic=4096)
+        self.assertEqual(len(main.children), 1)  # the mbarrier wait
+        self.assertIn("UTMALDG", opcodes)  # a bulk copy meets any per-thread demand
+        self.assertTrue(result.met_traffic)
+        self.assertIn("HGMMA", opcodes)
+        function = next(iter(parse_nvdisasm(TMA_LOOP).values()))
+        work = Work(threads=128, ctas=132, dram_bytes=132 * 100 * 32768, iterations=132 * 100)
+        row = model.analyse(function, None, work)
+        # HGMMA 64x128x16 per warpgroup: 32768 multiply-adds per warp at 2048 per clock.
+        self.assertAlmostEqual(row["tensor_cycles_per_16B"], 4 * 16 / (32768 / 16), places=3)
+        self.assertGreaterEqual(row["bytes_in_flight_per_sm"], 32768)
 
     def test_classes(self):
         function = next(iter(parse_nvdisasm(VERSIONED_LOADS).values()))

@@ -31,6 +31,8 @@ class Work:
     inner_trips: float | None = None  # per main iteration: trips of its heaviest nested loop
     bytes_formula: str = ""      # how dram_bytes was computed, for the report
     other_child_trips: float = 1.0  # trips of every other nested loop
+    stages_in_flight: int = 1    # TMA pipelines: iterations of loads in flight (tile bytes are
+                                 # in the tensor map, not in the SASS)
     whole_kernel: bool = False   # one pass through the kernel is the iteration (its loops are
                                  # searches or fix-ups, not the stream)
     notes: list[str] = field(default_factory=list)
@@ -246,4 +248,5 @@ def streaming(args: list[str], problem: dict) -> Work:
                 dram_bytes=elements * per, iterations=math.ceil(elements / threads),
                 dynamic_smem=int(problem.get("smem", 0)),
                 inner_trips=problem.get("inner_trips"),
+                stages_in_flight=int(problem.get("stages", 1)),
                 bytes_formula="elements·bytes_per_element")

@@ -113,8 +113,10 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
 
     # Per-warp counts of one main-loop iteration.
     by_class: Counter = Counter()
+    by_opcode: Counter = Counter()
     pipe_cycles: Counter = Counter()
     load_bytes_per_warp = 0.0
+    bulk_loads = False
     tensor_cycles = 0.0
     path_instructions = []
     for b, weight in steady.weights.items():
@@ -122,6 +124,8 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
             path_instructions.append(instruction)
             cls = instruction_class(instruction)
             by_class[cls] += weight
+            by_opcode[instruction.opcode if cls != "control" or instruction.predicate not in
+                      ("!PT", "!UPT") else "never-executed"] += weight
             pipe = pipe_of(instruction)
             if pipe == "tensor":
                 rate = hopper.TENSOR_FMA_PER_CLOCK.get(instruction.opcode, 1024)
@@ -131,7 +135,9 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
                 pipe_cycles["lsu"] += weight * max(1.0, moved / hopper.SHARED_BYTES_PER_CLOCK)
             elif pipe is not None:
                 pipe_cycles[pipe] += weight / hopper.PIPE_RATE[pipe]
-            if cls == "global_load":
+            if instruction.opcode in ("UTMALDG", "UBLKCP"):
+                bulk_loads = True  # tile size is in the tensor map: see in_flight_cta below
+            elif cls == "global_load":
                 # In flight together: one trip of a nested loop (its trips are sequential).
                 load_bytes_per_warp += min(weight, 1.0) * 32 * access_bytes(instruction)
 
@@ -156,6 +162,10 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
     occ = occupancy(registers, work.threads, work.dynamic_smem + max(0, static_smem - 1024))
     depth = _pipeline_depth(function, path_instructions)
     in_flight_cta = warps * load_bytes_per_warp * depth
+    if bulk_loads:
+        # TMA: assume the iteration's DRAM bytes per stage in flight, stages = the formula's
+        # pipeline depth (1 unless it says otherwise).
+        in_flight_cta += work.bytes_per_iteration * max(1, work.stages_in_flight)
     # A grid smaller than the machine leaves SMs idle and fewer CTAs on the busy ones.
     resident = min(float(occ.ctas_per_sm), work.ctas / hopper.SMS)
     fill = min(1.0, work.ctas / hopper.SMS)
@@ -199,6 +209,8 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
         "bytes_formula": work.bytes_formula,
         "warp_instr_per_16B": round(per16, 3),
         "instr_by_class": class_per16,
+        "top_opcodes_per_16B": {op: round(warps * n / units, 3)
+                                for op, n in by_opcode.most_common(12)},
         "instr_per_iteration_by_class": {  # per warp, one main-loop iteration
             cls: round(by_class[cls], 1) for cls in CLASSES if by_class.get(cls)},
         "tensor_cycles_per_16B": round(cycles["tensor"], 3),

@@ -49,9 +49,22 @@ class Steady:
     met_traffic: bool
 
 
+# A bulk/tensor copy (TMA) moves a whole tile whose size lives in the tensor map, not in the
+# instruction: it counts as meeting any per-thread demand.
+_BULK = {"UTMALDG", "UTMASTG", "UBLKCP", "UBLKRED", "UTMAREDG"}
+BULK_TRAFFIC = 1 << 20
+
+
 def _block_traffic(function: Function, block: Block) -> int:
-    return sum(access_bytes(i) for i in function.instructions[block.start:block.end]
-               if i.opcode in _GLOBAL_TRAFFIC and i.predicate not in ("!PT", "!UPT"))
+    total = 0
+    for i in function.instructions[block.start:block.end]:
+        if i.predicate in ("!PT", "!UPT"):
+            continue
+        if i.opcode in _BULK:
+            total += BULK_TRAFFIC
+        elif i.opcode in _GLOBAL_TRAFFIC:
+            total += access_bytes(i)
+    return total
 
 
 def _block_has_work(function: Function, block: Block) -> bool:
