@@ -203,7 +203,8 @@ def global_loads(instructions: list[Instruction]) -> int:
 
 
 def choose_main_loop(function: Function, blocks: list[Block], roots: list[Loop]) -> Loop | None:
-    """The outermost loop streaming from global memory (see the module docstring)."""
+    """The outermost loop streaming from global memory (see the module docstring): among the
+    loops with no loading ancestor, the one with the most global loads, then the largest."""
     candidates = []
     stack = list(roots)
     while stack:
@@ -212,9 +213,7 @@ def choose_main_loop(function: Function, blocks: list[Block], roots: list[Loop])
         if loads:
             candidates.append((loads, len(loop.blocks), loop))
         else:
-            continue
-    # Outermost: only loops without a loading ancestor are candidates (roots were scanned
-    # first and children are not pushed), so pick the busiest of those.
+            stack.extend(loop.children)  # a loop without loads may hold one that streams
     if not candidates:
         return None
     candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)

@@ -52,11 +52,16 @@ _BY_OPCODE = {
 }
 
 
+# Predicates that are never true: such an instruction takes an issue slot and does nothing
+# (e.g. the `@!PT LDS RZ, [RZ]` padding that follows cp.async).
+NEVER_EXECUTED = ("!PT", "!UPT")
+
+
 def instruction_class(instruction: Instruction) -> str:
     """The class of one instruction; anything unknown counts as integer/address work."""
     opcode = instruction.opcode
-    if instruction.predicate in ("!PT", "!UPT"):
-        return "control"  # never executes (e.g. the LDS RZ padding of cp.async): a no-op slot
+    if instruction.predicate in NEVER_EXECUTED:
+        return "control"  # a no-op issue slot
     if opcode == "HADD2" and "F32" in instruction.modifiers:
         return "fp16x2"  # f16 -> f32 widening add; same pipe, kept with its family
     return _BY_OPCODE.get(opcode, "integer")
@@ -76,7 +81,7 @@ def is_uniform(instruction: Instruction) -> bool:
 def pipe_of(instruction: Instruction) -> str | None:
     """The throughput-limiting pipe besides issue, or None (issue slot only)."""
     cls = instruction_class(instruction)
-    if is_uniform(instruction) or instruction.predicate in ("!PT", "!UPT"):
+    if is_uniform(instruction) or instruction.predicate in NEVER_EXECUTED:
         return None
     opcode = instruction.opcode
     if cls in ("fp32",):

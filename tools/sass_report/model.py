@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from . import hopper
-from .cfg import all_loops, build_blocks, choose_main_loop, find_loops
-from .classify import CLASSES, PIPES, access_bytes, instruction_class, pipe_of, tensor_fmas
+from .cfg import build_blocks, choose_main_loop, find_loops
+from .classify import (CLASSES, NEVER_EXECUTED, PIPES, access_bytes, instruction_class, pipe_of,
+                       tensor_fmas)
 from .formulas import Work
 from .sass import Function
 from .steady import function_region, loop_region, steady_weights
@@ -124,8 +125,8 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
             path_instructions.append(instruction)
             cls = instruction_class(instruction)
             by_class[cls] += weight
-            by_opcode[instruction.opcode if cls != "control" or instruction.predicate not in
-                      ("!PT", "!UPT") else "never-executed"] += weight
+            never = instruction.predicate in NEVER_EXECUTED
+            by_opcode["never-executed" if never else instruction.opcode] += weight
             pipe = pipe_of(instruction)
             if pipe == "tensor":
                 rate = hopper.TENSOR_FMA_PER_CLOCK.get(instruction.opcode, 1024)
@@ -159,7 +160,10 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
 
     registers = resources.registers if resources else 0
     static_smem = resources.shared if resources else 0
-    occ = occupancy(registers, work.threads, work.dynamic_smem + max(0, static_smem - 1024))
+    # The cubin's static shared memory of a kernel that uses shared memory includes the 1 KiB
+    # per-CTA reservation, which occupancy() adds for every CTA.
+    static_smem = max(0, static_smem - hopper.SHARED_RESERVED_PER_CTA)
+    occ = occupancy(registers, work.threads, work.dynamic_smem + static_smem)
     depth = _pipeline_depth(function, path_instructions)
     in_flight_cta = warps * load_bytes_per_warp * depth
     if bulk_loads:

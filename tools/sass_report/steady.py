@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from .cfg import Block, Loop
-from .classify import access_bytes, instruction_class
+from .classify import NEVER_EXECUTED, access_bytes, instruction_class
 from .sass import Function
 
 _WORK_CLASSES = {"shared_load", "tensor"}
@@ -58,7 +58,7 @@ BULK_TRAFFIC = 1 << 20
 def _block_traffic(function: Function, block: Block) -> int:
     total = 0
     for i in function.instructions[block.start:block.end]:
-        if i.predicate in ("!PT", "!UPT"):
+        if i.predicate in NEVER_EXECUTED:
             continue
         if i.opcode in _BULK:
             total += BULK_TRAFFIC
