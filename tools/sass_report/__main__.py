@@ -11,7 +11,7 @@ from pathlib import Path
 from . import budget as budget_file
 from . import manifest as manifest_file
 from .formulas import FORMULAS
-from .model import analyse
+from .model import analyse, explain
 from .render import markdown, write_json
 from .sass import parse_nvdisasm
 from .toolchain import ToolError, Tools, demangle, load_objects
@@ -39,6 +39,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--check", action="store_true", help="fail when a budget is exceeded")
     parser.add_argument("--update-budget", action="store_true",
                         help="add budgets for rows that have none (keeps existing ones)")
+    parser.add_argument("--explain", metavar="GLOB",
+                        help="print the counted steady-state path (SASS with source lines) of "
+                             "the rows whose key matches GLOB")
     parser.add_argument("--rebaseline", metavar="GLOB",
                         help="reset the budgets of rows whose key matches GLOB to today's values")
     args = parser.parse_args()
@@ -120,6 +123,9 @@ def main() -> int:
                    "problem_label": entry.label, "problem": entry.problem,
                    "formula": entry.formula, "mangled": mangled, "object": path.name}
             row.update(analyse(function, resources, work))
+            if args.explain and fnmatch.fnmatchcase(row["key"], args.explain):
+                print(explain(function, row))
+            del row["_path"]
             rows.append(row)
 
     uncovered = sorted(name for name in kernels

@@ -227,7 +227,25 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
         "predicted_tensor_fraction": round(tensor_fraction, 3),
         "bound_by": bound,
         "notes": work.notes,
+        "_path": [(weight, blocks[b].start, blocks[b].end)
+                  for b, weight in sorted(steady.weights.items())],
     }
+
+
+def explain(function: Function, row: dict) -> str:
+    """The steady path of a row as annotated SASS: executions per iteration, source line."""
+    lines = [f"# {row['key']}: steady path per warp and main-loop iteration "
+             f"({row['main_loop']['steady_path_warp_instructions']} warp-instructions)"]
+    for weight, start, end in row["_path"]:
+        lines.append(f"  -- block at {function.instructions[start].address:#06x}, x{weight:g}")
+        for instruction in function.instructions[start:end]:
+            where = instruction.source
+            source = f"{PurePath(where[0]).name}:{where[1]}" if where else ""
+            predicate = f"@{instruction.predicate} " if instruction.predicate else ""
+            text = f"{predicate}{instruction.full_opcode} {instruction.operands}"
+            lines.append(f"     {instruction.address:06x}  {text[:70]:<70} "
+                         f"{instruction_class(instruction):<11} {source}")
+    return "\n".join(lines)
 
 
 def cfg_instructions(function: Function, blocks, loop):
