@@ -127,6 +127,14 @@ def main() -> int:
                 print(explain(function, row))
             del row["_path"]
             rows.append(row)
+            if entry.expect_bound and row["bound_by"] != entry.expect_bound:
+                problems.append(f"{row['key']}: calibration expects bound_by "
+                                f"'{entry.expect_bound}', the model says '{row['bound_by']}'")
+            if (entry.expect_min_fraction is not None and
+                    row["predicted_copy_bw_fraction"] < entry.expect_min_fraction):
+                problems.append(f"{row['key']}: calibration expects at least "
+                                f"{entry.expect_min_fraction:.2f} of copy bandwidth, the model "
+                                f"says {row['predicted_copy_bw_fraction']:.3f}")
 
     uncovered = sorted(name for name in kernels
                        if name not in covered and manifest.ignored(name) is None)

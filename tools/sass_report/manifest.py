@@ -64,6 +64,8 @@ class Entry:
     problem: dict
     label: str
     group: str  # section of the report
+    expect_bound: str | None = None  # calibration: the bound the model must find
+    expect_min_fraction: float | None = None  # calibration: the least predicted fraction
 
     def matches(self, simple: str) -> bool:
         return fnmatch.fnmatchcase(simple, self.kernel)
@@ -106,6 +108,7 @@ def load(path: Path) -> Manifest:
             if not label:
                 raise ManifestError(f"{where}: every problem needs a 'label'")
             entries.append(Entry(table["kernel"], table["formula"], problem, label,
-                                 table.get("group", "other")))
+                                 table.get("group", "other"), table.get("expect_bound"),
+                                 table.get("expect_min_fraction")))
     ignores = [Ignore(t["kernel"], t.get("reason", "")) for t in data.get("ignore", [])]
     return Manifest(entries, ignores)
