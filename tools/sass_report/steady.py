@@ -173,7 +173,7 @@ def steady_weights(function: Function, blocks: list[Block], region: Region, chil
             for state in [s for s in best if s[0] == node]:
                 if stop is not None and node == stop:
                     continue  # this waypoint ends the segment
-                for succ in successors[node]:
+                for succ in sorted(successors[node], key=position.__getitem__):
                     if stop is not None and position[succ] > position[stop]:
                         continue
                     new_state = (succ, min(cap, state[1] + int(traffic(succ))))
