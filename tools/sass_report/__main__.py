@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import os
 import sys
 from pathlib import Path
@@ -42,6 +43,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--explain", metavar="GLOB",
                         help="print the counted steady-state path (SASS with source lines) of "
                              "the rows whose key matches GLOB")
+    parser.add_argument("--compare", type=Path, metavar="OLD_JSON",
+                        help="print the rows that changed against an earlier sass-report.json")
     parser.add_argument("--rebaseline", metavar="GLOB",
                         help="reset the budgets of rows whose key matches GLOB to today's values")
     args = parser.parse_args()
@@ -63,6 +66,32 @@ def _tool_dirs(dirs: list[Path]) -> list[Path]:
         out.extend(sorted(directory.glob("nvidia/cu*/bin")))
         out.extend(sorted(directory.glob("bin")))
     return out
+
+
+def compare(old_rows: list[dict], rows: list[dict]) -> str:
+    """Rows whose warp-instructions per 16 B or predicted fraction moved, new and gone rows."""
+    old = {row["key"]: row for row in old_rows}
+    new = {row["key"]: row for row in rows}
+    lines = ["| row | w-i/16B before | after | predicted before | after | classes that moved |",
+             "|---|--:|--:|--:|--:|---|"]
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if a is None or b is None:
+            lines.append(f"| `{key}` | {'—' if a is None else a['warp_instr_per_16B']} | "
+                         f"{'—' if b is None else b['warp_instr_per_16B']} | | | "
+                         f"{'new' if a is None else 'gone'} |")
+            continue
+        if (abs(a["warp_instr_per_16B"] - b["warp_instr_per_16B"]) < 0.005 and
+                abs(a["predicted_copy_bw_fraction"] - b["predicted_copy_bw_fraction"]) < 0.0005):
+            continue
+        moved = ", ".join(
+            f"{cls} {a['instr_by_class'].get(cls, 0):.2f} -> {value:.2f}"
+            for cls, value in b["instr_by_class"].items()
+            if abs(value - a["instr_by_class"].get(cls, 0)) >= 0.005)
+        lines.append(f"| `{key}` | {a['warp_instr_per_16B']:.2f} | {b['warp_instr_per_16B']:.2f} | "
+                     f"{100 * a['predicted_copy_bw_fraction']:.0f}% | "
+                     f"{100 * b['predicted_copy_bw_fraction']:.0f}% | {moved} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -153,6 +182,8 @@ def main() -> int:
         budget_file.dump(args.budget, budgets)
         print(f"sass-report: wrote {args.budget}")
 
+    if args.compare:
+        print(compare(json.loads(args.compare.read_text()), rows))
     for row in rows:
         print(f"{row['warp_instr_per_16B']:7.2f} w-i/16B {100 * row['predicted_copy_bw_fraction']:4.0f}%"
               f" {row['bound_by']:<10} {row['key']}")
