@@ -7,6 +7,7 @@ import unittest
 from pathlib import Path
 
 from sass_report import budget, cfg, manifest, model, steady
+from sass_report.__main__ import compare
 from sass_report.classify import instruction_class
 from sass_report.formulas import Work, paged_decode, w4a16_gemm
 from sass_report.sass import parse_nvdisasm
@@ -201,6 +202,16 @@ class ManifestAndBudget(unittest.TestCase):
         self.assertEqual(len(gone), 1)
         self.assertIn("renamed", gone[0])
         self.assertIn("no budget", budget.check([self.row()], {})[0])
+
+    def test_compare_lists_moved_new_and_gone_rows(self):
+        before = [self.row(), dict(self.row(), key="gone @ p")]
+        after = [self.row(per16=3.0, fp32=2.0), dict(self.row(), key="new @ p")]
+        table = compare(before, after)
+        self.assertIn("| `k<1> @ p` | 2.00 | 3.00 |", table)
+        self.assertIn("fp32 1.00 -> 2.00", table)
+        self.assertIn("gone |", table)
+        self.assertIn("new |", table)
+        self.assertEqual(compare(after, after).count("\n"), 1)  # header only
 
     def test_budget_file_round_trip(self):
         with tempfile.TemporaryDirectory() as scratch:
