@@ -250,3 +250,20 @@ def streaming(args: list[str], problem: dict) -> Work:
                 inner_trips=problem.get("inner_trips"),
                 stages_in_flight=int(problem.get("stages", 1)),
                 bytes_formula="elements·bytes_per_element")
+
+
+@formula("explicit")
+def explicit(args: list[str], problem: dict) -> Work:
+    """Escape hatch for a kernel no formula fits yet: the launch shape and bytes given as
+    numbers (threads, ctas, dram_bytes, iterations; optionally smem, inner_trips,
+    other_child_trips, whole_kernel, stages). Write the arithmetic in a comment beside the
+    entry, and prefer a named formula once a second kernel needs the same one."""
+    threads, ctas, dram_bytes, iterations = _need(problem, "threads", "ctas", "dram_bytes",
+                                                  "iterations")
+    return Work(threads=int(threads), ctas=int(ctas), dram_bytes=float(dram_bytes),
+                iterations=float(iterations), dynamic_smem=int(problem.get("smem", 0)),
+                inner_trips=problem.get("inner_trips"),
+                other_child_trips=float(problem.get("other_child_trips", 1.0)),
+                whole_kernel=bool(problem.get("whole_kernel", False)),
+                stages_in_flight=int(problem.get("stages", 1)),
+                bytes_formula="given in the manifest")
