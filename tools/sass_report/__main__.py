@@ -45,6 +45,9 @@ def _arguments() -> argparse.Namespace:
                              "the rows whose key matches GLOB")
     parser.add_argument("--compare", type=Path, metavar="OLD_JSON",
                         help="print the rows that changed against an earlier sass-report.json")
+    parser.add_argument("--prune-budget", action="store_true",
+                        help="delete budget tables whose row no longer exists (after a rename: "
+                             "review the printed list; the renamed rows need --update-budget)")
     parser.add_argument("--rebaseline", metavar="GLOB",
                         help="reset the budgets of rows whose key matches GLOB to today's values")
     args = parser.parse_args()
@@ -174,7 +177,12 @@ def main() -> int:
         args.markdown.write_text(markdown(rows, uncovered, toolchain))
 
     budgets = budget_file.load(args.budget)
-    if args.update_budget or args.rebaseline:
+    if args.prune_budget:
+        present = {row["key"] for row in rows}
+        for key in sorted(k for k in budgets if k not in present):
+            print(f"sass-report: removing the budget of '{key}' (no such row any more)")
+            del budgets[key]
+    if args.update_budget or args.rebaseline or args.prune_budget:
         for row in rows:
             reset = args.rebaseline and fnmatch.fnmatchcase(row["key"], args.rebaseline)
             if row["key"] not in budgets or reset:
