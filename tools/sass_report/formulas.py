@@ -153,17 +153,18 @@ def dequantize_pages(args: list[str], problem: dict) -> Work:
 # ---- KV tags ---------------------------------------------------------------------------------
 @formula("tag_check")
 def tag_check(args: list[str], problem: dict) -> Work:
-    """check_page_tags_kernel<Warps, Rows>: one warp per request, 32 entries per inner step.
-    Page tags are gathered at random: each costs a 32-byte DRAM sector."""
-    warps = int(args[0])
+    """check_page_tags_kernel<BlockThreads, Rows>: one CTA per request, one thread per page-table
+    entry (entries BlockThreads apart share a thread). Each entry's DevicePageTag (tag + write
+    owner, 8 bytes) is gathered at random: each costs a 32-byte DRAM sector."""
+    threads = int(args[0])
     batch, pages = _need(problem, "batch", "pages_per_request")
-    ctas = math.ceil(batch / warps)
     entries = batch * pages
     table = entries * (4 + 4)           # page id + expected tag, streamed
-    gathered = entries * 32             # one sector per current tag
-    return Work(threads=warps * 32, ctas=ctas, dram_bytes=table + gathered + batch * 16,
-                iterations=ctas, inner_trips=math.ceil(pages / 32),
-                bytes_formula="entries·(4 + 4) + entries·32 (tag sector) + per request 16")
+    gathered = entries * 32             # one sector per (tag, writer) word
+    per_request = 4 * 4 + 8             # indptr, last_page_len, writer, append_indptr; status
+    return Work(threads=threads, ctas=batch, dram_bytes=table + gathered + batch * per_request,
+                dynamic_smem=4, iterations=batch, inner_trips=math.ceil(pages / threads),
+                bytes_formula="entries·(4 + 4) + entries·32 (tag sector) + per request 24")
 
 
 @formula("tag_scatter")
@@ -172,8 +173,8 @@ def tag_scatter(args: list[str], problem: dict) -> Work:
     threads = int(args[0])
     updates = _need(problem, "updates")[0]
     ctas = math.ceil(updates / threads)
-    return Work(threads=threads, ctas=ctas, dram_bytes=updates * (8 + 32),
-                iterations=ctas, bytes_formula="updates·(8 read + 32 sector written)")
+    return Work(threads=threads, ctas=ctas, dram_bytes=updates * (12 + 32),
+                iterations=ctas, bytes_formula="updates·(12 read + 32 sector written)")
 
 
 # ---- INT4 ------------------------------------------------------------------------------------

@@ -180,33 +180,31 @@ __global__ void __launch_bounds__(BlockThreads) move_pages_kernel(PageMoveParams
     if (!ok) return;  // block-uniform
   }
 
-  // The page's endpoints and filled slots.
-  const unsigned char* src[4] = {};
-  unsigned char* dst[4] = {};
-  std::int32_t tokens = g.page_size;
+  // The page's endpoints and filled slots, array by array (no local arrays: no stack frame).
   for (int a = 0; a < g.num_arrays; ++a) {
+    const unsigned char* src = nullptr;
+    unsigned char* dst = nullptr;
+    std::int32_t tokens = g.page_size;
     if constexpr (Kind == MoveKind::copy) {
       const PageCopy c = p.copies[item];
       tokens = c.tokens;
-      src[a] = g.arrays[a] + c.src * g.array_bytes[a];
-      dst[a] = g.arrays[a] + c.dst * g.array_bytes[a];
+      src = g.arrays[a] + c.src * g.array_bytes[a];
+      dst = g.arrays[a] + c.dst * g.array_bytes[a];
     } else if constexpr (Kind == MoveKind::swap_out || Kind == MoveKind::swap_in) {
       const PageSwap sw = p.swaps[item];
       unsigned char* page = g.arrays[a] + sw.page * g.array_bytes[a];
       unsigned char* record = p.records + sw.host_slot * g.record_bytes + g.record_offset[a];
-      src[a] = Kind == MoveKind::swap_out ? page : record;
-      dst[a] = Kind == MoveKind::swap_out ? record : page;
+      src = Kind == MoveKind::swap_out ? page : record;
+      dst = Kind == MoveKind::swap_out ? record : page;
     } else {
       const std::int64_t left = p.request_tokens - static_cast<std::int64_t>(item) * g.page_size;
       tokens = static_cast<std::int32_t>(left < g.page_size ? left : g.page_size);
       unsigned char* page = g.arrays[a] + p.request_pages[item] * g.array_bytes[a];
       unsigned char* record = p.records + item * g.record_bytes + g.record_offset[a];
-      src[a] = Kind == MoveKind::export_request ? page : record;
-      dst[a] = Kind == MoveKind::export_request ? record : page;
+      src = Kind == MoveKind::export_request ? page : record;
+      dst = Kind == MoveKind::export_request ? record : page;
     }
-  }
-  for (int a = 0; a < g.num_arrays; ++a) {
-    detail::copy_page_slots(dst[a], src[a], g, a, tokens, thread, BlockThreads);
+    detail::copy_page_slots(dst, src, g, a, tokens, thread, BlockThreads);
   }
 }
 
