@@ -311,8 +311,10 @@ class Engine {
   // --- Snapshots ----------------------------------------------------------------------------
   void remember(Origin origin, const Live& r, std::span<const PageHandle> pages, std::int64_t tokens,
                 bool write) {
+    // The table covers exactly `tokens` (a request still prefilling holds more pages).
+    const auto covered = static_cast<std::size_t>((tokens + page_size - 1) / page_size);
     Snapshot snap{origin, generation_, r.ref.writer, r.ref.slot,
-                  std::vector<PageHandle>(pages.begin(), pages.end()), tokens,
+                  std::vector<PageHandle>(pages.begin(), pages.begin() + static_cast<std::ptrdiff_t>(covered)), tokens,
                   std::vector<std::uint32_t>(r.values.begin(), r.values.begin() + tokens), write};
     if (snapshots_.size() < 48) {
       snapshots_.push_back(std::move(snap));

@@ -99,7 +99,7 @@ class SharedPagePool {
         Status status = pool.release(page);
         if (!status.ok()) {
           ++refused_;
-          if (first_error.ok()) first_error = std::move(status);
+          if (first_error.ok()) std::swap(first_error, status);  // keeps the first error
         }
       }
       for (const PostedFinish& finish : draining_finishes_) {
@@ -109,7 +109,7 @@ class SharedPagePool {
                             : requests_->finish(finish.request, finish.tokens, finish.extras);
         if (!status.ok()) {
           ++refused_;
-          if (first_error.ok()) first_error = std::move(status);
+          if (first_error.ok()) std::swap(first_error, status);  // keeps the first error
         }
       }
     });
