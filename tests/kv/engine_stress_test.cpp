@@ -594,10 +594,14 @@ class Engine {
     }
     // Injected rows.
     const int injected = static_cast<int>(rng_() % 5);
+    std::vector<std::size_t> replayed;  // one row per snapshot: two rows of one request writing
+                                        // the same slot in one launch would race
     for (int i = 0; i < injected && rows.size() < max_rows; ++i) {
       if (!snapshots_.empty() && rng_() % 4 != 0) {
-        const Snapshot& snap = snapshots_[rng_() % snapshots_.size()];
-        if (snap.tokens <= 0) continue;
+        const std::size_t at = rng_() % snapshots_.size();
+        const Snapshot& snap = snapshots_[at];
+        if (snap.tokens <= 0 || std::find(replayed.begin(), replayed.end(), at) != replayed.end()) continue;
+        replayed.push_back(at);
         rows.push_back(replay(snap));
       } else if (!live_.empty()) {
         rows.push_back(forged(static_cast<int>(rng_() % 3)));
