@@ -11,7 +11,7 @@ namespace kv {
 
 namespace {
 constexpr int scatter_block_threads = 128;
-constexpr int check_warps_per_block = 4;
+constexpr int check_block_threads = 128;
 // Grid-stride loops cover any size; more blocks than this would only queue.
 constexpr unsigned max_grid_blocks = 1024;
 
@@ -30,16 +30,17 @@ Result<DeviceTagArray> DeviceTagArray::create(std::int32_t num_pages) {
   }
   DeviceTagArray array;
   array.num_pages_ = num_pages;
-  // A scatter entry is twice the size of a tag: past half the pages a whole copy is cheaper.
+  // A scatter entry (12 bytes) costs 1.5 tag words (8 bytes) and a kernel: past half the
+  // pages a whole copy is cheaper.
   array.scatter_capacity_ = std::max(1, num_pages / 2);
   const auto slot = static_cast<std::size_t>(tag_batch_header_slots + array.scatter_capacity_);
-  auto tags = rt::DeviceBuffer<PageTag>::create(static_cast<std::size_t>(num_pages));
+  auto tags = rt::DeviceBuffer<DevicePageTag>::create(static_cast<std::size_t>(num_pages));
   if (!tags.ok()) return tags.status();
   auto updates = rt::DeviceBuffer<TagUpdate>::create(2 * slot);
   if (!updates.ok()) return updates.status();
   auto staging = detail::PinnedArray<TagUpdate>::create(2 * slot);
   if (!staging.ok()) return staging.status();
-  auto mirror = detail::PinnedArray<PageTag>::create(2 * static_cast<std::size_t>(num_pages));
+  auto mirror = detail::PinnedArray<DevicePageTag>::create(2 * static_cast<std::size_t>(num_pages));
   if (!mirror.ok()) return mirror.status();
   array.tags_ = std::move(tags).value();
   array.updates_ = std::move(updates).value();
@@ -61,8 +62,10 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
   }
   const int slot = next_slot_;
   if (count > static_cast<std::size_t>(scatter_capacity_)) {
-    PageTag* mirror = mirror_.data() + static_cast<std::size_t>(slot) * num_pages_;  // [num_pages]
-    for (PageId page = 0; page < num_pages_; ++page) mirror[page] = pool.tag(page);
+    DevicePageTag* mirror = mirror_.data() + static_cast<std::size_t>(slot) * num_pages_;  // [num_pages]
+    for (PageId page = 0; page < num_pages_; ++page) {
+      mirror[page] = DevicePageTag{pool.tag(page), pool.writer(page)};
+    }
     SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(tags_.data(), mirror, tags_.size_bytes(),
                                              rt::CopyDirection::host_to_device, stream));
     last_sync_ = LastSync::whole_array;
@@ -70,9 +73,10 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
     const std::size_t slot_entries = tag_batch_header_slots + scatter_capacity_;
     TagUpdate* host_batch = staging_.data() + slot * slot_entries;  // [1 + count]
     TagUpdate* device_batch = updates_.data() + slot * slot_entries;
-    host_batch[0] = TagUpdate{static_cast<PageId>(count), 0};
+    host_batch[0] = TagUpdate{static_cast<PageId>(count), 0, no_writer};
     for (std::size_t i = 0; i < count; ++i) {
-      host_batch[tag_batch_header_slots + i] = TagUpdate{dirty[i], pool.tag(dirty[i])};
+      host_batch[tag_batch_header_slots + i] =
+          TagUpdate{dirty[i], pool.tag(dirty[i]), pool.writer(dirty[i])};
     }
     SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(
         device_batch, host_batch, (tag_batch_header_slots + count) * sizeof(TagUpdate),
@@ -109,17 +113,21 @@ Status check_common(const DeviceTagArray* page_tags, std::int32_t batch_size,
 // Shared by both table forms: the launch, after can_implement.
 template <class Rows>
 Status launch_tag_check(const Rows& rows, const DeviceTagArray* page_tags,
+                        const WriterId* writers, const std::int32_t* append_indptr,
                         RequestStatus* statuses, std::int32_t* aborted_count,
                         cudaStream_t stream) {
   if (aborted_count != nullptr) {
     SLIMSERVE_RETURN_IF_ERROR(rt::memset_async(aborted_count, 0, sizeof(std::int32_t), stream));
   }
   if (rows.batch_size() == 0) return {};
-  const TagCheckParams<Rows> params{rows, page_tags->data(), page_tags->num_pages(), statuses,
+  const TagCheckParams<Rows> params{rows,          page_tags->data(), page_tags->num_pages(),
+                                    writers,       append_indptr,     statuses,
                                     aborted_count};
-  return rt::launch(check_page_tags_kernel<check_warps_per_block, Rows>,
-                    rt::LaunchConfig{dim3(blocks_for(rows.batch_size(), check_warps_per_block)),
-                                     dim3(check_warps_per_block * detail::warp_size), 0, stream},
+  // One block per request: the launch shape depends only on the batch size (graph-safe).
+  return rt::launch(check_page_tags_kernel<check_block_threads, Rows>,
+                    rt::LaunchConfig{dim3(static_cast<unsigned>(rows.batch_size())),
+                                     dim3(check_block_threads), sizeof(TagCheckSharedStorage),
+                                     stream},
                     params);
 }
 
@@ -140,8 +148,9 @@ Status can_implement(const TagCheckArguments& arguments) {
 
 Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
-  return launch_tag_check(CsrRows{arguments.table}, arguments.page_tags, arguments.statuses,
-                          arguments.aborted_count, stream);
+  return launch_tag_check(CsrRows{arguments.table}, arguments.page_tags, arguments.writers,
+                          arguments.append_indptr, arguments.statuses, arguments.aborted_count,
+                          stream);
 }
 
 Status can_implement(const BlockTagCheckArguments& arguments) {
@@ -160,8 +169,9 @@ Status can_implement(const BlockTagCheckArguments& arguments) {
 
 Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
-  return launch_tag_check(BlockRows{arguments.table}, arguments.page_tags, arguments.statuses,
-                          arguments.aborted_count, stream);
+  return launch_tag_check(BlockRows{arguments.table}, arguments.page_tags, arguments.writers,
+                          arguments.append_indptr, arguments.statuses, arguments.aborted_count,
+                          stream);
 }
 
 Status copy_statuses_to_host(const RequestStatus* device_statuses, std::span<RequestStatus> host,

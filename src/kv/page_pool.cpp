@@ -2,11 +2,29 @@
 #include "slimserve/kv/page_pool.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
 namespace {
+// Pool epochs: the highest tag any destroyed pool of this process issued, and the live pools'
+// published highest tags. A new pool starts its tags above all of them, so no handle of an
+// earlier pool matches one of its pages.
+struct PoolRegistry {
+  std::mutex mutex;
+  PageTag destroyed_high = 0;                    // guarded by mutex
+  std::vector<std::atomic<PageTag>*> live;       // guarded by mutex
+};
+PoolRegistry& registry() {
+  static PoolRegistry instance;
+  return instance;
+}
+// A pool needs room for many owners per page; when fewer tags than this are left above the
+// high-water mark, the process's tag space starts over at 0 (after ~4 billion issued tags).
+constexpr PageTag min_tag_headroom = PageTag{1} << 24;
+
 const char* state_name(PageState state) {
   switch (state) {
     case PageState::free: return "free";
@@ -29,11 +47,30 @@ Result<PagePool> PagePool::create(const PagePoolOptions& options) {
                        options.max_tag);
   }
   PagePool pool;
-  pool.max_tag_ = options.max_tag;
+  pool.published_high_ = std::make_unique<std::atomic<PageTag>>(0);
+  {
+    PoolRegistry& pools = registry();
+    std::lock_guard<std::mutex> lock(pools.mutex);
+    PageTag high = pools.destroyed_high;
+    for (const std::atomic<PageTag>* live : pools.live) {
+      high = std::max(high, live->load(std::memory_order_relaxed));
+    }
+    pool.tag_base_ = high == 0 ? 0 : high + 1;  // the first pool of a process starts at 0
+    if (pool.tag_base_ > std::numeric_limits<PageTag>::max() - min_tag_headroom) {
+      pool.tag_base_ = 0;  // the process's tag space is used up: start over
+    }
+    pool.highest_tag_ = pool.tag_base_;
+    pool.published_high_->store(pool.tag_base_, std::memory_order_relaxed);
+    pools.live.push_back(pool.published_high_.get());
+  }
+  pool.max_tag_ = options.max_tag > std::numeric_limits<PageTag>::max() - pool.tag_base_
+                      ? std::numeric_limits<PageTag>::max()
+                      : pool.tag_base_ + options.max_tag;
   const auto n = static_cast<std::size_t>(options.num_pages);
   pool.meta_.resize(n);
   pool.free_stack_.resize(n);
   pool.dirty_.reserve(n);
+  for (PageMeta& m : pool.meta_) m.tag = pool.tag_base_;
   pool.meta_[guard_page_id].state = PageState::guard;
   pool.meta_[guard_page_id].tag = guard_page_tag;
   // Stack top = lowest id, so a fresh pool hands out pages 1, 2, 3, ...
@@ -42,6 +79,39 @@ Result<PagePool> PagePool::create(const PagePoolOptions& options) {
   }
   pool.mark_all_dirty();  // the device array starts out unknown
   return pool;
+}
+
+void PagePool::publish_tag_high_water() const noexcept {
+  if (published_high_ == nullptr) return;  // moved from
+  PoolRegistry& pools = registry();
+  std::lock_guard<std::mutex> lock(pools.mutex);
+  pools.destroyed_high = std::max(pools.destroyed_high, highest_tag_);
+  std::erase(pools.live, published_high_.get());
+}
+
+PagePool::~PagePool() { publish_tag_high_water(); }
+
+PagePool& PagePool::operator=(PagePool&& other) noexcept {
+  if (this != &other) {
+    publish_tag_high_water();  // the pool being replaced is gone: later pools start above it
+    meta_ = std::move(other.meta_);
+    published_high_ = std::move(other.published_high_);
+    highest_tag_ = other.highest_tag_;
+    free_stack_ = std::move(other.free_stack_);
+    dirty_ = std::move(other.dirty_);
+    other.meta_.clear();
+    free_count_ = other.free_count_;
+    used_count_ = other.used_count_;
+    lru_count_ = other.lru_count_;
+    retired_count_ = other.retired_count_;
+    lru_head_ = other.lru_head_;
+    lru_tail_ = other.lru_tail_;
+    max_tag_ = other.max_tag_;
+    tag_base_ = other.tag_base_;
+    last_writer_ = other.last_writer_;
+    listener_ = other.listener_;
+  }
+  return *this;
 }
 
 Status PagePool::handle_error(PageHandle page, const char* action) const {
@@ -56,7 +126,10 @@ Status PagePool::handle_error(PageHandle page, const char* action) const {
   }
   if (m.tag != page.tag) {
     return make_status(StatusCode::stale_handle, action, ": page ", page.id, " has tag ", m.tag,
-                       ", the handle has tag ", page.tag, " (the page has had another owner)");
+                       ", the handle has tag ", page.tag,
+                       page.tag <= tag_base_ ? " (the handle is not from this pool: an earlier "
+                                               "pool's, or never issued)"
+                                             : " (the page has had another owner)");
   }
   if (m.state == PageState::in_use) {
     return make_status(StatusCode::internal, action, ": page ", page.id, " is live");
@@ -71,7 +144,7 @@ Status PagePool::validate(PageHandle page) const {
   return handle_error(page, "validate");
 }
 
-Status PagePool::allocate(std::span<PageHandle> out) {
+Status PagePool::allocate(std::span<PageHandle> out, WriterId writer) {
   const auto wanted = static_cast<std::int64_t>(out.size());
   if (wanted > available_pages()) {
     return make_status(StatusCode::resource_exhausted, "need ", wanted, " pages; ", free_count_,
@@ -82,8 +155,8 @@ Status PagePool::allocate(std::span<PageHandle> out) {
   std::size_t i = 0;
   // The common case: the free list covers the request, no eviction check per page.
   const std::size_t from_free = std::min<std::size_t>(out.size(), free_count_);
-  for (; i < from_free; ++i) out[i] = take_page(free_stack_[--free_count_]);
-  for (; i < out.size(); ++i) out[i] = take_page(pop_available());
+  for (; i < from_free; ++i) out[i] = take_page(free_stack_[--free_count_], writer);
+  for (; i < out.size(); ++i) out[i] = take_page(pop_available(), writer);
   return {};
 }
 
@@ -113,16 +186,53 @@ Status PagePool::release(std::span<const PageHandle> pages) {
   return {};
 }
 
-Result<AppendTarget> PagePool::prepare_append(PageHandle last_page) {
+Result<AppendTarget> PagePool::prepare_append(PageHandle last_page, WriterId writer) {
   if (!is_live(last_page)) return handle_error(last_page, "prepare_append");
   const PageMeta& m = meta_[last_page.id];
-  if (m.refs == 1 && !m.registered) return AppendTarget{last_page, PageHandle{}, false};
+  if (m.writer != no_writer && m.writer != writer) {
+    return make_status(StatusCode::failed_precondition, "prepare_append: page ", last_page.id,
+                       " is writable by request ", m.writer, ", not by ", writer,
+                       " (the caller does not hold it)");
+  }
+  if (m.refs == 1 && !m.registered) {
+    set_writer(last_page.id, writer);
+    return AppendTarget{last_page, PageHandle{}, false};
+  }
   Result<PageHandle> fresh = allocate();
   if (!fresh.ok()) return fresh.status();
+  set_writer(fresh->id, writer);
   // Cannot fail: last_page was validated and still holds the caller's reference.
   Status dropped = release(last_page);
   if (!dropped.ok()) return dropped;
   return AppendTarget{*fresh, last_page, true};
+}
+
+Status PagePool::grant_write(PageHandle page, WriterId writer) {
+  if (!is_live(page)) return handle_error(page, "grant_write");
+  const PageMeta& m = meta_[page.id];
+  if (writer == no_writer) {
+    return make_status(StatusCode::invalid_argument, "grant_write: page ", page.id,
+                       ": no_writer is not a request (use revoke_write)");
+  }
+  if (m.refs != 1 || m.registered) {
+    return make_status(StatusCode::failed_precondition, "grant_write: page ", page.id, " has ",
+                       m.refs, m.registered ? " references and is in the prefix cache"
+                                            : " references",
+                       "; only a sole holder of an unindexed page may write it (copy it first: "
+                       "prepare_append)");
+  }
+  if (m.writer != no_writer && m.writer != writer) {
+    return make_status(StatusCode::failed_precondition, "grant_write: page ", page.id,
+                       " is writable by request ", m.writer, ", not by ", writer);
+  }
+  set_writer(page.id, writer);
+  return {};
+}
+
+Status PagePool::revoke_write(PageHandle page) {
+  if (!is_live(page)) return handle_error(page, "revoke_write");
+  set_writer(page.id, no_writer);
+  return {};
 }
 
 PageId PagePool::pop_available() noexcept {
@@ -216,6 +326,7 @@ Status PagePool::register_cached(PageHandle page, PageHandle parent) {
   }
   m.registered = true;
   m.cache_parent = PageHandle{};
+  set_writer(page.id, no_writer);  // cached contents never change
   link_parent(page.id, parent);
   return {};
 }
@@ -287,14 +398,23 @@ Status PagePool::check_invariants() const {
   for (PageId page = 0; page < n; ++page) {
     const PageMeta& m = meta_[page];
     if (m.dirty) ++dirty;
+    if (m.writer != no_writer && m.state != PageState::in_use) {
+      return make_status(StatusCode::internal, "page ", page, " is ", state_name(m.state),
+                         " but writable by ", m.writer);
+    }
     if (m.tag > max_tag_ && page != guard_page_id) {
       return make_status(StatusCode::internal, "page ", page, " tag ", m.tag, " above max_tag");
     }
     switch (m.state) {
       case PageState::in_use:
         if (m.refs < 1) return make_status(StatusCode::internal, "page ", page, " in use, 0 refs");
-        if (m.tag == never_owned_tag) {
-          return make_status(StatusCode::internal, "page ", page, " in use with tag 0");
+        if (m.tag <= tag_base_) {
+          return make_status(StatusCode::internal, "page ", page, " in use with tag ", m.tag,
+                             " <= the pool's base ", tag_base_);
+        }
+        if (m.writer != no_writer && (m.refs != 1 || m.registered)) {
+          return make_status(StatusCode::internal, "page ", page, " writable by ", m.writer,
+                             " with ", m.refs, " references", m.registered ? ", cached" : "");
         }
         ++used;
         break;

@@ -8,9 +8,6 @@ namespace kv {
 
 namespace {
 
-// The fast scan below relies on it: tag 0 is valid exactly for the guard page.
-static_assert(guard_page_tag == never_owned_tag);
-
 Status check_shape(const PageTableShape& shape) {
   if (shape.page_size < 1) {
     return make_status(StatusCode::invalid_argument, "page_size must be >= 1, got ",
@@ -30,11 +27,14 @@ Status check_entry(PageId page, PageTag tag, std::int32_t num_pages, std::int64_
     return make_status(StatusCode::out_of_range, "request ", request, " slot ", slot,
                        ": page id ", page, " outside [0, ", num_pages, ")");
   }
-  if (page == guard_page_id ? tag != guard_page_tag : tag == never_owned_tag) [[unlikely]] {
+  if (page == guard_page_id) [[unlikely]] {
     return make_status(StatusCode::invalid_argument, "request ", request, " slot ", slot,
-                       ": page ", page, " with tag ", tag,
-                       page == guard_page_id ? " (the guard page's tag is fixed)"
-                                             : " (no owner ever holds this tag)");
+                       ": the guard page (page 0) inside the request's pages; it only pads ",
+                       "tables past a request's last page");
+  }
+  if (tag == never_owned_tag) [[unlikely]] {
+    return make_status(StatusCode::invalid_argument, "request ", request, " slot ", slot,
+                       ": page ", page, " with tag ", tag, " (no owner ever holds this tag)");
   }
   return {};
 }
@@ -63,7 +63,8 @@ Status check_requests(std::span<const RequestPages> requests, const PageTableSha
     bool bad = false;
     for (const PageHandle page : request.pages) {
       bad |= static_cast<std::uint32_t>(page.id) >= static_cast<std::uint32_t>(shape.num_pages);
-      bad |= (page.id == guard_page_id) != (page.tag == guard_page_tag);
+      bad |= page.id == guard_page_id;  // padding only, never inside a request's pages
+      bad |= page.tag == never_owned_tag;
     }
     if (!bad) [[likely]] continue;
     for (std::int64_t slot = 0; slot < count; ++slot) {

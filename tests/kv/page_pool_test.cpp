@@ -35,17 +35,17 @@ TEST_CASE("page pool: allocate and release, tags change only with a new owner", 
   REQUIRE(pool.allocate(pages).ok());
   for (const PageHandle& page : pages) {
     CHECK(page.id != guard_page_id);
-    CHECK(page.tag == 1);
+    CHECK(page.tag == pool.tag_base() + 1);  // the first owner of this pool
     CHECK(pool.ref_count(page.id) == 1);
   }
   CHECK(pool.counts().free == 0);
   CHECK(pool.counts().used == 4);
   REQUIRE(pool.share(pages[0]).ok());
   REQUIRE(pool.release(pages[0]).ok());  // refcount drop: the tag stays
-  CHECK(pool.tag(pages[0].id) == 1);
+  CHECK(pool.tag(pages[0].id) == pool.tag_base() + 1);
   REQUIRE(pool.release(pages[0]).ok());
   CHECK(pool.state(pages[0].id) == PageState::free);
-  CHECK(pool.tag(pages[0].id) == 1);
+  CHECK(pool.tag(pages[0].id) == pool.tag_base() + 1);
   Result<PageHandle> again = pool.allocate();
   REQUIRE(again.ok());
   CHECK(again->id == pages[0].id);
@@ -91,7 +91,7 @@ TEST_CASE("page pool: misuse gets a clear error and changes nothing", "[kv][pool
     REQUIRE(reused.id == a.id);
     const Status stale = pool.release(a);
     CHECK(stale.code() == StatusCode::stale_handle);
-    CHECK(stale.message().find("tag 2") != std::string_view::npos);
+    CHECK(stale.message().find("tag " + std::to_string(reused.tag)) != std::string_view::npos);
     CHECK(pool.share(a).code() == StatusCode::stale_handle);
     CHECK(pool.prepare_append(a).status().code() == StatusCode::stale_handle);
     CHECK(pool.ref_count(reused.id) == 1);
@@ -169,17 +169,18 @@ TEST_CASE("page pool: a page whose tag reaches max_tag is retired, never wrapped
       CHECK(page.status().code() == StatusCode::resource_exhausted);
       break;
     }
-    CHECK(page->tag >= 1);
-    CHECK(page->tag <= max_tag);
+    CHECK(page->tag > pool.tag_base());
+    CHECK(page->tag <= pool.max_tag());
     REQUIRE(pool.release(*page).ok());
     require_consistent(pool);
   }
   // Both pages went through tags 1..3 and were retired: 6 allocations in all.
   CHECK(pool.counts().retired == 2);
   CHECK(pool.counts().free == 0);
-  CHECK(pool.tag(1) == max_tag);
-  CHECK(pool.tag(2) == max_tag);
-  CHECK(pool.release(PageHandle{1, max_tag}).code() == StatusCode::failed_precondition);
+  CHECK(pool.max_tag() == pool.tag_base() + max_tag);
+  CHECK(pool.tag(1) == pool.max_tag());
+  CHECK(pool.tag(2) == pool.max_tag());
+  CHECK(pool.release(PageHandle{1, pool.max_tag()}).code() == StatusCode::failed_precondition);
 }
 
 TEST_CASE("page pool: dirty list names each changed page once", "[kv][pool]") {
@@ -198,4 +199,75 @@ TEST_CASE("page pool: dirty list names each changed page once", "[kv][pool]") {
   CHECK(pool.dirty_pages()[0] == a.id);
   CHECK(pool.dirty_pages()[1] == c.id);
   require_consistent(pool);
+}
+
+TEST_CASE("page pool: write rights are granted to a sole holder and revoked at once", "[kv][pool]") {
+  PagePool pool = make_pool(8);
+  const WriterId alice = pool.new_writer();
+  const WriterId bob = pool.new_writer();
+  REQUIRE(alice != no_writer);
+  REQUIRE(bob != alice);
+  std::vector<PageHandle> pages(2);
+  REQUIRE(pool.allocate(pages, alice).ok());
+  CHECK(pool.writer(pages[0].id) == alice);
+  CHECK(pool.writer(pages[1].id) == alice);
+  // Another request cannot take the right, nor append through the page.
+  CHECK(pool.grant_write(pages[0], bob).code() == StatusCode::failed_precondition);
+  CHECK(pool.prepare_append(pages[0], bob).status().code() == StatusCode::failed_precondition);
+  CHECK(pool.writer(pages[0].id) == alice);
+  // Sharing revokes; a shared page cannot be granted.
+  REQUIRE(pool.share(pages[0]).ok());
+  CHECK(pool.writer(pages[0].id) == no_writer);
+  CHECK(pool.grant_write(pages[0], alice).code() == StatusCode::failed_precondition);
+  // Copy-on-write: the writer moves to a fresh page, the old one stays read-only.
+  Result<AppendTarget> target = pool.prepare_append(pages[0], alice);
+  REQUIRE(target.ok());
+  REQUIRE(target->needs_copy);
+  CHECK(pool.writer(target->page.id) == alice);
+  CHECK(pool.writer(pages[0].id) == no_writer);
+  // The other holder is now alone: prepare_append grants it in place.
+  Result<AppendTarget> in_place = pool.prepare_append(pages[0], bob);
+  REQUIRE(in_place.ok());
+  CHECK_FALSE(in_place->needs_copy);
+  CHECK(pool.writer(pages[0].id) == bob);
+  // Releasing the last reference revokes; an explicit revoke too.
+  REQUIRE(pool.revoke_write(pages[1]).ok());
+  CHECK(pool.writer(pages[1].id) == no_writer);
+  REQUIRE(pool.grant_write(pages[1], alice).ok());
+  REQUIRE(pool.release(pages[1]).ok());
+  CHECK(pool.writer(pages[1].id) == no_writer);
+  CHECK(pool.grant_write(pages[0], no_writer).code() == StatusCode::invalid_argument);
+  require_consistent(pool);
+}
+
+TEST_CASE("page pool: a re-created pool never matches an earlier pool's handles", "[kv][pool]") {
+  std::vector<PageHandle> old_handles(6);
+  PageTag old_base = 0;
+  {
+    PagePool first = make_pool(8);
+    old_base = first.tag_base();
+    for (int round = 0; round < 5; ++round) {  // push some tags well past the first owner
+      REQUIRE(first.allocate(old_handles).ok());
+      REQUIRE(first.release(std::span<const PageHandle>(old_handles)).ok());
+    }
+    REQUIRE(first.allocate(old_handles).ok());
+  }
+  PagePool second = make_pool(8);
+  CHECK(second.tag_base() > old_base);
+  std::vector<PageHandle> fresh(6);
+  // Whatever the new pool does, no old handle becomes valid.
+  for (int round = 0; round < 8; ++round) {
+    REQUIRE(second.allocate(fresh).ok());
+    for (const PageHandle& old : old_handles) {
+      CHECK_FALSE(second.is_live(old));
+      CHECK(second.validate(old).code() == StatusCode::stale_handle);
+    }
+    REQUIRE(second.release(std::span<const PageHandle>(fresh)).ok());
+  }
+  // Move-assigning a new pool over an old one publishes the old one's tags too.
+  PagePool third = make_pool(8);
+  REQUIRE(third.allocate(fresh).ok());
+  const PageTag third_high = third.tag(fresh[0].id);
+  third = make_pool(8);
+  CHECK(third.tag_base() > third_high);
 }

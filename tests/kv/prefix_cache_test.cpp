@@ -158,7 +158,8 @@ TEST_CASE("prefix cache: bad calls are rejected", "[kv][cache]") {
   std::vector<TokenId> tokens(2 * page_size, 5);
   std::vector<PageHandle> small(1);
   CHECK(f.cache->match_prefix(tokens, {}, small).status().code() == StatusCode::invalid_argument);
-  std::vector<PageHandle> stale{{1, 9}, {2, 9}};
+  const PageTag never_issued = f.pool.tag_base() + 1000;
+  std::vector<PageHandle> stale{{1, never_issued}, {2, never_issued}};
   CHECK(f.cache->insert(tokens, {}, stale).status().code() == StatusCode::stale_handle);
   f.audit();
 }

@@ -160,11 +160,12 @@ TEST_CASE("tag check: stale and out-of-range entries are caught at their first s
   CHECK(statuses[1].failed_slot == 0);
 }
 
-TEST_CASE("tag check: guard padding passes, a guard id with another tag and bad shapes fail", "[kv][tagcheck]") {
+TEST_CASE("tag check: the guard page inside a request's pages, tag-0 forgeries and bad shapes fail", "[kv][tagcheck]") {
   PagePool pool = std::move(PagePool::create(PagePoolOptions{64})).value();
   DeviceTagArray device_tags = std::move(DeviceTagArray::create(64)).value();
   const PageHandle a = *pool.allocate();
-  // Hand-built tables (as an engine might): guard-padded, tag-0 forgery, bad last_page_len.
+  // Hand-built tables (as an engine might): the guard page inside a request's range (padding
+  // only belongs past its last page), tag-0 forgery, bad last_page_len.
   std::vector<std::int32_t> indptr{0, 3, 4, 5, 5};
   // Page 50 was never allocated: its device tag is 0, so only the "tag 0 is the guard's" rule
   // catches a table that names it with tag 0.
@@ -189,11 +190,12 @@ TEST_CASE("tag check: guard padding passes, a guard id with another tag and bad 
   REQUIRE(copy_statuses_to_host(table.statuses.data(), statuses, nullptr).ok());
   REQUIRE(table.aborted.download(std::span<std::int32_t>(&aborted, 1)).ok());
   REQUIRE(rt::stream_synchronize(nullptr).ok());
-  CHECK(statuses[0].state == RequestState::ok);             // real page + guard padding
+  CHECK(statuses[0].state == RequestState::guard_page);     // real page, then page 0 in range
+  CHECK(statuses[0].failed_slot == 1);
   CHECK(statuses[1].state == RequestState::stale_tag);      // tag 0 on a never-owned page
   CHECK(statuses[2].state == RequestState::bad_page_table); // last_page_len 17 > 16
   CHECK(statuses[3].state == RequestState::bad_page_table); // no pages but last_page_len 4
-  CHECK(aborted == 3);
+  CHECK(aborted == 4);
 }
 
 TEST_CASE("tag check: the device tag array follows the pool (scatter and whole copies)", "[kv][tagcheck]") {
@@ -214,6 +216,7 @@ TEST_CASE("tag check: the device tag array follows the pool (scatter and whole c
         held.erase(held.begin() + static_cast<std::ptrdiff_t>(at));
       } else {
         held.push_back(*pool.allocate());
+        if (rng() % 2 == 0) REQUIRE(pool.grant_write(held.back(), pool.new_writer()).ok());
       }
     }
     const std::size_t dirty = pool.dirty_pages().size();
@@ -224,14 +227,15 @@ TEST_CASE("tag check: the device tag array follows the pool (scatter and whole c
                                             ? DeviceTagArray::LastSync::whole_array
                                             : DeviceTagArray::LastSync::scatter));
     }
-    std::vector<PageTag> on_device(num_pages);
-    REQUIRE(rt::copy_async(on_device.data(), device_tags.data(), num_pages * sizeof(PageTag),
+    std::vector<DevicePageTag> on_device(num_pages);
+    REQUIRE(rt::copy_async(on_device.data(), device_tags.data(), num_pages * sizeof(DevicePageTag),
                            rt::CopyDirection::device_to_host, nullptr)
                 .ok());
     REQUIRE(rt::stream_synchronize(nullptr).ok());
     for (PageId page = 0; page < num_pages; ++page) {
       INFO("round " << round << " page " << page);
-      REQUIRE(on_device[page] == pool.tag(page));
+      REQUIRE(on_device[page].tag == pool.tag(page));
+      REQUIRE(on_device[page].writer == pool.writer(page));
     }
   }
 }
@@ -319,4 +323,103 @@ TEST_CASE("tag check: the 2-D block-table form gives the same verdicts", "[kv][t
   REQUIRE(copy_statuses_to_host(d_status.data(), statuses, nullptr).ok());
   REQUIRE(rt::stream_synchronize(nullptr).ok());
   CHECK(statuses[2].state == RequestState::bad_page_table);
+}
+
+TEST_CASE("tag check: write ownership gates appends and reads of another request's writable pages", "[kv][tagcheck]") {
+  PagePool pool = std::move(PagePool::create(PagePoolOptions{64})).value();
+  DeviceTagArray device_tags = std::move(DeviceTagArray::create(64)).value();
+  const WriterId r = pool.new_writer();
+  const WriterId s = pool.new_writer();
+  std::vector<PageHandle> rp(2);
+  std::vector<PageHandle> sp(1);
+  REQUIRE(pool.allocate(rp, r).ok());
+  REQUIRE(pool.allocate(sp, s).ok());
+  const PageHandle shared = *pool.allocate();
+  REQUIRE(pool.share(shared).ok());  // two holders: read-only
+  struct Row {
+    std::vector<PageHandle> pages;
+    std::int32_t tokens;
+    std::int32_t appended;
+    WriterId me;
+    RequestState want;
+    std::int32_t slot;
+  };
+  const std::vector<Row> rows{
+      {rp, 20, 1, r, RequestState::ok, -1},                            // own pages, append
+      {rp, 20, 0, s, RequestState::read_denied, 0},                    // reads R's writable page
+      {{shared}, 5, 1, r, RequestState::write_denied, 0},              // append into a shared page
+      {{shared}, 5, 0, r, RequestState::ok, -1},                       // reading it is fine
+      {{shared, rp[1]}, 20, 4, r, RequestState::ok, -1},               // tokens 16..19: slot 1
+      {{shared, rp[1]}, 20, 5, r, RequestState::write_denied, 0},      // token 15 is in slot 0
+      {rp, 20, 0, no_writer, RequestState::read_denied, 0},            // nobody reads R's page
+      {{shared, sp[0]}, 20, 0, r, RequestState::read_denied, 1},       // S's page in R's table
+      {rp, 20, 21, r, RequestState::bad_page_table, 0},                // appends more than it has
+  };
+  const auto batch = static_cast<std::int32_t>(rows.size());
+  std::vector<std::int32_t> indptr{0};
+  std::vector<std::int32_t> last;
+  std::vector<std::int32_t> append_indptr{0};
+  std::vector<PageId> ids;
+  std::vector<PageTag> tags;
+  std::vector<WriterId> writers;
+  for (const Row& row : rows) {
+    for (const PageHandle& page : row.pages) {
+      ids.push_back(page.id);
+      tags.push_back(page.tag);
+    }
+    indptr.push_back(static_cast<std::int32_t>(ids.size()));
+    last.push_back(row.tokens - (static_cast<std::int32_t>(row.pages.size()) - 1) * page_size);
+    append_indptr.push_back(append_indptr.back() + row.appended);
+    writers.push_back(row.me);
+  }
+  DeviceTable table(batch, static_cast<std::int64_t>(ids.size()));
+  auto d_append = device_buffer<std::int32_t>(append_indptr.size());
+  auto d_writers = device_buffer<WriterId>(writers.size());
+  REQUIRE(device_tags.sync(pool, nullptr).ok());
+  REQUIRE(table.indptr.upload(indptr).ok());
+  REQUIRE(table.indices.upload(ids).ok());
+  REQUIRE(table.tags.upload(tags).ok());
+  REQUIRE(table.last_page_len.upload(last).ok());
+  REQUIRE(d_append.upload(append_indptr).ok());
+  REQUIRE(d_writers.upload(writers).ok());
+  REQUIRE(table.statuses.fill_bytes(0x5A).ok());
+  const PageTableView view{table.indptr.data(), table.indices.data(), table.last_page_len.data(),
+                           table.tags.data(), batch, page_size};
+  TagCheckArguments arguments{view, &device_tags, table.statuses.data(), table.aborted.data()};
+  arguments.writers = d_writers.data();
+  arguments.append_indptr = d_append.data();
+  REQUIRE(check_page_tags(arguments, nullptr).ok());
+  std::vector<RequestStatus> statuses(rows.size());
+  std::int32_t aborted = -1;
+  REQUIRE(copy_statuses_to_host(table.statuses.data(), statuses, nullptr).ok());
+  REQUIRE(table.aborted.download(std::span<std::int32_t>(&aborted, 1)).ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  std::int32_t expected_aborted = 0;
+  for (std::size_t b = 0; b < rows.size(); ++b) {
+    INFO("row " << b << ": " << to_string(statuses[b].state));
+    CHECK(statuses[b].state == rows[b].want);
+    CHECK(statuses[b].failed_slot == rows[b].slot);
+    expected_aborted += rows[b].want == RequestState::ok ? 0 : 1;
+  }
+  CHECK(aborted == expected_aborted);
+
+  // The 2-D form applies the same rules: row 2 (append into the shared page) fails there too.
+  auto block_ids = device_buffer<PageId>(4);
+  auto block_tags = device_buffer<PageTag>(4);
+  auto seq_lens = device_buffer<std::int32_t>(2);
+  REQUIRE(block_ids.upload(std::vector<PageId>{rp[0].id, rp[1].id, shared.id, guard_page_id}).ok());
+  REQUIRE(block_tags.upload(std::vector<PageTag>{rp[0].tag, rp[1].tag, shared.tag, guard_page_tag}).ok());
+  REQUIRE(seq_lens.upload(std::vector<std::int32_t>{20, 5}).ok());
+  REQUIRE(d_append.upload(std::vector<std::int32_t>{0, 1, 2}).ok());
+  REQUIRE(d_writers.upload(std::vector<WriterId>{r, r}).ok());
+  BlockTagCheckArguments block{BlockTableView{block_ids.data(), block_tags.data(), seq_lens.data(), 2, 2, page_size},
+                               &device_tags, table.statuses.data(), nullptr};
+  block.writers = d_writers.data();
+  block.append_indptr = d_append.data();
+  REQUIRE(check_page_tags(block, nullptr).ok());
+  std::vector<RequestStatus> block_statuses(2);
+  REQUIRE(copy_statuses_to_host(table.statuses.data(), block_statuses, nullptr).ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  CHECK(block_statuses[0].state == RequestState::ok);
+  CHECK(block_statuses[1].state == RequestState::write_denied);
 }

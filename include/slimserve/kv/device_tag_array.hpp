@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// \brief The device's copy of every page's current generation tag, kept in step with a
-/// PagePool on a stream.
+/// \brief The device's copy of every page's current generation tag and write owner
+/// (DevicePageTag), kept in step with a PagePool on a stream.
 ///
 /// `sync(pool, stream)` uploads what changed since the last sync: only the changed entries
 /// (a small scatter kernel) when few changed, the whole array (one copy) when that is cheaper.
@@ -32,8 +32,8 @@ class DeviceTagArray {
   /// Uploads the pool's changed tags and clears the pool's dirty list.
   Status sync(PagePool& pool, cudaStream_t stream);
 
-  /// Device tags, [num_pages].
-  const PageTag* data() const noexcept { return tags_.data(); }
+  /// Device tags and write owners, [num_pages].
+  const DevicePageTag* data() const noexcept { return tags_.data(); }
   std::int32_t num_pages() const noexcept { return num_pages_; }
   /// Above this many changed entries, sync uploads the whole array.
   std::int32_t scatter_capacity() const noexcept { return scatter_capacity_; }
@@ -43,10 +43,10 @@ class DeviceTagArray {
   LastSync last_sync() const noexcept { return last_sync_; }
 
  private:
-  rt::DeviceBuffer<PageTag> tags_;              // [num_pages]
+  rt::DeviceBuffer<DevicePageTag> tags_;        // [num_pages]
   rt::DeviceBuffer<TagUpdate> updates_;         // [2, 1 + scatter_capacity]: header, entries
   detail::PinnedArray<TagUpdate> staging_;      // [2, 1 + scatter_capacity]: header, entries
-  detail::PinnedArray<PageTag> mirror_;         // [2, num_pages]
+  detail::PinnedArray<DevicePageTag> mirror_;   // [2, num_pages]
   std::int32_t num_pages_ = 0;
   std::int32_t scatter_capacity_ = 0;
   int next_slot_ = 0;

@@ -9,21 +9,40 @@
 /// stale, and every call that takes a handle rejects it with StatusCode::stale_handle.
 ///
 /// Page 0 is the guard page: never allocated, freed or cached, with the fixed tag
-/// `guard_page_tag`. Page tables pad with it. Tags of real pages start at 0 ("never owned")
-/// and every owner gets a tag >= 1. A page whose tag reached `max_tag` is retired when its last
-/// reference goes (it never gets another owner), so tags never wrap.
+/// `guard_page_tag`. Page tables pad with it. Tags of real pages start at the pool's
+/// `tag_base()` ("never owned") and every owner gets a higher tag. A page whose tag reached
+/// `max_tag()` is retired when its last reference goes (it never gets another owner), so tags
+/// never wrap.
+///
+/// Pool epochs: `tag_base()` is above every tag any pool of this process issued before this
+/// one was created (pools destroyed since, and pools still alive), so a handle kept from an
+/// earlier pool (a re-created pool: `pool = *PagePool::create(...)`) never matches a page of
+/// this one. The first pool of a process starts at 0. Pools alive at the same time may issue
+/// the same tags later: never mix their handles. After about 4 billion tags issued in one
+/// process the tag space starts over at 0.
+///
+/// Write ownership: a page is either writable by exactly one request (its WriterId, see
+/// page_access.hpp) or read-only. Only `allocate(..., writer)`, `grant_write` and
+/// `prepare_append(..., writer)` grant the right, and only to a sole holder of a page the prefix
+/// cache does not index; `share`, the release of the last reference, `register_cached`,
+/// `revoke_write` and the copy-on-write move in `prepare_append` take it away at once. The
+/// device tag array mirrors the writer, and the GPU check refuses writes by anyone else and
+/// reads of a writable page by anyone else.
 ///
 /// Thread safety: none. A PagePool is the single-threaded fast path; see SharedPagePool
 /// (shared_page_pool.hpp) for a scheduler thread and a completion thread sharing one.
 /// Hot calls (allocate, release, share) are O(1) (O(n) for n pages) and never allocate memory.
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "slimserve/config.hpp"
+#include "slimserve/kv/page_access.hpp"
 #include "slimserve/kv/page_table_view.hpp"
 #include "slimserve/status.hpp"
 
@@ -37,12 +56,9 @@ struct PageHandle {
   friend constexpr bool operator==(const PageHandle&, const PageHandle&) = default;
 };
 
-inline constexpr PageId guard_page_id = 0;
-inline constexpr PageTag guard_page_tag = 0;
-/// The guard page's handle: what page tables hold in padding entries.
+/// The guard page's handle: what page tables hold in padding entries (never inside a request's
+/// pages: the builders and the device check refuse it there).
 inline constexpr PageHandle guard_page{guard_page_id, guard_page_tag};
-/// The tag of a page that never had an owner. No valid handle of a real page carries it.
-inline constexpr PageTag never_owned_tag = 0;
 
 enum class PageState : std::uint8_t {
   free = 0,     ///< on the free list
@@ -54,7 +70,9 @@ enum class PageState : std::uint8_t {
 
 struct PagePoolOptions {
   std::int32_t num_pages = 0;  ///< including the guard page: usable pages = num_pages - 1
-  /// The last tag a page may carry. Lower it in tests to reach retirement quickly.
+  /// Owners a page may have before it retires: its tags run from tag_base() + 1 to
+  /// tag_base() + max_tag (capped at the largest PageTag). Lower it in tests to reach
+  /// retirement quickly.
   PageTag max_tag = std::numeric_limits<PageTag>::max();
 };
 
@@ -88,7 +106,9 @@ class PagePool {
   static Result<PagePool> create(const PagePoolOptions& options);
 
   PagePool(PagePool&&) noexcept = default;
-  PagePool& operator=(PagePool&&) noexcept = default;
+  PagePool& operator=(PagePool&& other) noexcept;
+  /// Publishes the highest tag this pool issued, so pools created later start above it.
+  ~PagePool();
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 
@@ -97,21 +117,38 @@ class PagePool {
   /// the free list is empty.
   Result<PageHandle> allocate();
   /// `out.size()` pages, all or nothing: on shortage nothing is taken and the error names the
-  /// numbers (StatusCode::resource_exhausted).
-  Status allocate(std::span<PageHandle> out);
+  /// numbers (StatusCode::resource_exhausted). With `writer`, the pages are born writable by it.
+  Status allocate(std::span<PageHandle> out, WriterId writer = no_writer);
   /// Drops one reference. At zero the page goes to the prefix cache's LRU list when it is
   /// cached, otherwise back to the free list (or into retirement at max_tag).
   Status release(PageHandle page);
   /// Drops one reference of each handle, all or nothing: a bad handle anywhere (stale, out of
   /// range, more releases than references) changes nothing.
   Status release(std::span<const PageHandle> pages);
-  /// Adds a reference (a forked sequence or a shared prefix now also holds the page).
+  /// Adds a reference (a forked sequence or a shared prefix now also holds the page). A shared
+  /// page is read-only: its write right, if any, is revoked.
   Status share(PageHandle page);
   /// Before appending into `last_page`: when it is shared (or cached: its contents must not
   /// change), allocates a fresh page, drops the caller's reference to `last_page` and asks the
-  /// caller to copy the filled part. Otherwise returns `last_page` itself. On failure nothing
-  /// changes.
-  Result<AppendTarget> prepare_append(PageHandle last_page);
+  /// caller to copy the filled part. Otherwise returns `last_page` itself. The returned page
+  /// becomes writable by `writer` (when given); the old page stays read-only. Refused when
+  /// `last_page` is writable by another request (the caller does not hold it). On failure
+  /// nothing changes.
+  Result<AppendTarget> prepare_append(PageHandle last_page, WriterId writer = no_writer);
+
+  // --- Write ownership ---------------------------------------------------------------------
+  /// A new request identity (never 0, not reused within 2^32 - 1 calls).
+  WriterId new_writer() noexcept {
+    if (++last_writer_ == no_writer) ++last_writer_;
+    return last_writer_;
+  }
+  /// Makes `page` writable by `writer`: the caller must be its only holder, and the prefix
+  /// cache must not index it (failed_precondition otherwise; use prepare_append).
+  Status grant_write(PageHandle page, WriterId writer);
+  /// Makes `page` read-only (for example while a step that reads it is still in flight on
+  /// another request's behalf).
+  Status revoke_write(PageHandle page);
+  WriterId writer(PageId page) const noexcept { return meta_[page].writer; }
 
   // --- Queries -----------------------------------------------------------------------------
   /// ok when `page` is a live handle (in use, current tag); otherwise the reason.
@@ -121,7 +158,10 @@ class PagePool {
            meta_[page.id].state == PageState::in_use;
   }
   std::int32_t num_pages() const noexcept { return static_cast<std::int32_t>(meta_.size()); }
+  /// The largest tag a page of this pool may carry (absolute, tag_base() included).
   PageTag max_tag() const noexcept { return max_tag_; }
+  /// The tag of this pool's never-owned pages; every tag it issues is above it.
+  PageTag tag_base() const noexcept { return tag_base_; }
   PageTag tag(PageId page) const noexcept { return meta_[page].tag; }
   std::int32_t ref_count(PageId page) const noexcept { return meta_[page].refs; }
   PageState state(PageId page) const noexcept { return meta_[page].state; }
@@ -154,6 +194,7 @@ class PagePool {
  private:
   struct PageMeta {
     PageTag tag = never_owned_tag;
+    WriterId writer = no_writer;  // the request allowed to write the page, or no_writer
     std::int32_t refs = 0;
     std::int32_t lru_prev = -1;
     std::int32_t lru_next = -1;
@@ -169,7 +210,14 @@ class PagePool {
   PagePool() = default;
   bool in_range(PageId page) const noexcept { return page >= 0 && page < num_pages(); }
   Status handle_error(PageHandle page, const char* action) const;
-  PageHandle take_page(PageId page) noexcept;  // a new owner: bump the tag, refs = 1
+  PageHandle take_page(PageId page, WriterId writer) noexcept;  // a new owner: bump the tag
+  void set_writer(PageId page, WriterId writer) noexcept {
+    if (meta_[page].writer != writer) {
+      meta_[page].writer = writer;
+      mark_dirty(page);
+    }
+  }
+  void publish_tag_high_water() const noexcept;
   PageId pop_available() noexcept;             // free list first, else evict
   void drop_last_reference(PageId page) noexcept;
   void unregister(PageId page) noexcept;
@@ -194,14 +242,25 @@ class PagePool {
   std::int32_t lru_head_ = -1;  // oldest unreferenced cached page
   std::int32_t lru_tail_ = -1;
   PageTag max_tag_ = std::numeric_limits<PageTag>::max();
+  PageTag tag_base_ = 0;
+  PageTag highest_tag_ = 0;  // the highest tag issued, mirrored into *published_high_
+  // Registered with the process's pool registry while this pool lives (stable across moves),
+  // so pools created later start above every tag this one issued so far.
+  std::unique_ptr<std::atomic<PageTag>> published_high_;
+  WriterId last_writer_ = no_writer;
   EvictionListener* listener_ = nullptr;
 };
 
 // --- Hot paths, inline ---------------------------------------------------------------------
 
-inline PageHandle PagePool::take_page(PageId page) noexcept {
+inline PageHandle PagePool::take_page(PageId page, WriterId writer) noexcept {
   PageMeta& m = meta_[page];
   ++m.tag;
+  if (m.tag > highest_tag_) [[unlikely]] {  // once per new high tag: a relaxed store
+    highest_tag_ = m.tag;
+    published_high_->store(m.tag, std::memory_order_relaxed);
+  }
+  m.writer = writer;
   m.refs = 1;
   m.state = PageState::in_use;
   m.cached_children = 0;
@@ -212,13 +271,13 @@ inline PageHandle PagePool::take_page(PageId page) noexcept {
 }
 
 inline Result<PageHandle> PagePool::allocate() {
-  if (free_count_ > 0) return take_page(free_stack_[--free_count_]);
+  if (free_count_ > 0) return take_page(free_stack_[--free_count_], no_writer);
   if (lru_count_ == 0) {
     return make_status(StatusCode::resource_exhausted, "no free page: ", free_count_, " free, ",
                        lru_count_, " evictable, ", used_count_, " in use, ", retired_count_,
                        " retired, of ", num_pages());
   }
-  return take_page(pop_available());
+  return take_page(pop_available(), no_writer);
 }
 
 inline Status PagePool::release(PageHandle page) {
@@ -231,6 +290,7 @@ inline Status PagePool::release(PageHandle page) {
 inline void PagePool::drop_last_reference(PageId page) noexcept {
   PageMeta& m = meta_[page];
   --used_count_;
+  set_writer(page, no_writer);  // nobody writes a page nobody holds
   if (m.tag == max_tag_) {  // no further owner may get this page: retire it
     if (m.registered) unregister(page);
     m.state = PageState::retired;
@@ -252,6 +312,7 @@ inline Status PagePool::share(PageHandle page) {
                        " reference count would overflow");
   }
   ++m.refs;
+  set_writer(page.id, no_writer);  // a shared page is read-only
   return {};
 }
 

@@ -62,8 +62,8 @@ Result<BlockTableView> build_block_table(std::span<const RequestPages> requests,
 
 /// Checks a CSR table in host memory (one an engine built itself, or before an upload):
 /// indptr starts at 0 and never decreases, last_page_len in 1..page_size (0 for a request
-/// with no pages), page ids in [0, num_pages), the guard page carries guard_page_tag and no
-/// other page carries never_owned_tag. The row structure is checked before any entry is read;
+/// with no pages), page ids in [0, num_pages), no guard page (page 0) inside a request's pages
+/// and no page carrying never_owned_tag. The row structure is checked before any entry is read;
 /// give `max_entries` (the length of indices / expected_tags) to also bound indptr[batch_size].
 Status validate_page_table(const PageTableView& host_table, std::int32_t num_pages,
                            std::int64_t max_entries = -1);

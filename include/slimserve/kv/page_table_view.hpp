@@ -21,6 +21,11 @@ namespace kv {
 using PageId = std::int32_t;
 using PageTag = std::uint32_t;
 
+inline constexpr PageId guard_page_id = 0;
+inline constexpr PageTag guard_page_tag = 0;
+/// The tag no handle of a real page carries (the first pool's never-owned pages have it).
+inline constexpr PageTag never_owned_tag = 0;
+
 struct PageTableView {
   const std::int32_t* indptr = nullptr;         ///< [batch_size + 1]
   const PageId* indices = nullptr;              ///< [indptr[batch_size]]

@@ -19,6 +19,10 @@ enum class RequestState : std::int32_t {
   stale_tag = 1,          ///< a page's current tag differs from the tag the page table expects
   page_out_of_range = 2,  ///< a page id outside [0, num_pages)
   bad_page_table = 3,     ///< indptr/last_page_len inconsistent (caught on device as a backstop)
+  guard_page = 4,         ///< the guard page (page 0) inside the request's pages: padding only
+  write_denied = 5,       ///< a page this step writes is not exclusively the request's (shared,
+                          ///< cached, free, or writable by another request)
+  read_denied = 6,        ///< a page another request holds write rights to
 };
 
 struct RequestStatus {
@@ -29,6 +33,16 @@ static_assert(sizeof(RequestStatus) == 8, "RequestStatus is shared with device c
 
 SLIMSERVE_HOST_DEVICE constexpr bool request_ok(const RequestStatus& status) {
   return status.state == RequestState::ok;
+}
+
+/// THE gate of every kernel that reads or writes a request's pages after the tag check: true
+/// when the check let request `request` through (or no statuses were given). The check already
+/// applied each page's access rule (reads: generation matches and the page is read-only or the
+/// request's own; writes: the request holds the page's write right), so one call per request
+/// is the whole gate. Kernels that take their page list outside a checked page table (page
+/// copies, swaps, exports) gate each page with kv::page_access_verdict (page_access.hpp).
+SLIMSERVE_HOST_DEVICE constexpr bool may_touch_pages(const RequestStatus* statuses, int request) {
+  return statuses == nullptr || statuses[request].state == RequestState::ok;
 }
 
 }  // namespace kv

@@ -10,17 +10,19 @@
 #include <cstdint>
 
 #include "slimserve/config.hpp"
+#include "slimserve/kv/page_access.hpp"
 #include "slimserve/kv/page_table_view.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/kv/tag_update.hpp"
 #include "slimserve/runtime/platform.hpp"
+#include "slimserve/runtime/shared_memory.cuh"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
 struct TagScatterParams {
-  const TagUpdate* batch;  // [1 + count]: batch[0].page = count, then the changed entries
-  PageTag* page_tags;             // [num_pages]
+  const TagUpdate* batch;         // [1 + count]: batch[0].page = count, then the changed entries
+  DevicePageTag* page_tags;       // [num_pages]
   std::int32_t num_pages;
 };
 
@@ -28,13 +30,17 @@ struct TagScatterParams {
 struct CsrRows {
   PageTableView table;  // device arrays
   SLIMSERVE_HOST_DEVICE std::int32_t batch_size() const { return table.batch_size; }
-  /// Sets [begin, begin + count) of request b's entries; false when the row is malformed.
-  SLIMSERVE_DEVICE bool row(int b, std::int64_t& begin, std::int32_t& count) const {
+  SLIMSERVE_HOST_DEVICE std::int32_t page_size() const { return table.page_size; }
+  /// Sets [begin, begin + count) of request b's entries and its length in tokens; false when
+  /// the row is malformed.
+  SLIMSERVE_DEVICE bool row(int b, std::int64_t& begin, std::int32_t& count,
+                            std::int64_t& tokens) const {
     const std::int32_t first = table.indptr[b];
     const std::int32_t end = table.indptr[b + 1];
     const std::int32_t last_len = table.last_page_len[b];
     begin = first;
     count = end - first;
+    tokens = count <= 0 ? 0 : static_cast<std::int64_t>(count - 1) * table.page_size + last_len;
     return end == first ? last_len == 0
                         : end > first && last_len >= 1 && last_len <= table.page_size;
   }
@@ -47,12 +53,16 @@ struct CsrRows {
 struct BlockRows {
   BlockTableView table;  // device arrays
   SLIMSERVE_HOST_DEVICE std::int32_t batch_size() const { return table.batch_size; }
-  SLIMSERVE_DEVICE bool row(int b, std::int64_t& begin, std::int32_t& count) const {
-    const std::int64_t tokens = table.seq_lens[b];
+  SLIMSERVE_HOST_DEVICE std::int32_t page_size() const { return table.page_size; }
+  SLIMSERVE_DEVICE bool row(int b, std::int64_t& begin, std::int32_t& count,
+                            std::int64_t& tokens) const {
+    tokens = table.seq_lens[b];
     begin = static_cast<std::int64_t>(b) * table.max_pages_per_request;
-    count = static_cast<std::int32_t>((tokens + table.page_size - 1) / table.page_size);
-    return tokens >= 0 &&
-           tokens <= static_cast<std::int64_t>(table.max_pages_per_request) * table.page_size;
+    const bool ok =
+        tokens >= 0 &&
+        tokens <= static_cast<std::int64_t>(table.max_pages_per_request) * table.page_size;
+    count = ok ? static_cast<std::int32_t>((tokens + table.page_size - 1) / table.page_size) : 0;
+    return ok;
   }
   SLIMSERVE_DEVICE PageId page(std::int64_t entry) const { return table.block_table[entry]; }
   SLIMSERVE_DEVICE PageTag expected(std::int64_t entry) const { return table.expected_tags[entry]; }
@@ -60,30 +70,18 @@ struct BlockRows {
 
 template <class Rows>
 struct TagCheckParams {
-  Rows rows;                     // CsrRows or BlockRows
-  const PageTag* page_tags;      // [num_pages], the device tag array
+  Rows rows;                          // CsrRows or BlockRows
+  const DevicePageTag* page_tags;     // [num_pages], the device tag array
   std::int32_t num_pages;
-  RequestStatus* statuses;       // [rows.batch_size()]
-  std::int32_t* aborted_count;   // [1] or null; incremented once per failing request
+  const WriterId* writers;            // [rows.batch_size()] or null: nobody (reads only)
+  const std::int32_t* append_indptr;  // [rows.batch_size() + 1] or null: no request writes
+  RequestStatus* statuses;            // [rows.batch_size()]
+  std::int32_t* aborted_count;        // [1] or null; incremented once per failing request
 };
 
-namespace detail {
-constexpr int warp_size = 32;
-}  // namespace detail
-
-namespace detail {
-
-constexpr unsigned full_warp_mask = 0xFFFFFFFFu;
-
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int lowest_set_bit(unsigned mask) {
-#if defined(__CUDA_ARCH__)
-  return __ffs(static_cast<int>(mask)) - 1;
-#else
-  return __builtin_ctz(mask);
-#endif
-}
-
-}  // namespace detail
+struct TagCheckSharedStorage {
+  std::int32_t first_failed_slot;  // the request's lowest failing slot (INT32_MAX: none)
+};
 
 /// One thread per changed entry (grid-stride, so any grid covers any count).
 template <int BlockThreads>
@@ -95,59 +93,68 @@ __global__ void __launch_bounds__(BlockThreads) scatter_page_tags_kernel(TagScat
        i < count; i += stride) {
     const TagUpdate update = updates[i];
     if (update.page >= 0 && update.page < params.num_pages) {
-      params.page_tags[update.page] = update.tag;
+      params.page_tags[update.page] = DevicePageTag{update.tag, update.writer};
     }
   }
 }
 
-/// One warp per request (grid-stride over requests). Lanes read 32 consecutive entries at a
-/// time; a ballot finds the first failing slot, so the verdict is the same on every run.
-template <int WarpsPerBlock, class Rows>
-__global__ void __launch_bounds__(WarpsPerBlock * detail::warp_size)
+/// One block per request, one thread per page-table entry (a thread takes entries
+/// BlockThreads apart when the request has more): every entry's access verdict
+/// (page_access_verdict: read for the pages this step only reads, write for the pages its
+/// appended tokens land in) is computed in parallel, and a shared atomicMin finds the first
+/// failing slot, so the verdict is the same on every run. Latency-bound: two dependent loads
+/// (entry, then the page's tag word) per entry and two barriers per request.
+template <int BlockThreads, class Rows>
+__global__ void __launch_bounds__(BlockThreads)
     check_page_tags_kernel(TagCheckParams<Rows> params) {
-  using detail::warp_size;
-  const int lane = static_cast<int>(threadIdx.x) % warp_size;
-  const int warp = static_cast<int>(threadIdx.x) / warp_size;
-  const int warps_in_grid = static_cast<int>(gridDim.x) * WarpsPerBlock;
-  for (int request = static_cast<int>(blockIdx.x) * WarpsPerBlock + warp;
-       request < params.rows.batch_size(); request += warps_in_grid) {
-    std::int64_t begin = 0;
-    std::int32_t count = 0;
-    const bool shape_ok = params.rows.row(request, begin, count);
-    RequestState state = RequestState::ok;
-    std::int32_t failed_slot = -1;
-    if (!shape_ok) {  // the host validates; this is the backstop
-      state = RequestState::bad_page_table;
-      failed_slot = 0;
+  constexpr std::int32_t none = 0x7FFFFFFF;
+  auto& shared = rt::shared_storage<TagCheckSharedStorage>();
+  const int request = static_cast<int>(blockIdx.x);
+  const int thread = static_cast<int>(threadIdx.x);
+  std::int64_t begin = 0;
+  std::int32_t count = 0;
+  std::int64_t tokens = 0;
+  bool shape_ok = params.rows.row(request, begin, count, tokens);
+  // Slots at and after first_write receive this step's appended tokens.
+  std::int32_t first_write = count;
+  if (shape_ok && params.append_indptr != nullptr) {
+    const std::int64_t appended =
+        params.append_indptr[request + 1] - params.append_indptr[request];
+    shape_ok = appended >= 0 && appended <= tokens;
+    if (shape_ok && appended > 0) {
+      first_write = static_cast<std::int32_t>((tokens - appended) / params.rows.page_size());
     }
-    for (std::int32_t base = 0; shape_ok && base < count; base += warp_size) {
-      const std::int32_t slot = base + lane;
-      bool out_of_range = false;
-      bool stale = false;
-      if (slot < count) {
-        const PageId page = params.rows.page(begin + slot);
-        const PageTag expected = params.rows.expected(begin + slot);
-        out_of_range = page < 0 || page >= params.num_pages;
-        // A tag of 0 belongs only to the guard page (page 0); no owner of another page has it.
-        stale = !out_of_range &&
-                (params.page_tags[page] != expected || (page != 0 && expected == 0));
-      }
-      const unsigned range_mask = __ballot_sync(detail::full_warp_mask, out_of_range);
-      const unsigned stale_mask = __ballot_sync(detail::full_warp_mask, stale);
-      if ((range_mask | stale_mask) != 0u) {  // warp-uniform
-        const int first = detail::lowest_set_bit(range_mask | stale_mask);
-        state = ((range_mask >> first) & 1u) != 0u ? RequestState::page_out_of_range
-                                                   : RequestState::stale_tag;
-        failed_slot = base + first;
-        break;
-      }
+  }
+  if (!shape_ok) {  // the host validates; this is the backstop (block-uniform branch)
+    if (thread == 0) {
+      params.statuses[request] = RequestStatus{RequestState::bad_page_table, 0};
+      if (params.aborted_count != nullptr) atomicAdd(params.aborted_count, 1);
     }
-    if (lane == 0) {
-      params.statuses[request] = RequestStatus{state, failed_slot};
-      if (state != RequestState::ok && params.aborted_count != nullptr) {
-        atomicAdd(params.aborted_count, 1);
-      }
+    return;
+  }
+  const WriterId me = params.writers != nullptr ? params.writers[request] : no_writer;
+  if (thread == 0) shared.first_failed_slot = none;
+  __syncthreads();
+  RequestState my_state = RequestState::ok;
+  std::int32_t my_slot = none;
+  for (std::int32_t slot = thread; slot < count; slot += BlockThreads) {
+    const RequestState verdict = page_access_verdict(
+        params.page_tags, params.num_pages, params.rows.page(begin + slot),
+        params.rows.expected(begin + slot), me,
+        slot >= first_write ? PageAccess::write : PageAccess::read);
+    if (verdict != RequestState::ok) {  // later slots of this thread cannot be first
+      my_state = verdict;
+      my_slot = slot;
+      break;
     }
+  }
+  if (my_slot != none) atomicMin(&shared.first_failed_slot, my_slot);
+  __syncthreads();
+  const std::int32_t first = shared.first_failed_slot;
+  if (first == none ? thread == 0 : my_slot == first) {  // exactly one thread reports
+    params.statuses[request] =
+        first == none ? RequestStatus{RequestState::ok, -1} : RequestStatus{my_state, first};
+    if (first != none && params.aborted_count != nullptr) atomicAdd(params.aborted_count, 1);
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "slimserve/config.hpp"
 #include "slimserve/kv/device_tag_array.hpp"
+#include "slimserve/kv/page_access.hpp"
 #include "slimserve/kv/page_table_view.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/memory.hpp"
@@ -23,11 +24,19 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
+/// Write ownership: give every request's identity (`writers`, the WriterId its pages were
+/// granted to) and, for a step that appends, the same `append_indptr` the append kernel takes
+/// (request b appends its last append_indptr[b+1] - append_indptr[b] tokens). The pages those
+/// tokens land in must be writable by the request (write_denied otherwise); every other page
+/// must be read-only or the request's own (read_denied otherwise). Without `writers` every
+/// request reads as nobody: pages that a request holds write rights to fail the check.
 struct TagCheckArguments {
   PageTableView table;                      ///< device arrays (upload_page_table)
   const DeviceTagArray* page_tags = nullptr;
   RequestStatus* statuses = nullptr;        ///< device, [table.batch_size]
   std::int32_t* aborted_count = nullptr;    ///< device, [1], optional: number of failing requests
+  const WriterId* writers = nullptr;        ///< device, [table.batch_size], optional
+  const std::int32_t* append_indptr = nullptr;  ///< device, [table.batch_size + 1], optional
 };
 
 /// The same for the 2-D block-table form.
@@ -36,6 +45,8 @@ struct BlockTagCheckArguments {
   const DeviceTagArray* page_tags = nullptr;
   RequestStatus* statuses = nullptr;        ///< device, [table.batch_size]
   std::int32_t* aborted_count = nullptr;    ///< device, [1], optional: number of failing requests
+  const WriterId* writers = nullptr;        ///< device, [table.batch_size], optional
+  const std::int32_t* append_indptr = nullptr;  ///< device, [table.batch_size + 1], optional
 };
 
 /// Preflight only (pointers, sizes); nothing is launched. check_page_tags runs it first.
@@ -58,6 +69,9 @@ constexpr std::string_view to_string(RequestState state) noexcept {
     case RequestState::stale_tag: return "stale tag";
     case RequestState::page_out_of_range: return "page out of range";
     case RequestState::bad_page_table: return "bad page table";
+    case RequestState::guard_page: return "guard page inside the request's pages";
+    case RequestState::write_denied: return "write to a page the request does not own";
+    case RequestState::read_denied: return "read of a page another request is writing";
   }
   return "unknown";
 }

@@ -1,0 +1,164 @@
+// RequestPageSets: each request's pages are released exactly once, write rights follow the
+// pages, and misuse (a second release, a release by a non-holder, a stale reference) is
+// refused, counted and changes nothing. Also SharedPagePool::post_finish posted twice.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "slimserve/kv/request_pages.hpp"
+#include "slimserve/kv/shared_page_pool.hpp"
+
+using namespace slimserve;
+using namespace slimserve::kv;
+
+namespace {
+
+constexpr std::int32_t page_size = 4;
+
+struct Fixture {
+  PagePool pool;
+  std::unique_ptr<PrefixCache> cache;
+  std::unique_ptr<RequestPageSets> sets;
+  explicit Fixture(std::int32_t pages)
+      : pool(std::move(PagePool::create(PagePoolOptions{pages})).value()),
+        cache(std::move(PrefixCache::create(pool, PrefixCacheOptions{page_size, 3})).value()),
+        sets(std::move(RequestPageSets::create(pool, cache.get(), RequestPageSetsOptions{8, page_size})).value()) {}
+  void audit() {
+    REQUIRE(pool.check_invariants().ok());
+    REQUIRE(cache->check_invariants().ok());
+    REQUIRE(sets->check_invariants().ok());
+  }
+};
+
+std::vector<TokenId> sequence(int count, TokenId first) {
+  std::vector<TokenId> tokens(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i) tokens[static_cast<std::size_t>(i)] = first + i;
+  return tokens;
+}
+
+}  // namespace
+
+TEST_CASE("request pages: admit with prefix hits, append, copy-on-write, finish exactly once", "[kv][requests]") {
+  Fixture f(32);
+  const auto prompt = sequence(10, 100);  // pages: 4 + 4 + 2
+  PagePlan plan;
+  Result<RequestRef> a = f.sets->admit(prompt, {}, &plan);
+  REQUIRE(a.ok());
+  CHECK(plan.cached_tokens == 0);
+  REQUIRE(f.sets->pages(*a).size() == 3);
+  for (const PageHandle& page : f.sets->pages(*a)) CHECK(f.pool.writer(page.id) == a->writer);
+  f.audit();
+  // Append within the last page (in place), then across a page boundary.
+  REQUIRE(f.sets->append(*a, 1).ok());
+  Result<PagePlan> grown = f.sets->append(*a, 3);
+  REQUIRE(grown.ok());
+  CHECK_FALSE(grown->needs_copy);
+  CHECK(f.sets->tokens(*a) == 14);
+  CHECK(f.sets->pages(*a).size() == 4);
+  f.audit();
+  // Finish into the cache: full pages indexed and read-only; a second finish is refused.
+  auto tokens = sequence(14, 100);
+  REQUIRE(f.sets->finish(*a, tokens, {}).ok());
+  const Status again = f.sets->finish(*a, tokens, {});
+  CHECK(again.code() == StatusCode::failed_precondition);
+  CHECK(again.message().find("slot") != std::string_view::npos);
+  CHECK(f.sets->counts().refused == 1);
+  f.audit();
+  // A new request hits the cached pages: read-only; its own pages writable.
+  Result<RequestRef> b = f.sets->admit(sequence(13, 100), {}, &plan);
+  REQUIRE(b.ok());
+  CHECK(plan.cached_tokens == 12);
+  const auto b_pages = f.sets->pages(*b);
+  for (int i = 0; i < 3; ++i) CHECK(f.pool.writer(b_pages[static_cast<std::size_t>(i)].id) == no_writer);
+  CHECK(f.pool.writer(b_pages[3].id) == b->writer);
+  // A stale reference to the finished request (same slot reused) is refused, not served.
+  CHECK(b->slot == a->slot);
+  CHECK(f.sets->append(*a, 1).status().code() == StatusCode::failed_precondition);
+  CHECK(f.sets->pages(*a).empty());
+  CHECK(f.sets->counts().refused == 2);
+  // A release by a non-holder: a reference with the right slot and another identity.
+  CHECK(f.sets->finish(RequestRef{b->slot, b->writer + 1}).code() == StatusCode::failed_precondition);
+  CHECK(f.sets->counts().refused == 3);
+  CHECK(f.sets->is_active(*b));
+  f.audit();
+}
+
+TEST_CASE("request pages: fork shares read-only pages; each side copies on append", "[kv][requests]") {
+  Fixture f(32);
+  Result<RequestRef> parent = f.sets->admit(sequence(6, 1), {});
+  REQUIRE(parent.ok());
+  Result<RequestRef> child = f.sets->fork(*parent);
+  REQUIRE(child.ok());
+  CHECK(child->writer != parent->writer);
+  for (const PageHandle& page : f.sets->pages(*parent)) CHECK(f.pool.writer(page.id) == no_writer);
+  f.audit();
+  // The child appends first: copy-on-write; the source stays held until the copy is enqueued,
+  // so the parent copies too instead of being granted a page the child's copy still reads.
+  Result<PagePlan> child_plan = f.sets->append(*child, 1);
+  REQUIRE(child_plan.ok());
+  REQUIRE(child_plan->needs_copy);
+  CHECK(child_plan->copy_tokens == 2);
+  CHECK(f.pool.writer(child_plan->copy_to.id) == child->writer);
+  CHECK(f.sets->pending_copy_sources().size() == 1);
+  Result<PagePlan> parent_plan = f.sets->append(*parent, 1);
+  REQUIRE(parent_plan.ok());
+  CHECK(parent_plan->needs_copy);
+  CHECK(f.pool.writer(child_plan->copy_from.id) == no_writer);
+  f.audit();
+  f.sets->release_copy_sources();
+  CHECK(f.sets->pending_copy_sources().empty());
+  CHECK(f.pool.state(child_plan->copy_from.id) == PageState::free);  // both moved off it
+  f.audit();
+  REQUIRE(f.sets->finish(*child).ok());
+  REQUIRE(f.sets->finish(*parent).ok());
+  CHECK(f.pool.counts().used == 0);
+  f.audit();
+}
+
+TEST_CASE("request pages: preempt and resume under a new identity; all or nothing on shortage", "[kv][requests]") {
+  Fixture f(7);  // 6 usable pages
+  const auto prompt = sequence(9, 50);  // 3 pages
+  Result<RequestRef> a = f.sets->admit(prompt, {});
+  REQUIRE(a.ok());
+  Result<RequestRef> b = f.sets->admit(sequence(9, 70), {});
+  REQUIRE(b.ok());
+  // No room: nothing taken.
+  const auto before = f.pool.counts();
+  CHECK(f.sets->admit(sequence(5, 90), {}).status().code() == StatusCode::resource_exhausted);
+  CHECK(f.sets->append(*a, 8).status().code() == StatusCode::resource_exhausted);
+  CHECK(f.pool.counts().used == before.used);
+  CHECK(f.sets->tokens(*a) == 9);
+  f.audit();
+  REQUIRE(f.sets->preempt(*a).ok());
+  CHECK(f.sets->counts().preempted == 1);
+  CHECK(f.sets->preempt(*a).code() == StatusCode::failed_precondition);  // not active any more
+  CHECK(f.sets->resume(*a, sequence(8, 50), {}).status().code() == StatusCode::invalid_argument);
+  Result<RequestRef> resumed = f.sets->resume(*a, prompt, {});
+  REQUIRE(resumed.ok());
+  CHECK(resumed->slot == a->slot);
+  CHECK(resumed->writer != a->writer);  // tables of the preempted incarnation match nothing
+  CHECK_FALSE(f.sets->is_active(*a));
+  CHECK(f.sets->finish(*a).code() == StatusCode::failed_precondition);
+  REQUIRE(f.sets->finish(*resumed).ok());
+  REQUIRE(f.sets->finish(*b).ok());
+  CHECK(f.sets->counts().active == 0);
+  f.audit();
+}
+
+TEST_CASE("request pages: a request posted twice to the completion queue is finished once", "[kv][requests]") {
+  Fixture f(16);
+  SharedPagePool shared(f.pool, f.cache.get(), f.sets.get());
+  Result<RequestRef> a = shared.with_requests([](RequestPageSets& sets) { return sets.admit(sequence(6, 1), {}); });
+  Result<RequestRef> b = shared.with_requests([](RequestPageSets& sets) { return sets.admit(sequence(6, 1), {}); });
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  shared.post_finish(*a, sequence(6, 1));
+  shared.post_finish(*a, sequence(6, 1));  // the bug: the same completion posted twice
+  const Status drained = shared.drain_releases();
+  CHECK(drained.code() == StatusCode::failed_precondition);
+  CHECK(shared.refused_releases() == 1);
+  CHECK(f.sets->is_active(*b));
+  for (const PageHandle& page : f.sets->pages(*b)) CHECK(f.pool.is_live(page));  // b kept all of its references
+  CHECK(f.sets->counts().refused == 1);
+  f.audit();
+}
