@@ -14,6 +14,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -26,9 +27,11 @@
 #include "slimserve/int4/quantize.hpp"
 #include "slimserve/kv/device_page_table.hpp"
 #include "slimserve/kv/device_tag_array.hpp"
+#include "slimserve/kv/page_movement.hpp"
 #include "slimserve/kv/page_pool.hpp"
 #include "slimserve/kv/page_table_builder.hpp"
 #include "slimserve/kv/prefix_cache.hpp"
+#include "slimserve/kv/request_pages.hpp"
 #include "slimserve/kv/tag_check.hpp"
 #include "slimserve/runtime/memory.hpp"
 #include "slimserve/status.hpp"
@@ -60,6 +63,9 @@ struct slimserve_page_table {
 struct slimserve_device_tags {
   kv::DeviceTagArray tags;
 };
+struct slimserve_request_sets {
+  std::unique_ptr<kv::RequestPageSets> sets;
+};
 struct slimserve_decode_plan {
   attention::DecodePlan plan;
 };
@@ -76,10 +82,20 @@ static_assert(SLIMSERVE_INVALID_ARGUMENT == static_cast<int>(StatusCode::invalid
 static_assert(SLIMSERVE_STALE_HANDLE == static_cast<int>(StatusCode::stale_handle));
 static_assert(SLIMSERVE_INTERNAL == static_cast<int>(StatusCode::internal));
 static_assert(SLIMSERVE_REQUEST_BAD_PAGE_TABLE == static_cast<int>(kv::RequestState::bad_page_table));
+static_assert(SLIMSERVE_REQUEST_READ_DENIED == static_cast<int>(kv::RequestState::read_denied));
 // Device arrays of statuses are shared by C callers and the kernels.
 static_assert(sizeof(slimserve_request_status) == sizeof(kv::RequestStatus));
 static_assert(offsetof(slimserve_request_status, failed_slot) == offsetof(kv::RequestStatus, failed_slot));
 static_assert(sizeof(slimserve_page) == sizeof(kv::PageHandle));
+// Device arrays of moves are read by the kernels as the C++ structs.
+static_assert(sizeof(slimserve_page_copy) == sizeof(kv::PageCopy));
+static_assert(offsetof(slimserve_page_copy, dst) == offsetof(kv::PageCopy, dst));
+static_assert(offsetof(slimserve_page_copy, writer) == offsetof(kv::PageCopy, writer));
+static_assert(offsetof(slimserve_page_copy, tokens) == offsetof(kv::PageCopy, tokens));
+static_assert(sizeof(slimserve_page_swap) == sizeof(kv::PageSwap));
+static_assert(offsetof(slimserve_page_swap, writer) == offsetof(kv::PageSwap, writer));
+static_assert(offsetof(slimserve_page_swap, host_slot) == offsetof(kv::PageSwap, host_slot));
+static_assert(std::is_same_v<kv::WriterId, std::uint32_t>);
 
 thread_local std::string last_error;
 
@@ -192,6 +208,29 @@ Status to_gemm_arguments(const slimserve_gemm_args* a, int4::GemmArguments& out)
   return int4::can_implement(out);
 }
 
+kv::RequestRef to_ref(slimserve_request_ref r) { return {r.slot, r.writer}; }
+slimserve_request_ref to_c(kv::RequestRef r) { return {r.slot, r.writer}; }
+void to_c(const kv::PagePlan& plan, slimserve_page_plan* out) {
+  if (out == nullptr) return;
+  out->needs_copy = plan.needs_copy ? 1 : 0;
+  out->copy_from = to_c(plan.copy_from);
+  out->copy_to = to_c(plan.copy_to);
+  out->copy_tokens = plan.copy_tokens;
+  out->cached_tokens = plan.cached_tokens;
+}
+std::span<const kv::TokenId> token_span(const std::int32_t* tokens, std::size_t count) {
+  return count == 0 ? std::span<const kv::TokenId>() : std::span<const kv::TokenId>(tokens, count);
+}
+Status to_request_view(const slimserve_request_pages_view* r, kv::RequestPagesView& out) {
+  if (r == nullptr) return null_argument("request");
+  out.pages = r->pages;
+  out.tags = r->tags;
+  out.num_pages = r->num_pages;
+  out.num_tokens = r->num_tokens;
+  out.writer = r->writer;
+  return {};
+}
+
 template <class Handle, class Made>
 Status hand_out(Made made, Handle** out) {
   *out = new Handle{std::move(made)};
@@ -267,6 +306,16 @@ slimserve_status slimserve_memset_async(void* dst, int32_t byte_value, size_t by
 }
 slimserve_status slimserve_stream_synchronize(slimserve_stream stream) {
   return guarded([&] { return rt::stream_synchronize(stream); });
+}
+slimserve_status slimserve_host_alloc(size_t bytes, void** out) {
+  return guarded([&]() -> Status {
+    if (out == nullptr) return null_argument("out");
+    *out = nullptr;
+    return rt::pinned_malloc(out, bytes);
+  });
+}
+slimserve_status slimserve_host_free(void* ptr) {
+  return guarded([&] { return ptr == nullptr ? Status{} : rt::pinned_free(ptr); });
 }
 
 // ---- Page pool -------------------------------------------------------------------------------
@@ -471,6 +520,23 @@ slimserve_status slimserve_device_tags_sync(slimserve_device_tags* tags,
   });
 }
 
+slimserve_status slimserve_check_page_tags_owned(const slimserve_page_table_view* device_table,
+                                                 const slimserve_device_tags* tags,
+                                                 const uint32_t* writers,
+                                                 const int32_t* append_indptr,
+                                                 slimserve_request_status* statuses,
+                                                 int32_t* aborted_count, slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    if (device_table == nullptr) return null_argument("device_table");
+    if (tags == nullptr) return null_argument("tags");
+    kv::TagCheckArguments arguments{to_view(*device_table), &tags->tags,
+                                    reinterpret_cast<kv::RequestStatus*>(statuses), aborted_count};
+    arguments.writers = writers;
+    arguments.append_indptr = append_indptr;
+    return kv::check_page_tags(arguments, stream);
+  });
+}
+
 slimserve_status slimserve_check_page_tags(const slimserve_page_table_view* device_table,
                                            const slimserve_device_tags* tags,
                                            slimserve_request_status* statuses,
@@ -481,6 +547,253 @@ slimserve_status slimserve_check_page_tags(const slimserve_page_table_view* devi
     return kv::check_page_tags({to_view(*device_table), &tags->tags,
                                 reinterpret_cast<kv::RequestStatus*>(statuses), aborted_count},
                                stream);
+  });
+}
+
+// ---- Request page sets ---------------------------------------------------------------------------
+
+slimserve_status slimserve_request_sets_create(slimserve_page_pool* pool,
+                                               slimserve_prefix_cache* cache,
+                                               int32_t max_requests, int32_t page_size,
+                                               slimserve_request_sets** out) {
+  return guarded([&]() -> Status {
+    if (out == nullptr) return null_argument("out");
+    *out = nullptr;
+    if (pool == nullptr) return null_argument("pool");
+    auto sets = kv::RequestPageSets::create(pool->pool, cache != nullptr ? cache->cache.get() : nullptr,
+                                            {max_requests, page_size});
+    if (!sets.ok()) return sets.status();
+    return hand_out<slimserve_request_sets>(*std::move(sets), out);
+  });
+}
+void slimserve_request_sets_destroy(slimserve_request_sets* sets) { delete sets; }
+
+slimserve_status slimserve_request_sets_admit(slimserve_request_sets* sets, const int32_t* tokens,
+                                              size_t num_tokens, uint64_t salt,
+                                              uint64_t adapter_id, slimserve_request_ref* out,
+                                              slimserve_page_plan* plan) {
+  return guarded([&]() -> Status {
+    if (sets == nullptr) return null_argument("sets");
+    if (out == nullptr) return null_argument("out");
+    if (num_tokens > 0 && tokens == nullptr) return null_argument("tokens");
+    kv::PagePlan page_plan;
+    auto ref = sets->sets->admit(token_span(tokens, num_tokens), {salt, adapter_id}, &page_plan);
+    if (!ref.ok()) return ref.status();
+    *out = to_c(*ref);
+    to_c(page_plan, plan);
+    return {};
+  });
+}
+slimserve_status slimserve_request_sets_append(slimserve_request_sets* sets,
+                                               slimserve_request_ref request, int32_t new_tokens,
+                                               slimserve_page_plan* plan) {
+  return guarded([&]() -> Status {
+    if (sets == nullptr) return null_argument("sets");
+    auto page_plan = sets->sets->append(to_ref(request), new_tokens);
+    if (!page_plan.ok()) return page_plan.status();
+    to_c(*page_plan, plan);
+    return {};
+  });
+}
+void slimserve_request_sets_release_copy_sources(slimserve_request_sets* sets) {
+  if (sets != nullptr) sets->sets->release_copy_sources();
+}
+slimserve_status slimserve_request_sets_fork(slimserve_request_sets* sets,
+                                             slimserve_request_ref parent,
+                                             slimserve_request_ref* child) {
+  return guarded([&]() -> Status {
+    if (sets == nullptr) return null_argument("sets");
+    if (child == nullptr) return null_argument("child");
+    auto ref = sets->sets->fork(to_ref(parent));
+    if (!ref.ok()) return ref.status();
+    *child = to_c(*ref);
+    return {};
+  });
+}
+slimserve_status slimserve_request_sets_preempt(slimserve_request_sets* sets,
+                                                slimserve_request_ref request) {
+  return guarded([&]() -> Status {
+    if (sets == nullptr) return null_argument("sets");
+    return sets->sets->preempt(to_ref(request));
+  });
+}
+slimserve_status slimserve_request_sets_resume(slimserve_request_sets* sets,
+                                               slimserve_request_ref preempted,
+                                               const int32_t* tokens, size_t num_tokens,
+                                               uint64_t salt, uint64_t adapter_id,
+                                               slimserve_request_ref* out,
+                                               slimserve_page_plan* plan) {
+  return guarded([&]() -> Status {
+    if (sets == nullptr) return null_argument("sets");
+    if (out == nullptr) return null_argument("out");
+    if (num_tokens > 0 && tokens == nullptr) return null_argument("tokens");
+    kv::PagePlan page_plan;
+    auto ref = sets->sets->resume(to_ref(preempted), token_span(tokens, num_tokens),
+                                  {salt, adapter_id}, &page_plan);
+    if (!ref.ok()) return ref.status();
+    *out = to_c(*ref);
+    to_c(page_plan, plan);
+    return {};
+  });
+}
+slimserve_status slimserve_request_sets_finish(slimserve_request_sets* sets,
+                                               slimserve_request_ref request,
+                                               const int32_t* tokens, size_t num_tokens,
+                                               uint64_t salt, uint64_t adapter_id) {
+  return guarded([&]() -> Status {
+    if (sets == nullptr) return null_argument("sets");
+    if (num_tokens > 0 && tokens == nullptr) return null_argument("tokens");
+    return sets->sets->finish(to_ref(request), token_span(tokens, num_tokens), {salt, adapter_id});
+  });
+}
+int32_t slimserve_request_sets_is_active(const slimserve_request_sets* sets,
+                                         slimserve_request_ref request) {
+  return sets != nullptr && sets->sets->is_active(to_ref(request)) ? 1 : 0;
+}
+slimserve_status slimserve_request_sets_pages(const slimserve_request_sets* sets,
+                                              slimserve_request_ref request, slimserve_page* out,
+                                              size_t capacity, size_t* count) {
+  return guarded([&]() -> Status {
+    if (sets == nullptr) return null_argument("sets");
+    if (count == nullptr) return null_argument("count");
+    if (capacity > 0 && out == nullptr) return null_argument("out");
+    const std::span<const kv::PageHandle> pages = sets->sets->pages(to_ref(request));
+    for (std::size_t i = 0; i < pages.size() && i < capacity; ++i) out[i] = to_c(pages[i]);
+    *count = pages.size();
+    return {};
+  });
+}
+int64_t slimserve_request_sets_tokens(const slimserve_request_sets* sets,
+                                      slimserve_request_ref request) {
+  return sets == nullptr ? 0 : sets->sets->tokens(to_ref(request));
+}
+
+// ---- Moving pages ------------------------------------------------------------------------------
+
+slimserve_status slimserve_check_page_copies(const slimserve_kv_cache* cache,
+                                             const slimserve_page_copy* host_copies,
+                                             int32_t num_copies) {
+  return guarded([&]() -> Status {
+    attention::PagedKVCacheView view;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(cache, view));
+    if (num_copies < 0) return make_status(StatusCode::invalid_argument, "num_copies ", num_copies);
+    if (num_copies > 0 && host_copies == nullptr) return null_argument("host_copies");
+    std::vector<kv::PageCopy> copies(static_cast<std::size_t>(num_copies));
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      const slimserve_page_copy& c = host_copies[i];
+      copies[i] = kv::PageCopy{c.src, c.src_tag, c.dst, c.dst_tag, c.writer, c.tokens};
+    }
+    return kv::check_page_copies(copies, view);
+  });
+}
+slimserve_status slimserve_copy_pages(const slimserve_kv_cache* cache,
+                                      const slimserve_device_tags* tags,
+                                      const slimserve_page_copy* copies, int32_t num_copies,
+                                      slimserve_request_status* statuses,
+                                      slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    if (tags == nullptr) return null_argument("tags");
+    kv::CopyPagesArguments arguments;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(cache, arguments.cache));
+    arguments.page_tags = &tags->tags;
+    arguments.copies = reinterpret_cast<const kv::PageCopy*>(copies);
+    arguments.num_copies = num_copies;
+    arguments.statuses = reinterpret_cast<kv::RequestStatus*>(statuses);
+    return kv::copy_pages(arguments, stream);
+  });
+}
+int64_t slimserve_page_record_bytes(const slimserve_kv_cache* cache) {
+  attention::PagedKVCacheView view;
+  return to_cache(cache, view).ok() ? kv::page_record_bytes(view) : 0;
+}
+slimserve_status slimserve_check_page_swaps(const slimserve_kv_cache* cache,
+                                            const slimserve_page_swap* host_swaps,
+                                            int32_t num_swaps, slimserve_swap_direction direction,
+                                            int32_t host_slots) {
+  return guarded([&]() -> Status {
+    attention::PagedKVCacheView view;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(cache, view));
+    if (direction != SLIMSERVE_SWAP_OUT && direction != SLIMSERVE_SWAP_IN) {
+      return make_status(StatusCode::invalid_argument, "unknown swap direction ", direction);
+    }
+    if (num_swaps < 0) return make_status(StatusCode::invalid_argument, "num_swaps ", num_swaps);
+    if (num_swaps > 0 && host_swaps == nullptr) return null_argument("host_swaps");
+    std::vector<kv::PageSwap> swaps(static_cast<std::size_t>(num_swaps));
+    for (std::size_t i = 0; i < swaps.size(); ++i) {
+      const slimserve_page_swap& w = host_swaps[i];
+      swaps[i] = kv::PageSwap{w.page, w.tag, w.writer, w.host_slot};
+    }
+    return kv::check_page_swaps(swaps, static_cast<kv::SwapDirection>(direction), view, host_slots);
+  });
+}
+slimserve_status slimserve_swap_pages(const slimserve_kv_cache* cache,
+                                      const slimserve_device_tags* tags, void* host_records,
+                                      int32_t host_slots, const slimserve_page_swap* swaps,
+                                      int32_t num_swaps, slimserve_swap_direction direction,
+                                      slimserve_request_status* statuses,
+                                      slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    if (tags == nullptr) return null_argument("tags");
+    if (direction != SLIMSERVE_SWAP_OUT && direction != SLIMSERVE_SWAP_IN) {
+      return make_status(StatusCode::invalid_argument, "unknown swap direction ", direction);
+    }
+    kv::SwapPagesArguments arguments;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(cache, arguments.cache));
+    arguments.page_tags = &tags->tags;
+    arguments.host_records = host_records;
+    arguments.host_slots = host_slots;
+    arguments.swaps = reinterpret_cast<const kv::PageSwap*>(swaps);
+    arguments.num_swaps = num_swaps;
+    arguments.direction = static_cast<kv::SwapDirection>(direction);
+    arguments.statuses = reinterpret_cast<kv::RequestStatus*>(statuses);
+    return kv::swap_pages(arguments, stream);
+  });
+}
+int64_t slimserve_export_buffer_bytes(const slimserve_kv_cache* cache, int32_t num_pages) {
+  attention::PagedKVCacheView view;
+  return to_cache(cache, view).ok() ? kv::export_buffer_bytes(view, num_pages) : 0;
+}
+slimserve_status slimserve_export_request(const slimserve_kv_cache* cache,
+                                          const slimserve_device_tags* tags,
+                                          const slimserve_request_pages_view* request,
+                                          void* buffer, int64_t buffer_bytes,
+                                          slimserve_request_status* status,
+                                          slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    if (tags == nullptr) return null_argument("tags");
+    kv::ExportRequestArguments arguments;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(cache, arguments.cache));
+    SLIMSERVE_RETURN_IF_ERROR(to_request_view(request, arguments.request));
+    arguments.page_tags = &tags->tags;
+    arguments.buffer = buffer;
+    arguments.buffer_bytes = buffer_bytes;
+    arguments.status = reinterpret_cast<kv::RequestStatus*>(status);
+    return kv::export_request(arguments, stream);
+  });
+}
+slimserve_status slimserve_import_request(const slimserve_kv_cache* cache,
+                                          const slimserve_device_tags* tags,
+                                          const slimserve_request_pages_view* request,
+                                          const void* buffer, int64_t buffer_bytes,
+                                          const void* header, size_t header_bytes,
+                                          slimserve_request_status* status,
+                                          slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    if (tags == nullptr) return null_argument("tags");
+    if (header == nullptr) return null_argument("header");
+    kv::ImportRequestArguments arguments;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(cache, arguments.cache));
+    SLIMSERVE_RETURN_IF_ERROR(to_request_view(request, arguments.request));
+    auto descriptor = kv::read_buffer_descriptor(
+        std::span<const std::byte>(static_cast<const std::byte*>(header), header_bytes));
+    if (!descriptor.ok()) return descriptor.status();
+    SLIMSERVE_RETURN_IF_ERROR(kv::check_import_compatible(*descriptor, arguments.cache));
+    arguments.page_tags = &tags->tags;
+    arguments.buffer = buffer;
+    arguments.buffer_bytes = buffer_bytes;
+    arguments.descriptor = *descriptor;
+    arguments.status = reinterpret_cast<kv::RequestStatus*>(status);
+    return kv::import_request(arguments, stream);
   });
 }
 

@@ -30,7 +30,8 @@ KV_DTYPES = {"bfloat16": 0, "bf16": 0, "float16": 1, "fp16": 1, "fp8_e4m3": 2,
              "float8_e4m3fn": 2, "fp8_e5m2": 3, "float8_e5m2": 3}
 ACTIVATION_DTYPES = {"bfloat16": 0, "bf16": 0, "float16": 1, "fp16": 1}
 LAYOUTS = {"NHD": 0, "HND": 1}
-REQUEST_STATES = {0: "ok", 1: "stale_tag", 2: "page_out_of_range", 3: "bad_page_table"}
+REQUEST_STATES = {0: "ok", 1: "stale_tag", 2: "page_out_of_range", 3: "bad_page_table",
+                  4: "guard_page", 5: "write_denied", 6: "read_denied"}
 
 PageHandle = Tuple[int, int]  # (page id, tag)
 

@@ -84,6 +84,9 @@ SLIMSERVE_C_API slimserve_status slimserve_memcpy_async(void* dst, const void* s
 SLIMSERVE_C_API slimserve_status slimserve_memset_async(void* dst, int32_t byte_value,
                                                         size_t bytes, slimserve_stream stream);
 SLIMSERVE_C_API slimserve_status slimserve_stream_synchronize(slimserve_stream stream);
+/* Page-locked host memory (what swap_pages moves records to and from). */
+SLIMSERVE_C_API slimserve_status slimserve_host_alloc(size_t bytes, void** out);
+SLIMSERVE_C_API slimserve_status slimserve_host_free(void* ptr);
 
 /* ---- KV pages: pool with generation tags ------------------------------------------------ */
 
@@ -125,9 +128,6 @@ typedef struct slimserve_append_target {
 SLIMSERVE_C_API slimserve_status slimserve_page_pool_prepare_append(
     slimserve_page_pool* pool, slimserve_page last_page, slimserve_append_target* out);
 
-/* Extension point: per-request page sets (write-ownership tags) and page copy / swap /
- * export kernels attach here in a later ABI version; see docs/embedding.md. */
-
 /* ---- Prefix cache --------------------------------------------------------------------- */
 
 typedef struct slimserve_prefix_cache slimserve_prefix_cache;
@@ -148,6 +148,70 @@ SLIMSERVE_C_API slimserve_status slimserve_prefix_cache_match(
 SLIMSERVE_C_API slimserve_status slimserve_prefix_cache_insert(
     slimserve_prefix_cache* cache, const int32_t* tokens, size_t num_tokens, uint64_t salt,
     uint64_t adapter_id, const slimserve_page* pages, size_t num_pages, int32_t* inserted);
+
+/* ---- Per-request page sets (write ownership) -------------------------------------------- */
+
+/* The library owns each request's page list: admit, append, fork, preempt, resume and finish
+ * release exactly what the request holds, exactly once. A request is named by its slot and
+ * its identity (writer); the identity is new on admit, fork and resume, so a stale reference
+ * is refused (SLIMSERVE_FAILED_PRECONDITION) and changes nothing. Fresh pages are writable by
+ * their request only; prefix hits and forked pages are read-only. */
+typedef struct slimserve_request_sets slimserve_request_sets;
+typedef struct slimserve_request_ref {
+  int32_t slot;
+  uint32_t writer; /* the identity the tag check takes in `writers` */
+} slimserve_request_ref;
+
+/* What admit / resume / append leave for the engine to do on the device. */
+typedef struct slimserve_page_plan {
+  int32_t needs_copy;       /* copy-on-write: copy copy_tokens tokens of copy_from into copy_to */
+  slimserve_page copy_from; /* held read-only until slimserve_request_sets_release_copy_sources */
+  slimserve_page copy_to;
+  int32_t copy_tokens;
+  int64_t cached_tokens;    /* tokens already in pages (prefix hits) */
+} slimserve_page_plan;
+
+/* Page sets over `pool` and `cache` (optional, NULL; must index `pool`); both outlive them. */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_create(slimserve_page_pool* pool,
+                                                               slimserve_prefix_cache* cache,
+                                                               int32_t max_requests,
+                                                               int32_t page_size,
+                                                               slimserve_request_sets** out);
+SLIMSERVE_C_API void slimserve_request_sets_destroy(slimserve_request_sets* sets);
+/* A new request for its prompt: prefix hits for all but the last token, then fresh pages.
+ * All or nothing. `plan` may be NULL. */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_admit(
+    slimserve_request_sets* sets, const int32_t* tokens, size_t num_tokens, uint64_t salt,
+    uint64_t adapter_id, slimserve_request_ref* out, slimserve_page_plan* plan);
+/* Room for new_tokens more tokens (copy-on-write of a shared last page first). */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_append(slimserve_request_sets* sets,
+                                                               slimserve_request_ref request,
+                                                               int32_t new_tokens,
+                                                               slimserve_page_plan* plan);
+/* Once the step's copy-on-write copies are enqueued. */
+SLIMSERVE_C_API void slimserve_request_sets_release_copy_sources(slimserve_request_sets* sets);
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_fork(slimserve_request_sets* sets,
+                                                             slimserve_request_ref parent,
+                                                             slimserve_request_ref* child);
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_preempt(slimserve_request_sets* sets,
+                                                                slimserve_request_ref request);
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_resume(
+    slimserve_request_sets* sets, slimserve_request_ref preempted, const int32_t* tokens,
+    size_t num_tokens, uint64_t salt, uint64_t adapter_id, slimserve_request_ref* out,
+    slimserve_page_plan* plan);
+/* Indexes the full pages of `tokens` (num_tokens may be 0), then releases every page. */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_finish(
+    slimserve_request_sets* sets, slimserve_request_ref request, const int32_t* tokens,
+    size_t num_tokens, uint64_t salt, uint64_t adapter_id);
+SLIMSERVE_C_API int32_t slimserve_request_sets_is_active(const slimserve_request_sets* sets,
+                                                         slimserve_request_ref request);
+/* The request's pages in order: writes min(count, capacity) and the count to *count. */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_pages(const slimserve_request_sets* sets,
+                                                              slimserve_request_ref request,
+                                                              slimserve_page* out,
+                                                              size_t capacity, size_t* count);
+SLIMSERVE_C_API int64_t slimserve_request_sets_tokens(const slimserve_request_sets* sets,
+                                                      slimserve_request_ref request);
 
 /* ---- Page tables and the GPU tag check --------------------------------------------------- */
 
@@ -199,7 +263,10 @@ enum {
   SLIMSERVE_REQUEST_OK = 0,
   SLIMSERVE_REQUEST_STALE_TAG = 1,
   SLIMSERVE_REQUEST_PAGE_OUT_OF_RANGE = 2,
-  SLIMSERVE_REQUEST_BAD_PAGE_TABLE = 3
+  SLIMSERVE_REQUEST_BAD_PAGE_TABLE = 3,
+  SLIMSERVE_REQUEST_GUARD_PAGE = 4,   /* the guard page (page 0) inside a request's pages */
+  SLIMSERVE_REQUEST_WRITE_DENIED = 5, /* a page this step writes is not the request's own */
+  SLIMSERVE_REQUEST_READ_DENIED = 6   /* a page another request holds write rights to */
 };
 /* The tag check's verdict per request (8 bytes; arrays of it live in device memory). */
 typedef struct slimserve_request_status {
@@ -213,6 +280,15 @@ typedef struct slimserve_request_status {
 SLIMSERVE_C_API slimserve_status slimserve_check_page_tags(
     const slimserve_page_table_view* device_table, const slimserve_device_tags* tags,
     slimserve_request_status* statuses, int32_t* aborted_count, slimserve_stream stream);
+
+/* The same check with write ownership: `writers` (device, [batch_size], the requests'
+ * identities) and, for a step that appends, the append kernel's `append_indptr` (device,
+ * [batch_size + 1]): pages the step writes must be the request's own (write_denied), every
+ * other page read-only or the request's own (read_denied). Either may be NULL. */
+SLIMSERVE_C_API slimserve_status slimserve_check_page_tags_owned(
+    const slimserve_page_table_view* device_table, const slimserve_device_tags* tags,
+    const uint32_t* writers, const int32_t* append_indptr, slimserve_request_status* statuses,
+    int32_t* aborted_count, slimserve_stream stream);
 
 /* ---- KV cache, append and decode attention ------------------------------------------------ */
 
@@ -297,6 +373,80 @@ SLIMSERVE_C_API slimserve_status slimserve_decode_run(
     const slimserve_decode_plan* plan, const slimserve_kv_cache* cache,
     const slimserve_page_table_view* device_table, const slimserve_request_status* statuses,
     const slimserve_decode_args* args, void* workspace, size_t workspace_bytes,
+    slimserve_stream stream);
+
+/* ---- Moving pages: copy, swap, export / import ------------------------------------------ */
+
+/* Every page a move touches is checked on the device against the tags: reads need the
+ * expected tag and a read-only page or the mover's own, writes the mover's write right. A move
+ * that fails writes nothing and its status says why. Host preflight (slimserve_check_*) on a
+ * host copy of a list refuses bad ids, token counts and duplicated destinations. */
+
+/* Slots [0, tokens) of page src into page dst of the same cache (copy-on-write, defrag). */
+typedef struct slimserve_page_copy {
+  int32_t src;
+  uint32_t src_tag;
+  int32_t dst;
+  uint32_t dst_tag;
+  uint32_t writer; /* holds the write right on dst */
+  int32_t tokens;  /* 1..page_size */
+} slimserve_page_copy;
+SLIMSERVE_C_API slimserve_status slimserve_check_page_copies(const slimserve_kv_cache* cache,
+                                                             const slimserve_page_copy* host_copies,
+                                                             int32_t num_copies);
+/* copies and statuses: device arrays [num_copies]. */
+SLIMSERVE_C_API slimserve_status slimserve_copy_pages(const slimserve_kv_cache* cache,
+                                                      const slimserve_device_tags* tags,
+                                                      const slimserve_page_copy* copies,
+                                                      int32_t num_copies,
+                                                      slimserve_request_status* statuses,
+                                                      slimserve_stream stream);
+
+/* One page between the cache and record `host_slot` of a pinned host buffer. */
+typedef struct slimserve_page_swap {
+  int32_t page;
+  uint32_t tag;
+  uint32_t writer; /* the mover: reads the page (out) or holds its write right (in) */
+  int32_t host_slot;
+} slimserve_page_swap;
+typedef int32_t slimserve_swap_direction;
+enum { SLIMSERVE_SWAP_OUT = 0, SLIMSERVE_SWAP_IN = 1 };
+/* Bytes of one page record (K, V and per-token scales when the cache has them). */
+SLIMSERVE_C_API int64_t slimserve_page_record_bytes(const slimserve_kv_cache* cache);
+SLIMSERVE_C_API slimserve_status slimserve_check_page_swaps(const slimserve_kv_cache* cache,
+                                                            const slimserve_page_swap* host_swaps,
+                                                            int32_t num_swaps,
+                                                            slimserve_swap_direction direction,
+                                                            int32_t host_slots);
+/* host_records: pinned host memory [host_slots, record bytes]; swaps/statuses device arrays. */
+SLIMSERVE_C_API slimserve_status slimserve_swap_pages(
+    const slimserve_kv_cache* cache, const slimserve_device_tags* tags, void* host_records,
+    int32_t host_slots, const slimserve_page_swap* swaps, int32_t num_swaps,
+    slimserve_swap_direction direction, slimserve_request_status* statuses,
+    slimserve_stream stream);
+
+/* One request's pages for export / import (device arrays). */
+typedef struct slimserve_request_pages_view {
+  const int32_t* pages;  /* device [num_pages] */
+  const uint32_t* tags;  /* device [num_pages] */
+  int32_t num_pages;
+  int64_t num_tokens;
+  uint32_t writer;       /* export: the reader; import: holds the write right on every page */
+} slimserve_request_pages_view;
+/* Bytes an export of num_pages pages needs (a 64-byte self-describing header + records). */
+SLIMSERVE_C_API int64_t slimserve_export_buffer_bytes(const slimserve_kv_cache* cache,
+                                                      int32_t num_pages);
+/* Writes the header and the pages' records into `buffer` (device or pinned host). */
+SLIMSERVE_C_API slimserve_status slimserve_export_request(
+    const slimserve_kv_cache* cache, const slimserve_device_tags* tags,
+    const slimserve_request_pages_view* request, void* buffer, int64_t buffer_bytes,
+    slimserve_request_status* status, slimserve_stream stream);
+/* Imports an exported buffer; `header` is a host copy of its first 64 bytes, checked against
+ * the cache (dtype, layout, scales, page size, heads, head_dim) before any launch. */
+SLIMSERVE_C_API slimserve_status slimserve_import_request(
+    const slimserve_kv_cache* cache, const slimserve_device_tags* tags,
+    const slimserve_request_pages_view* request, const void* buffer, int64_t buffer_bytes,
+    const void* header, size_t header_bytes, slimserve_request_status* status,
     slimserve_stream stream);
 
 /* ---- INT4 weights ------------------------------------------------------------------------ */
