@@ -186,6 +186,82 @@ class PrefixCache:
             self._handle = None
 
 
+class RequestSets:
+    """Per-request page sets with write ownership: the library owns each request's pages, so
+    admit / append / fork / preempt / resume / finish release exactly once. A request is a
+    (slot, writer) pair; its writer is what the owned tag check takes."""
+
+    def __init__(self, pool: PagePool, cache: Optional[PrefixCache], max_requests: int, page_size: int):
+        self._pool, self._cache = pool, cache  # both must outlive the sets
+        self._handle = c_void_p()
+        _check(_lib.slimserve_request_sets_create(pool._handle, cache._handle if cache else None,
+                                                  max_requests, page_size, byref(self._handle)))
+
+    @staticmethod
+    def _plan(plan: _capi.PagePlan) -> dict:
+        return {"needs_copy": bool(plan.needs_copy),
+                "copy_from": (plan.copy_from.id, plan.copy_from.tag),
+                "copy_to": (plan.copy_to.id, plan.copy_to.tag),
+                "copy_tokens": plan.copy_tokens, "cached_tokens": plan.cached_tokens}
+
+    def admit(self, tokens: Sequence[int], salt: int = 0, adapter_id: int = 0):
+        """(request, plan) for a new request's prompt; all or nothing."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        ref, plan = _capi.RequestRef(), _capi.PagePlan()
+        _check(_lib.slimserve_request_sets_admit(self._handle, tokens.ctypes.data_as(ctypes.POINTER(c_int32)),
+                                                 len(tokens), salt, adapter_id, byref(ref), byref(plan)))
+        return (ref.slot, ref.writer), self._plan(plan)
+
+    def append(self, request, new_tokens: int) -> dict:
+        plan = _capi.PagePlan()
+        _check(_lib.slimserve_request_sets_append(self._handle, _capi.RequestRef(*request), new_tokens, byref(plan)))
+        return self._plan(plan)
+
+    def release_copy_sources(self) -> None:
+        _lib.slimserve_request_sets_release_copy_sources(self._handle)
+
+    def fork(self, parent):
+        child = _capi.RequestRef()
+        _check(_lib.slimserve_request_sets_fork(self._handle, _capi.RequestRef(*parent), byref(child)))
+        return (child.slot, child.writer)
+
+    def preempt(self, request) -> None:
+        _check(_lib.slimserve_request_sets_preempt(self._handle, _capi.RequestRef(*request)))
+
+    def resume(self, request, tokens: Sequence[int], salt: int = 0, adapter_id: int = 0):
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        ref, plan = _capi.RequestRef(), _capi.PagePlan()
+        _check(_lib.slimserve_request_sets_resume(self._handle, _capi.RequestRef(*request),
+                                                  tokens.ctypes.data_as(ctypes.POINTER(c_int32)),
+                                                  len(tokens), salt, adapter_id, byref(ref), byref(plan)))
+        return (ref.slot, ref.writer), self._plan(plan)
+
+    def finish(self, request, tokens: Sequence[int] = (), salt: int = 0, adapter_id: int = 0) -> None:
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        _check(_lib.slimserve_request_sets_finish(self._handle, _capi.RequestRef(*request),
+                                                  tokens.ctypes.data_as(ctypes.POINTER(c_int32)),
+                                                  len(tokens), salt, adapter_id))
+
+    def is_active(self, request) -> bool:
+        return bool(_lib.slimserve_request_sets_is_active(self._handle, _capi.RequestRef(*request)))
+
+    def pages(self, request) -> List[PageHandle]:
+        count = c_size_t(0)
+        _check(_lib.slimserve_request_sets_pages(self._handle, _capi.RequestRef(*request), None, 0, byref(count)))
+        out = (Page * max(count.value, 1))()
+        _check(_lib.slimserve_request_sets_pages(self._handle, _capi.RequestRef(*request), out,
+                                                 count.value, byref(count)))
+        return [(out[i].id, out[i].tag) for i in range(count.value)]
+
+    def tokens(self, request) -> int:
+        return _lib.slimserve_request_sets_tokens(self._handle, _capi.RequestRef(*request))
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            _lib.slimserve_request_sets_destroy(self._handle)
+            self._handle = None
+
+
 class DeviceTags:
     """The device copy of every page's tag; `sync` once per step, before the tag check."""
 
@@ -265,12 +341,24 @@ class RequestStatuses:
         return [(REQUEST_STATES.get(int(s), str(int(s))), int(slot)) for s, slot in host]
 
 
-def check_page_tags(table: BuiltTable, tags: DeviceTags, statuses: RequestStatuses, stream=None) -> None:
-    """Compares every page-table entry with the device tags; one verdict per request."""
+def check_page_tags(table: BuiltTable, tags: DeviceTags, statuses: RequestStatuses, *,
+                    writers: Optional[Sequence[int]] = None, append_indptr=None, stream=None) -> None:
+    """Compares every page-table entry with the device tags; one verdict per request. With
+    `writers` (the requests' identities from RequestSets) and the step's `append_indptr`, also
+    checks write ownership: pages a step writes must be the request's own."""
     if table.batch_size > statuses.capacity:
         raise ValueError(f"slimserve: {table.batch_size} requests, statuses hold {statuses.capacity}")
-    _check(_lib.slimserve_check_page_tags(byref(table.device), tags._handle, statuses.ptr, None,
-                                          _stream(stream)))
+    if writers is None and append_indptr is None:
+        _check(_lib.slimserve_check_page_tags(byref(table.device), tags._handle, statuses.ptr, None,
+                                              _stream(stream)))
+        return
+    keep = [DeviceArray(np.asarray(writers, np.uint32), stream) if writers is not None else None,
+            DeviceArray(np.asarray(append_indptr, np.int32), stream) if append_indptr is not None else None]
+    _check(_lib.slimserve_check_page_tags_owned(byref(table.device), tags._handle,
+                                                keep[0].ptr if keep[0] else None,
+                                                keep[1].ptr if keep[1] else None,
+                                                statuses.ptr, None, _stream(stream)))
+    _check(_lib.slimserve_stream_synchronize(_stream(stream)))  # the uploads are freed on return
 
 
 # ---- KV cache, append, decode ------------------------------------------------------------------
@@ -380,6 +468,20 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
     append_kv(cache, table, key, value, token_request=np.arange(len(slots), dtype=np.int32),
               token_position=np.where(valid, slots % page_size, 0).astype(np.int32),
               dtype=dtype, stream=stream)
+
+
+def copy_pages(cache: PagedKVCache, tags: DeviceTags, copies: Sequence[dict], stream=None) -> List[Tuple[str, int]]:
+    """Copy-on-write / defragmentation copies inside one cache, each checked on the device:
+    copies are dicts {src, dst (page handles), writer, tokens}. Returns each copy's verdict."""
+    array = (_capi.PageCopy * max(len(copies), 1))()
+    for i, c in enumerate(copies):
+        array[i] = _capi.PageCopy(c["src"][0], c["src"][1], c["dst"][0], c["dst"][1], c["writer"], c["tokens"])
+    _check(_lib.slimserve_check_page_copies(byref(cache.view), array, len(copies)))
+    device = DeviceArray(np.frombuffer(bytes(array), np.uint8)[: len(copies) * ctypes.sizeof(_capi.PageCopy)], stream)
+    statuses = RequestStatuses(max(len(copies), 1))
+    _check(_lib.slimserve_copy_pages(byref(cache.view), tags._handle, device.ptr, len(copies),
+                                     statuses.ptr, _stream(stream)))
+    return statuses.to_host(len(copies), stream)
 
 
 class DecodeWrapper:

@@ -30,6 +30,20 @@ class AppendTarget(Structure):
     _fields_ = [("page", Page), ("copy_from", Page), ("needs_copy", c_int32)]
 
 
+class RequestRef(Structure):
+    _fields_ = [("slot", c_int32), ("writer", c_uint32)]
+
+
+class PagePlan(Structure):
+    _fields_ = [("needs_copy", c_int32), ("copy_from", Page), ("copy_to", Page),
+                ("copy_tokens", c_int32), ("cached_tokens", c_int64)]
+
+
+class PageCopy(Structure):
+    _fields_ = [("src", c_int32), ("src_tag", c_uint32), ("dst", c_int32), ("dst_tag", c_uint32),
+                ("writer", c_uint32), ("tokens", c_int32)]
+
+
 class PageTableView(Structure):
     _fields_ = [("indptr", c_void_p), ("indices", c_void_p), ("last_page_len", c_void_p),
                 ("expected_tags", c_void_p), ("batch_size", c_int32), ("page_size", c_int32)]
@@ -113,6 +127,25 @@ _SIGNATURES = {
                                           POINTER(Page), c_size_t, POINTER(c_int32)]),
     "slimserve_prefix_cache_insert": (S, [H, POINTER(c_int32), c_size_t, c_uint64, c_uint64,
                                            POINTER(Page), c_size_t, POINTER(c_int32)]),
+    "slimserve_request_sets_create": (S, [H, H, c_int32, c_int32, POINTER(H)]),
+    "slimserve_request_sets_destroy": (None, [H]),
+    "slimserve_request_sets_admit": (S, [H, POINTER(c_int32), c_size_t, c_uint64, c_uint64,
+                                          POINTER(RequestRef), POINTER(PagePlan)]),
+    "slimserve_request_sets_append": (S, [H, RequestRef, c_int32, POINTER(PagePlan)]),
+    "slimserve_request_sets_release_copy_sources": (None, [H]),
+    "slimserve_request_sets_fork": (S, [H, RequestRef, POINTER(RequestRef)]),
+    "slimserve_request_sets_preempt": (S, [H, RequestRef]),
+    "slimserve_request_sets_resume": (S, [H, RequestRef, POINTER(c_int32), c_size_t, c_uint64,
+                                           c_uint64, POINTER(RequestRef), POINTER(PagePlan)]),
+    "slimserve_request_sets_finish": (S, [H, RequestRef, POINTER(c_int32), c_size_t, c_uint64,
+                                           c_uint64]),
+    "slimserve_request_sets_is_active": (c_int32, [H, RequestRef]),
+    "slimserve_request_sets_pages": (S, [H, RequestRef, POINTER(Page), c_size_t, POINTER(c_size_t)]),
+    "slimserve_request_sets_tokens": (c_int64, [H, RequestRef]),
+    "slimserve_check_page_tags_owned": (S, [POINTER(PageTableView), H, c_void_p, c_void_p,
+                                             c_void_p, c_void_p, c_void_p]),
+    "slimserve_check_page_copies": (S, [POINTER(KvCache), POINTER(PageCopy), c_int32]),
+    "slimserve_copy_pages": (S, [POINTER(KvCache), H, c_void_p, c_int32, c_void_p, c_void_p]),
     "slimserve_page_table_create": (S, [c_int32, c_int64, c_int32, c_int32, POINTER(H)]),
     "slimserve_page_table_destroy": (None, [H]),
     "slimserve_page_table_build": (S, [H, POINTER(RequestPages), c_int32, c_void_p,
