@@ -59,7 +59,7 @@ Result<PagePool> PagePool::create(const PagePoolOptions& options) {
     if (pool.tag_base_ > std::numeric_limits<PageTag>::max() - min_tag_headroom) {
       pool.tag_base_ = 0;  // the process's tag space is used up: start over
     }
-    pool.highest_tag_ = pool.tag_base_;
+    pool.tag_bound_ = pool.tag_base_;
     pool.published_high_->store(pool.tag_base_, std::memory_order_relaxed);
     pools.live.push_back(pool.published_high_.get());
   }
@@ -85,18 +85,27 @@ void PagePool::publish_tag_high_water() const noexcept {
   if (published_high_ == nullptr) return;  // moved from
   PoolRegistry& pools = registry();
   std::lock_guard<std::mutex> lock(pools.mutex);
-  pools.destroyed_high = std::max(pools.destroyed_high, highest_tag_);
+  PageTag highest = tag_base_;  // exact, so a re-created pool wastes no tags
+  for (const PageMeta& m : meta_) highest = std::max(highest, m.tag);
+  pools.destroyed_high = std::max(pools.destroyed_high, highest);
   std::erase(pools.live, published_high_.get());
 }
 
 PagePool::~PagePool() { publish_tag_high_water(); }
+
+void PagePool::raise_tag_bound(PageTag tag) noexcept {
+  tag_bound_ = tag > std::numeric_limits<PageTag>::max() - tag_bound_step
+                   ? std::numeric_limits<PageTag>::max()
+                   : tag + tag_bound_step;
+  published_high_->store(tag_bound_, std::memory_order_relaxed);
+}
 
 PagePool& PagePool::operator=(PagePool&& other) noexcept {
   if (this != &other) {
     publish_tag_high_water();  // the pool being replaced is gone: later pools start above it
     meta_ = std::move(other.meta_);
     published_high_ = std::move(other.published_high_);
-    highest_tag_ = other.highest_tag_;
+    tag_bound_ = other.tag_bound_;
     free_stack_ = std::move(other.free_stack_);
     dirty_ = std::move(other.dirty_);
     other.meta_.clear();

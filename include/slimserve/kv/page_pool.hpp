@@ -218,6 +218,7 @@ class PagePool {
     }
   }
   void publish_tag_high_water() const noexcept;
+  void raise_tag_bound(PageTag tag) noexcept;
   PageId pop_available() noexcept;             // free list first, else evict
   void drop_last_reference(PageId page) noexcept;
   void unregister(PageId page) noexcept;
@@ -243,9 +244,11 @@ class PagePool {
   std::int32_t lru_tail_ = -1;
   PageTag max_tag_ = std::numeric_limits<PageTag>::max();
   PageTag tag_base_ = 0;
-  PageTag highest_tag_ = 0;  // the highest tag issued, mirrored into *published_high_
-  // Registered with the process's pool registry while this pool lives (stable across moves),
-  // so pools created later start above every tag this one issued so far.
+  // Every tag issued so far is <= tag_bound_, which is published (registered with the process's
+  // pool registry while this pool lives, stable across moves) so pools created later start
+  // above it. Raised in steps of tag_bound_step: the hot path only compares.
+  static constexpr PageTag tag_bound_step = 4096;
+  PageTag tag_bound_ = 0;
   std::unique_ptr<std::atomic<PageTag>> published_high_;
   WriterId last_writer_ = no_writer;
   EvictionListener* listener_ = nullptr;
@@ -256,10 +259,7 @@ class PagePool {
 inline PageHandle PagePool::take_page(PageId page, WriterId writer) noexcept {
   PageMeta& m = meta_[page];
   ++m.tag;
-  if (m.tag > highest_tag_) [[unlikely]] {  // once per new high tag: a relaxed store
-    highest_tag_ = m.tag;
-    published_high_->store(m.tag, std::memory_order_relaxed);
-  }
+  if (m.tag > tag_bound_) [[unlikely]] raise_tag_bound(m.tag);  // once per 4096 tags
   m.writer = writer;
   m.refs = 1;
   m.state = PageState::in_use;
