@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 from ctypes import byref, c_int32, c_size_t, c_void_p
 from typing import Iterable, List, Optional, Sequence, Tuple
 
@@ -112,6 +113,7 @@ class PagePool:
 
     def __init__(self, num_pages: int):
         self._handle = c_void_p()
+        self._dependents = []  # weak references to caches / page sets built on this pool
         _check(_lib.slimserve_page_pool_create(num_pages, byref(self._handle)))
         self.num_pages = num_pages
 
@@ -146,10 +148,18 @@ class PagePool:
         return ((target.page.id, target.page.tag), (target.copy_from.id, target.copy_from.tag),
                 bool(target.needs_copy))
 
-    def __del__(self):
+    def close(self) -> None:
+        """Frees the pool, after whatever was built on it: at interpreter exit the garbage
+        collector may finalize a pool before its cache, so the order is enforced here."""
+        for dependent in getattr(self, "_dependents", []):
+            alive = dependent()
+            if alive is not None:
+                alive.close()
         if getattr(self, "_handle", None):
             _lib.slimserve_page_pool_destroy(self._handle)
             self._handle = None
+
+    __del__ = close
 
 
 class PrefixCache:
@@ -158,8 +168,10 @@ class PrefixCache:
     def __init__(self, pool: PagePool, page_size: int, hash_seed: int = 0):
         self._pool = pool  # the cache must not outlive its pool
         self._handle = c_void_p()
+        self._dependents = []
         self.page_size = page_size
         _check(_lib.slimserve_prefix_cache_create(pool._handle, page_size, hash_seed, byref(self._handle)))
+        pool._dependents.append(weakref.ref(self))
 
     def match(self, tokens: Sequence[int], salt: int = 0, adapter_id: int = 0) -> List[PageHandle]:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
@@ -180,10 +192,16 @@ class PrefixCache:
             adapter_id, _pages_array(pages), len(pages), byref(inserted)))
         return inserted.value
 
-    def __del__(self):
+    def close(self) -> None:
+        for dependent in getattr(self, "_dependents", []):
+            alive = dependent()
+            if alive is not None:
+                alive.close()
         if getattr(self, "_handle", None):
             _lib.slimserve_prefix_cache_destroy(self._handle)
             self._handle = None
+
+    __del__ = close
 
 
 class RequestSets:
@@ -196,6 +214,9 @@ class RequestSets:
         self._handle = c_void_p()
         _check(_lib.slimserve_request_sets_create(pool._handle, cache._handle if cache else None,
                                                   max_requests, page_size, byref(self._handle)))
+        pool._dependents.append(weakref.ref(self))
+        if cache is not None:
+            cache._dependents.append(weakref.ref(self))
 
     @staticmethod
     def _plan(plan: _capi.PagePlan) -> dict:
@@ -256,10 +277,12 @@ class RequestSets:
     def tokens(self, request) -> int:
         return _lib.slimserve_request_sets_tokens(self._handle, _capi.RequestRef(*request))
 
-    def __del__(self):
+    def close(self) -> None:
         if getattr(self, "_handle", None):
             _lib.slimserve_request_sets_destroy(self._handle)
             self._handle = None
+
+    __del__ = close
 
 
 class DeviceTags:
