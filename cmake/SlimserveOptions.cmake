@@ -7,6 +7,17 @@ set(_slimserve_top_level ${PROJECT_IS_TOP_LEVEL})
 option(SLIMSERVE_BUILD_TESTS "Build slimserve's tests" ${_slimserve_top_level})
 option(SLIMSERVE_BUILD_EXAMPLES "Build slimserve's examples" ${_slimserve_top_level})
 option(SLIMSERVE_BUILD_BENCHMARKS "Build slimserve's benchmarks" ${_slimserve_top_level})
+# The CPU-emulated build of every kernel (slimserve::emulated). On for the top-level project
+# (tests, demo and benchmarks link it); an engine using add_subdirectory turns it on to run its
+# own tests without a GPU. Forced on when anything of slimserve's own needs it.
+option(SLIMSERVE_BUILD_EMULATED "Build slimserve::emulated, every kernel on the CPU emulator"
+       ${_slimserve_top_level})
+if(SLIMSERVE_BUILD_TESTS OR SLIMSERVE_BUILD_EXAMPLES OR SLIMSERVE_BUILD_BENCHMARKS)
+  set(SLIMSERVE_BUILD_EMULATED ON)
+endif()
+option(SLIMSERVE_BUILD_C_API
+  "Build the C ABI shared libraries (slimserve_c, and slimserve_c_emulated with the emulated build)"
+  ${_slimserve_top_level})
 cmake_dependent_option(SLIMSERVE_BUILD_GPU_TESTS
   "Also build the kernel tests with nvcc (they report skipped without a GPU)" ON
   "SLIMSERVE_BUILD_TESTS" OFF)

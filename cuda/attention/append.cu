@@ -72,8 +72,12 @@ constexpr std::array<DequantizeKernelEntry, 3> dequantize_entries() {
 
 }  // namespace
 
-Status append_kv(const AppendArguments& a, cudaStream_t stream) {
+Status can_implement(const AppendArguments& a) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
+  if (!is_valid(a.input_dtype)) {
+    return make_status(StatusCode::invalid_argument, "unknown activation dtype ",
+                       static_cast<int>(a.input_dtype));
+  }
   if (a.num_tokens < 0) {
     return make_status(StatusCode::invalid_argument, "num_tokens ", a.num_tokens, " < 0");
   }
@@ -96,6 +100,12 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   if (!aligned16(a.k_new) || !aligned16(a.v_new) || !aligned16(a.cache.k_pages) || !aligned16(a.cache.v_pages)) {
     return make_status(StatusCode::invalid_argument, "k_new, v_new and the K/V pages must be 16-byte aligned");
   }
+  return {};
+}
+
+Status append_kv(const AppendArguments& a, cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(can_implement(a));
+  if (a.num_tokens == 0 || a.table.batch_size == 0) return {};
   AppendLauncher launch = nullptr;
   for (const auto& entry : append_table()) {
     if (entry.kv_dtype == a.cache.dtype && entry.input_dtype == a.input_dtype && entry.head_dim == a.cache.head_dim) {

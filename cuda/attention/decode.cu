@@ -30,7 +30,11 @@ std::int32_t log2_exact(std::int32_t x) {
 }
 
 Status check_workspace(const DecodePlan& plan, const void* workspace, std::size_t bytes) {
-  if (workspace == nullptr || bytes < plan.layout.total_bytes) {
+  if (workspace == nullptr) {
+    return make_status(StatusCode::invalid_argument, "decode workspace is null; the plan needs ",
+                       plan.layout.total_bytes, " bytes");
+  }
+  if (bytes < plan.layout.total_bytes) {
     return make_status(StatusCode::resource_exhausted, "decode workspace of ", bytes,
                        " bytes (", workspace == nullptr ? "null" : "non-null", "); the plan needs ",
                        plan.layout.total_bytes);
@@ -43,6 +47,10 @@ Status check_workspace(const DecodePlan& plan, const void* workspace, std::size_
 
 Status check_run_arguments(const DecodeArguments& a, const DecodeProblem& p) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
+  if (!is_valid(a.q_dtype)) {
+    return make_status(StatusCode::invalid_argument, "unknown activation dtype ",
+                       static_cast<int>(a.q_dtype));
+  }
   if (a.cache.dtype != p.kv_dtype || a.cache.head_dim != p.head_dim ||
       a.cache.page_size != p.page_size || a.cache.num_kv_heads != p.num_kv_heads) {
     return make_status(StatusCode::invalid_argument, "the plan was made for a ",
@@ -85,11 +93,15 @@ Result<DecodePlan> plan_decode(const DecodePlanArguments& args, void* workspace,
   return plan;
 }
 
+Status can_implement(const DecodeArguments& a, const DecodePlan& plan) {
+  SLIMSERVE_RETURN_IF_ERROR(validate_decode_problem(plan.problem));
+  return check_run_arguments(a, plan.problem);
+}
+
 Status run_decode(const DecodeArguments& a, const DecodePlan& plan, void* workspace,
                   std::size_t workspace_bytes, cudaStream_t stream) {
   const DecodeProblem& p = plan.problem;
-  SLIMSERVE_RETURN_IF_ERROR(validate_decode_problem(p));
-  SLIMSERVE_RETURN_IF_ERROR(check_run_arguments(a, p));
+  SLIMSERVE_RETURN_IF_ERROR(can_implement(a, plan));
   SLIMSERVE_RETURN_IF_ERROR(check_workspace(plan, workspace, workspace_bytes));
   if (p.batch_size == 0) return {};
 
@@ -144,7 +156,11 @@ Status run_decode(const DecodeArguments& a, const DecodePlan& plan, void* worksp
   return merge_attention_states(merge, stream);
 }
 
-Status merge_attention_states(const MergeArguments& a, cudaStream_t stream) {
+Status can_implement(const MergeArguments& a) {
+  if (!is_valid(a.out_dtype)) {
+    return make_status(StatusCode::invalid_argument, "unknown activation dtype ",
+                       static_cast<int>(a.out_dtype));
+  }
   if (!supported_head_dim(a.head_dim)) {
     return make_status(StatusCode::unsupported, "head_dim ", a.head_dim, " is not supported");
   }
@@ -156,6 +172,12 @@ Status merge_attention_states(const MergeArguments& a, cudaStream_t stream) {
   if (a.partial_o == nullptr || a.partial_lse == nullptr || a.split_indptr == nullptr || a.o == nullptr) {
     return make_status(StatusCode::invalid_argument, "merge inputs and output must be non-null");
   }
+  return {};
+}
+
+Status merge_attention_states(const MergeArguments& a, cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(can_implement(a));
+  if (a.batch_size == 0 || a.rows_per_request == 0) return {};
   kernels::MergeParams params{a.partial_o, a.partial_lse, a.split_indptr, a.o, a.lse,
                               a.rows_per_request, a.head_dim};
   const rt::LaunchConfig config{dim3(static_cast<unsigned>(a.batch_size), static_cast<unsigned>(a.rows_per_request)),

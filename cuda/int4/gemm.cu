@@ -152,7 +152,7 @@ GemmWorkspaceLayout layout_workspace(const GemmArguments& args, GemmPath path, i
 }  // namespace detail
 
 Status can_implement(const GemmArguments& args) {
-  if (args.activation != ActivationType::bf16 && args.activation != ActivationType::fp16) {
+  if (!is_valid(args.activation)) {
     return make_status(StatusCode::invalid_argument, "unknown activation type ",
                        static_cast<int>(args.activation));
   }
@@ -185,6 +185,11 @@ Status can_implement(const GemmArguments& args) {
 
 Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(args));
+  if (options.path != GemmPath::automatic && options.path != GemmPath::fused &&
+      options.path != GemmPath::expand) {
+    return make_status(StatusCode::invalid_argument, "unknown GEMM path ",
+                       static_cast<int>(options.path));
+  }
   if (options.split_k < 0) {
     return make_status(StatusCode::invalid_argument, "split_k = ", options.split_k,
                        " (0: automatic, s >= 1: s slices)");
@@ -245,7 +250,11 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
                        "the plan was made for other arguments (workspace ",
                        plan.workspace.total_bytes, " bytes, these need ", layout.total_bytes, ")");
   }
-  if (workspace_bytes < layout.total_bytes || (layout.total_bytes > 0 && workspace == nullptr)) {
+  if (layout.total_bytes > 0 && workspace == nullptr) {
+    return make_status(StatusCode::invalid_argument, "workspace is null; the plan needs ",
+                       layout.total_bytes, " bytes");
+  }
+  if (workspace_bytes < layout.total_bytes) {
     return make_status(StatusCode::resource_exhausted, "workspace of ", workspace_bytes,
                        " bytes; the plan needs ", layout.total_bytes);
   }

@@ -98,18 +98,24 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
 
 namespace {
 
-// Shared by both table forms: preflight of what they have in common, then the launch.
+// Shared by both table forms: preflight of what they have in common.
+Status check_common(const DeviceTagArray* page_tags, std::int32_t batch_size,
+                    const RequestStatus* statuses) {
+  if (page_tags == nullptr || page_tags->data() == nullptr) {
+    return make_status(StatusCode::invalid_argument, "check_page_tags: no device tag array");
+  }
+  if (batch_size > 0 && statuses == nullptr) {
+    return make_status(StatusCode::invalid_argument, "check_page_tags: statuses is null");
+  }
+  return {};
+}
+
+// Shared by both table forms: the launch, after can_implement.
 template <class Rows>
 Status launch_tag_check(const Rows& rows, const DeviceTagArray* page_tags,
                         const WriterId* writers, const std::int32_t* append_indptr,
                         RequestStatus* statuses, std::int32_t* aborted_count,
                         cudaStream_t stream) {
-  if (page_tags == nullptr || page_tags->data() == nullptr) {
-    return make_status(StatusCode::invalid_argument, "check_page_tags: no device tag array");
-  }
-  if (rows.batch_size() > 0 && statuses == nullptr) {
-    return make_status(StatusCode::invalid_argument, "check_page_tags: statuses is null");
-  }
   if (aborted_count != nullptr) {
     SLIMSERVE_RETURN_IF_ERROR(rt::memset_async(aborted_count, 0, sizeof(std::int32_t), stream));
   }
@@ -127,7 +133,7 @@ Status launch_tag_check(const Rows& rows, const DeviceTagArray* page_tags,
 
 }  // namespace
 
-Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) {
+Status can_implement(const TagCheckArguments& arguments) {
   const PageTableView& table = arguments.table;
   if (table.batch_size < 0 || table.page_size < 1) {
     return make_status(StatusCode::invalid_argument, "check_page_tags: batch_size ",
@@ -137,12 +143,17 @@ Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) 
                                table.indices == nullptr || table.expected_tags == nullptr)) {
     return make_status(StatusCode::invalid_argument, "check_page_tags: a page-table array is null");
   }
-  return launch_tag_check(CsrRows{table}, arguments.page_tags, arguments.writers,
+  return check_common(arguments.page_tags, table.batch_size, arguments.statuses);
+}
+
+Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
+  return launch_tag_check(CsrRows{arguments.table}, arguments.page_tags, arguments.writers,
                           arguments.append_indptr, arguments.statuses, arguments.aborted_count,
                           stream);
 }
 
-Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream) {
+Status can_implement(const BlockTagCheckArguments& arguments) {
   const BlockTableView& table = arguments.table;
   if (table.batch_size < 0 || table.page_size < 1 || table.max_pages_per_request < 0) {
     return make_status(StatusCode::invalid_argument, "check_page_tags: batch_size ",
@@ -153,7 +164,12 @@ Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t str
                                table.seq_lens == nullptr)) {
     return make_status(StatusCode::invalid_argument, "check_page_tags: a block-table array is null");
   }
-  return launch_tag_check(BlockRows{table}, arguments.page_tags, arguments.writers,
+  return check_common(arguments.page_tags, table.batch_size, arguments.statuses);
+}
+
+Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
+  return launch_tag_check(BlockRows{arguments.table}, arguments.page_tags, arguments.writers,
                           arguments.append_indptr, arguments.statuses, arguments.aborted_count,
                           stream);
 }

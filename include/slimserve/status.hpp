@@ -6,12 +6,17 @@
 /// that names the offending value (for people). Host preflight code builds the message;
 /// kernels never do. A Status is cheap when ok (no allocation).
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
+#if defined(__cpp_exceptions)
+#include <stdexcept>
+#endif
 
 #include "slimserve/config.hpp"
 
@@ -84,7 +89,36 @@ Status make_status(StatusCode code, const Parts&... parts) {
   return Status(code, text.str());
 }
 
+#if defined(__cpp_exceptions)
+/// Thrown by Result::value() when the Result holds an error (compare std::bad_optional_access).
+class BadResultAccess : public std::logic_error {
+ public:
+  explicit BadResultAccess(Status status)
+      : std::logic_error("Result::value() on an error: " + status.to_string()),
+        status_(std::move(status)) {}
+  const Status& status() const noexcept { return status_; }
+
+ private:
+  Status status_;
+};
+#endif
+
+namespace detail {
+/// value() on an error: throws BadResultAccess, or (built without exceptions) prints the
+/// status and aborts. Never undefined behaviour.
+[[noreturn]] inline void bad_result_access(const Status& status) {
+#if defined(__cpp_exceptions)
+  throw BadResultAccess(status);
+#else
+  std::fprintf(stderr, "slimserve: Result::value() on an error: %s\n", status.to_string().c_str());
+  std::abort();
+#endif
+}
+}  // namespace detail
+
 /// A value or the Status that explains why there is none (std::expected is C++23).
+///   value()      checked: on an error it throws BadResultAccess (aborts without exceptions);
+///   operator*/-> unchecked, as std::optional's: the caller has tested ok().
 template <class T>
 class [[nodiscard]] Result {
  public:
@@ -97,16 +131,35 @@ class [[nodiscard]] Result {
   explicit operator bool() const noexcept { return ok(); }
   const Status& status() const noexcept { return status_; }
 
-  // Precondition for the accessors: ok().
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
+  T& value() & {
+    check();
+    return *value_;
+  }
+  const T& value() const& {
+    check();
+    return *value_;
+  }
+  T&& value() && {
+    check();
+    return std::move(*value_);
+  }
+  /// The value, or `fallback` when this holds an error.
+  template <class U>
+  T value_or(U&& fallback) const& {
+    return ok() ? *value_ : static_cast<T>(std::forward<U>(fallback));
+  }
+
+  // Unchecked accessors. Precondition: ok().
   T* operator->() { return &*value_; }
   const T* operator->() const { return &*value_; }
   T& operator*() & { return *value_; }
   const T& operator*() const& { return *value_; }
+  T&& operator*() && { return std::move(*value_); }
 
  private:
+  void check() const {
+    if (!ok()) detail::bad_result_access(status_);
+  }
   std::optional<T> value_;
   Status status_;
 };

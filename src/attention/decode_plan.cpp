@@ -79,6 +79,10 @@ DecodeBlockShape decode_block_shape(const DecodeProblem& problem) {
 }
 
 Status validate_decode_problem(const DecodeProblem& p) {
+  if (!is_valid(p.kv_dtype)) {
+    return make_status(StatusCode::invalid_argument, "unknown KV dtype ",
+                       static_cast<int>(p.kv_dtype));
+  }
   if (p.batch_size < 0) {
     return make_status(StatusCode::invalid_argument, "batch_size ", p.batch_size, " < 0");
   }

@@ -7,6 +7,19 @@ SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
 
 Status validate_cache_view(const PagedKVCacheView& cache) {
+  // Enum values that arrive as integers (C ABI, Python, casts) are checked before any use.
+  if (!is_valid(cache.dtype)) {
+    return make_status(StatusCode::invalid_argument, "unknown KV dtype ",
+                       static_cast<int>(cache.dtype));
+  }
+  if (!is_valid(cache.layout)) {
+    return make_status(StatusCode::invalid_argument, "unknown KV layout ",
+                       static_cast<int>(cache.layout));
+  }
+  if (!is_valid(cache.scale_mode)) {
+    return make_status(StatusCode::invalid_argument, "unknown scale mode ",
+                       static_cast<int>(cache.scale_mode));
+  }
   if (!supported_page_size(cache.page_size)) {
     return make_status(StatusCode::unsupported, "page_size ", cache.page_size,
                        " is not supported (16, 32, 64 or 128)");

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include <type_traits>
+
+#include "slimserve/attention/decode_plan.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
 
 using namespace slimserve;
@@ -56,6 +59,34 @@ TEST_CASE("cache view preflight", "[attention][cache]") {
   v.page_size = 128;
   v.v_pages = nullptr;
   CHECK(validate_cache_view(v).code() == StatusCode::invalid_argument);
+}
+
+TEST_CASE("enum values cast from integers are range-checked", "[attention][cache]") {
+  float dummy[4] = {1, 1, 1, 1};
+  PagedKVCacheView v;
+  v.k_pages = dummy;
+  v.v_pages = dummy;
+  v.num_pages = 4;
+  v.page_size = 16;
+  v.num_kv_heads = 2;
+  v.head_dim = 128;
+  REQUIRE(can_implement(v).ok());
+  PagedKVCacheView bad = v;
+  bad.dtype = static_cast<KvDtype>(9);
+  CHECK(can_implement(bad).code() == StatusCode::invalid_argument);
+  CHECK(can_implement(bad).message().find("9") != std::string_view::npos);
+  bad = v;
+  bad.layout = static_cast<KvLayout>(2);
+  CHECK(can_implement(bad).code() == StatusCode::invalid_argument);
+  bad = v;
+  bad.scale_mode = static_cast<KvScaleMode>(3);
+  CHECK(can_implement(bad).code() == StatusCode::invalid_argument);
+  CHECK_FALSE(is_valid(static_cast<ActivationDtype>(2)));
+  CHECK(is_valid(ActivationDtype::fp16));
+  // One activation enum: attention's and int4's names are the same type.
+  static_assert(std::is_same_v<ActivationDtype, slimserve::ActivationDtype>);
+  DecodeProblem problem{1, 8, 2, 128, 16, 1, static_cast<KvDtype>(4)};
+  CHECK(can_implement(problem).code() == StatusCode::invalid_argument);
 }
 
 TEST_CASE("cache addressing: NHD and HND cover each page exactly once", "[attention][cache]") {

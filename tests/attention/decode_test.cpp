@@ -432,6 +432,14 @@ TEST_CASE("decode: preflight refuses before launching, outputs untouched", "[att
   SECTION("workspace too small") {
     CHECK(run_decode(args, *plan, workspace->data(), *bytes - 4, nullptr).code() == StatusCode::resource_exhausted);
   }
+  SECTION("null workspace is an invalid argument, not a shortage") {
+    CHECK(run_decode(args, *plan, nullptr, *bytes, nullptr).code() == StatusCode::invalid_argument);
+  }
+  SECTION("enum values out of range are refused at the boundary") {
+    args.q_dtype = static_cast<ActivationDtype>(5);
+    CHECK(can_implement(args, *plan).code() == StatusCode::invalid_argument);
+    CHECK(run_decode(args, *plan, workspace->data(), *bytes, nullptr).code() == StatusCode::invalid_argument);
+  }
   SECTION("plan made for another cache") {
     args.cache.dtype = KvDtype::fp8_e5m2;
     CHECK(run_decode(args, *plan, workspace->data(), *bytes, nullptr).code() == StatusCode::invalid_argument);

@@ -1,10 +1,12 @@
 #include <catch2/catch.hpp>
 
+#include <memory>
 #include <string>
 
 #include "slimserve/status.hpp"
 #include "slimserve/version.hpp"
 
+using slimserve::BadResultAccess;
 using slimserve::make_status;
 using slimserve::Result;
 using slimserve::Status;
@@ -48,6 +50,28 @@ TEST_CASE("Result holds a value or the Status explaining its absence") {
   // A Result built from an ok Status is a bug in the caller: it must not look like success.
   Result<int> misuse{Status{}};
   CHECK(misuse.status().code() == StatusCode::internal);
+}
+
+TEST_CASE("Result::value() is checked; rvalue accessors move the value out") {
+  Result<int> bad = parse_positive(-3);
+  CHECK_THROWS_AS(bad.value(), BadResultAccess);
+  try {
+    (void)bad.value();
+  } catch (const BadResultAccess& error) {
+    CHECK(error.status().code() == StatusCode::invalid_argument);
+    CHECK(std::string(error.what()).find("expected > 0, got -3") != std::string::npos);
+  }
+  CHECK_THROWS_AS(std::move(bad).value(), BadResultAccess);
+  CHECK(parse_positive(-1).value_or(7) == 7);
+  CHECK(parse_positive(4).value_or(7) == 4);
+
+  Result<std::unique_ptr<int>> owned{std::make_unique<int>(11)};
+  std::unique_ptr<int> taken = *std::move(owned);  // rvalue operator*: moves, no copy
+  REQUIRE(taken != nullptr);
+  CHECK(*taken == 11);
+  Result<std::unique_ptr<int>> again{std::make_unique<int>(12)};
+  std::unique_ptr<int> by_value = std::move(again).value();
+  CHECK(*by_value == 12);
 }
 
 TEST_CASE("the linked library's version matches the headers") {

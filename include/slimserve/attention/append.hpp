@@ -40,7 +40,10 @@ struct AppendArguments {
   const std::int32_t* append_indptr = nullptr;   ///< [batch_size + 1] chunk form
 };
 
-/// Preflight (shapes, types, pointers, alignment) and launch of the append kernel.
+/// Preflight only (shapes, enum ranges, types, pointers, alignment); nothing is launched.
+Status can_implement(const AppendArguments& args);
+
+/// Preflight (can_implement) and launch of the append kernel.
 Status append_kv(const AppendArguments& args, cudaStream_t stream);
 
 /// Host copies of what append_kv reads, for an all-or-nothing check before launching.

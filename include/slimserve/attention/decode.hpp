@@ -47,6 +47,9 @@ struct DecodeArguments {
 Result<DecodePlan> plan_decode(const DecodePlanArguments& args, void* workspace,
                                std::size_t workspace_bytes, cudaStream_t stream);
 
+/// Preflight of a run against its plan (shapes, enum ranges, pointers, alignment); no launch.
+Status can_implement(const DecodeArguments& args, const DecodePlan& plan);
+
 /// Launch only: preflight against the plan, then attention (+ merge). Capturable.
 Status run_decode(const DecodeArguments& args, const DecodePlan& plan, void* workspace,
                   std::size_t workspace_bytes, cudaStream_t stream);
@@ -63,6 +66,7 @@ struct MergeArguments {
   float* lse = nullptr;  ///< [batch_size, rows_per_request] or null
   ActivationDtype out_dtype = ActivationDtype::bf16;
 };
+Status can_implement(const MergeArguments& args);
 Status merge_attention_states(const MergeArguments& args, cudaStream_t stream);
 
 }  // namespace attention

@@ -61,6 +61,8 @@ DecodeBlockShape decode_block_shape(const DecodeProblem& problem);
 
 /// Shape checks: supported head_dim / page size / GQA ratio / query tokens, block fits.
 Status validate_decode_problem(const DecodeProblem& problem);
+/// The preflight name every component uses (same as validate_decode_problem).
+inline Status can_implement(const DecodeProblem& problem) { return validate_decode_problem(problem); }
 
 struct DecodePlanArguments {
   DecodeProblem problem;

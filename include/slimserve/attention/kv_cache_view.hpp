@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "slimserve/activation_dtype.hpp"
 #include "slimserve/config.hpp"
 #include "slimserve/status.hpp"
 
@@ -28,10 +29,24 @@ namespace attention {
 
 /// Element type of the cached K/V pages.
 enum class KvDtype : std::uint8_t { bf16, fp16, fp8_e4m3, fp8_e5m2 };
-/// Element type of activations: queries, outputs, and new K/V handed to the append kernel.
-enum class ActivationDtype : std::uint8_t { bf16, fp16 };
+/// Element type of activations: queries, outputs, and new K/V handed to the append kernel
+/// (the library-wide enum; this alias keeps the component's historical name).
+using ActivationDtype = slimserve::ActivationDtype;
+using slimserve::is_valid;
+using slimserve::to_string;
 enum class KvLayout : std::uint8_t { nhd, hnd };
 enum class KvScaleMode : std::uint8_t { none, per_tensor, per_token };
+
+/// Range checks for values that cross a boundary as integers (C ABI, Python, casts).
+constexpr bool is_valid(KvDtype dtype) noexcept {
+  return static_cast<std::uint8_t>(dtype) <= static_cast<std::uint8_t>(KvDtype::fp8_e5m2);
+}
+constexpr bool is_valid(KvLayout layout) noexcept {
+  return layout == KvLayout::nhd || layout == KvLayout::hnd;
+}
+constexpr bool is_valid(KvScaleMode mode) noexcept {
+  return static_cast<std::uint8_t>(mode) <= static_cast<std::uint8_t>(KvScaleMode::per_token);
+}
 
 constexpr std::string_view to_string(KvDtype dtype) noexcept {
   switch (dtype) {
@@ -127,8 +142,10 @@ inline Status validate_static_scales(float k_scale, float v_scale) {
   return validate_static_scale(v_scale, "v_scale");
 }
 
-/// Shape, type and pointer checks of a view (the page contents are not read).
+/// Shape, type, enum-range and pointer checks of a view (the page contents are not read).
 Status validate_cache_view(const PagedKVCacheView& cache);
+/// The preflight name every component uses (same as validate_cache_view).
+inline Status can_implement(const PagedKVCacheView& cache) { return validate_cache_view(cache); }
 
 }  // namespace attention
 SLIMSERVE_NAMESPACE_END

@@ -20,9 +20,8 @@
 
 #include "slimserve/config.hpp"
 #include "slimserve/int4/gemm_layout.hpp"
+#include "slimserve/runtime/stream.hpp"
 #include "slimserve/status.hpp"
-
-struct CUstream_st;  // cudaStream_t is CUstream_st*, on the GPU and in the emulator
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace int4 {

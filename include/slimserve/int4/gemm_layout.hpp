@@ -40,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include "slimserve/activation_dtype.hpp"
 #include "slimserve/config.hpp"
 #include "slimserve/formats/float_formats.hpp"
 #include "slimserve/int4/quantized_matrix.hpp"
@@ -48,12 +49,12 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace int4 {
 
-/// The type of the GEMM's activations (A), outputs (C), bias, scales and zeros.
-enum class ActivationType : std::uint8_t { bf16, fp16 };
-
-constexpr std::string_view to_string(ActivationType type) noexcept {
-  return type == ActivationType::bf16 ? "bf16" : "fp16";
-}
+/// The type of the GEMM's activations (A), outputs (C), bias, scales and zeros: the
+/// library-wide enum (activation_dtype.hpp); `ActivationType` is the component's historical name.
+using ActivationType = slimserve::ActivationDtype;
+using ActivationDtype = slimserve::ActivationDtype;
+using slimserve::is_valid;
+using slimserve::to_string;
 
 namespace gemm_layout {
 

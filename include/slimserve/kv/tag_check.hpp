@@ -49,6 +49,10 @@ struct BlockTagCheckArguments {
   const std::int32_t* append_indptr = nullptr;  ///< device, [table.batch_size + 1], optional
 };
 
+/// Preflight only (pointers, sizes); nothing is launched. check_page_tags runs it first.
+Status can_implement(const TagCheckArguments& arguments);
+Status can_implement(const BlockTagCheckArguments& arguments);
+
 /// Enqueues the check on `stream`. Host preflight only (pointers, sizes); the verdicts are on
 /// the device when the stream reaches them.
 Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream);

@@ -9,11 +9,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <utility>
 
-#include "slimserve/runtime/platform.hpp"
+#include "slimserve/config.hpp"
+#include "slimserve/runtime/stream.hpp"
 #include "slimserve/status.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
@@ -21,66 +21,22 @@ namespace rt {
 
 enum class CopyDirection { host_to_device, device_to_host, device_to_device };
 
-#if defined(SLIMSERVE_PLATFORM_CUDA)
-namespace detail {
-inline Status cuda_status(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return {};
-  return make_status(StatusCode::device_error, what, ": ", cudaGetErrorString(err));
-}
-}  // namespace detail
+// Defined once per platform in the compiled library (src/runtime/memory.cpp): the CUDA runtime
+// in slimserve::slimserve, the emulator in slimserve::emulated. Declaring them here, out of
+// line, is what lets host code include this header (and the kv headers built on it) with a
+// plain C++ compiler.
 
-inline int device_count() noexcept {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return count;
-}
-inline Status device_malloc(void** ptr, std::size_t bytes) {
-  return detail::cuda_status(cudaMalloc(ptr, bytes), "cudaMalloc");
-}
-inline Status device_free(void* ptr) { return detail::cuda_status(cudaFree(ptr), "cudaFree"); }
-inline Status pinned_malloc(void** ptr, std::size_t bytes) {
-  return detail::cuda_status(cudaMallocHost(ptr, bytes), "cudaMallocHost");
-}
-inline Status pinned_free(void* ptr) {
-  return detail::cuda_status(cudaFreeHost(ptr), "cudaFreeHost");
-}
-inline Status copy_async(void* dst, const void* src, std::size_t bytes, CopyDirection direction,
-                         cudaStream_t stream) {
-  cudaMemcpyKind kind = direction == CopyDirection::host_to_device   ? cudaMemcpyHostToDevice
-                        : direction == CopyDirection::device_to_host ? cudaMemcpyDeviceToHost
-                                                                     : cudaMemcpyDeviceToDevice;
-  return detail::cuda_status(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync");
-}
-inline Status memset_async(void* dst, int value, std::size_t bytes, cudaStream_t stream) {
-  return detail::cuda_status(cudaMemsetAsync(dst, value, bytes, stream), "cudaMemsetAsync");
-}
-inline Status stream_synchronize(cudaStream_t stream) {
-  return detail::cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-}
-#else
-inline int device_count() noexcept { return 0; }  // the emulator is not a GPU
-inline Status device_malloc(void** ptr, std::size_t bytes) {
-  return emu::device_malloc(ptr, bytes);
-}
-inline Status device_free(void* ptr) { return emu::device_free(ptr); }
-inline Status pinned_malloc(void** ptr, std::size_t bytes) {
-  return emu::device_malloc(ptr, bytes);
-}
-inline Status pinned_free(void* ptr) { return emu::device_free(ptr); }
-inline Status copy_async(void* dst, const void* src, std::size_t bytes, CopyDirection,
-                         cudaStream_t) {
-  if (bytes != 0) std::memmove(dst, src, bytes);
-  return {};
-}
-inline Status memset_async(void* dst, int value, std::size_t bytes, cudaStream_t) {
-  if (bytes != 0) std::memset(dst, value, bytes);
-  return {};
-}
-inline Status stream_synchronize(cudaStream_t) { return {}; }
-#endif
+/// GPUs visible to the process; 0 without a GPU and always 0 in the emulator.
+int device_count() noexcept;
+Status device_malloc(void** ptr, std::size_t bytes);
+Status device_free(void* ptr);
+/// Page-locked host memory (ordinary host memory in the emulator).
+Status pinned_malloc(void** ptr, std::size_t bytes);
+Status pinned_free(void* ptr);
+Status copy_async(void* dst, const void* src, std::size_t bytes, CopyDirection direction,
+                  cudaStream_t stream);
+Status memset_async(void* dst, int value, std::size_t bytes, cudaStream_t stream);
+Status stream_synchronize(cudaStream_t stream);
 
 /// Owning, move-only device allocation of `count` elements of T.
 template <class T>

@@ -145,7 +145,14 @@ TEST_CASE("bad split_k, plans and workspaces are refused before any launch") {
   const Status short_workspace =
       run_gemm(args, *plan, workspace->data(), plan->workspace_bytes() - 1, nullptr);
   CHECK(short_workspace.code() == StatusCode::resource_exhausted);
-  CHECK(run_gemm(args, *plan, nullptr, 0, nullptr).code() == StatusCode::resource_exhausted);
+  // A null workspace is a caller bug, not a shortage.
+  CHECK(run_gemm(args, *plan, nullptr, 0, nullptr).code() == StatusCode::invalid_argument);
+  GemmOptions bad_path;
+  bad_path.path = static_cast<GemmPath>(7);
+  CHECK(plan_gemm(args, bad_path).status().code() == StatusCode::invalid_argument);
+  GemmArguments bad_activation = args;
+  bad_activation.activation = static_cast<ActivationType>(9);
+  CHECK(can_implement(bad_activation).code() == StatusCode::invalid_argument);
 
   GemmArguments other = args;
   other.m = 8;  // the plan's workspace was sized for m = 4

@@ -1,6 +1,11 @@
-// Host side of the consumer: plain C++20, no CUDA compiler needed for these headers.
+// Host side of the consumer: plain C++20, no CUDA compiler and no CUDA headers needed, even
+// for the kv façade that schedules device work (tag check, device tag array, page tables).
 #include <cstdio>
 
+#include <slimserve/attention/decode.hpp>
+#include <slimserve/int4/gemm.hpp>
+#include <slimserve/kv/device_page_table.hpp>
+#include <slimserve/kv/tag_check.hpp>
 #include <slimserve/version.hpp>
 
 int consumer_kernel_check();  // kernels.cu
@@ -11,7 +16,13 @@ int main() {
     std::printf("header/library version mismatch\n");
     return 1;
   }
-  std::printf("slimserve %d.%d.%d found; kernel headers compiled: %d\n", linked.major,
-              linked.minor, linked.patch, consumer_kernel_check());
+  // A host-only call into the library: preflight refuses a tag check without a tag array.
+  const slimserve::Status refused = slimserve::kv::can_implement(slimserve::kv::TagCheckArguments{});
+  if (refused.code() != slimserve::StatusCode::invalid_argument) {
+    std::printf("tag-check preflight accepted empty arguments\n");
+    return 1;
+  }
+  std::printf("slimserve %d.%d.%d found; GPUs: %d; kernel headers compiled: %d\n", linked.major,
+              linked.minor, linked.patch, slimserve::rt::device_count(), consumer_kernel_check());
   return 0;
 }

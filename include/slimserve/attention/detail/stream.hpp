@@ -1,8 +1,6 @@
 #pragma once
 /// \file
-/// \brief Names the CUDA stream type without including a CUDA header, so the host-side
-/// attention API stays plain C++. The same declaration the CUDA runtime (and the CPU
-/// emulator) makes: an opaque pointer.
+/// \brief Kept for code that included it: the stream type now comes from one runtime header
+/// shared by kv, attention and int4.
 
-struct CUstream_st;
-using cudaStream_t = CUstream_st*;
+#include "slimserve/runtime/stream.hpp"

@@ -1,0 +1,516 @@
+/*
+ * slimserve C ABI (C99): tagged KV pages, FP8/BF16 KV cache append and decode attention, INT4
+ * weights, for engines written in C, Rust, Go, Zig, or Python over ctypes/cffi.
+ *
+ * Conventions
+ *  - Every fallible call returns a slimserve_status; SLIMSERVE_OK is 0. On an error the
+ *    thread's last message (slimserve_last_error) names the offending value, and nothing was
+ *    changed: pools, caches and outputs are as before the call.
+ *  - Objects are opaque handles made by *_create and freed by *_destroy (NULL is accepted).
+ *    A handle is used by one thread at a time.
+ *  - No C++ type crosses this boundary: fixed-width integers, floats, pointers and the plain
+ *    structs below. Enumerations travel as int32_t and are range-checked by every call.
+ *  - Pointers documented "device" are GPU memory for the CUDA build (libslimserve_c) and
+ *    emulator memory from slimserve_device_alloc for the CPU-emulated build
+ *    (libslimserve_c_emulated); "host" pointers are ordinary memory.
+ *  - Streams are cudaStream_t values passed as slimserve_stream (NULL: the default stream).
+ *  - Symbols are versioned (ELF version node SLIMSERVE_C_1) and nothing else is exported; the
+ *    header's SLIMSERVE_C_ABI_VERSION must equal slimserve_c_abi_version() at run time.
+ */
+#ifndef SLIMSERVE_C_SLIMSERVE_H_
+#define SLIMSERVE_C_SLIMSERVE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SLIMSERVE_C_ABI_VERSION 1
+
+#if defined(__GNUC__) || defined(__clang__)
+#define SLIMSERVE_C_API __attribute__((visibility("default")))
+#else
+#define SLIMSERVE_C_API
+#endif
+
+/* ---- Status --------------------------------------------------------------------------- */
+
+typedef int32_t slimserve_status;
+enum {
+  SLIMSERVE_OK = 0,
+  SLIMSERVE_INVALID_ARGUMENT = 1,    /* a value outside what the call accepts */
+  SLIMSERVE_OUT_OF_RANGE = 2,        /* an index outside its container */
+  SLIMSERVE_UNSUPPORTED = 3,         /* valid, but not implemented by this build */
+  SLIMSERVE_RESOURCE_EXHAUSTED = 4,  /* not enough pages / workspace; nothing was taken */
+  SLIMSERVE_STALE_HANDLE = 5,        /* a (page, tag) handle whose tag no longer matches */
+  SLIMSERVE_FAILED_PRECONDITION = 6, /* wrong state (double free, refcount underflow) */
+  SLIMSERVE_DATA_LOSS = 7,           /* an input contradicts itself */
+  SLIMSERVE_IO_ERROR = 8,
+  SLIMSERVE_DEVICE_ERROR = 9,        /* the CUDA runtime (or the emulator) failed */
+  SLIMSERVE_INTERNAL = 10            /* a bug in slimserve (or an unexpected exception) */
+};
+
+/* The message of this thread's last failed call ("" after a success). Valid until the next
+ * slimserve call on this thread. */
+SLIMSERVE_C_API const char* slimserve_last_error(void);
+/* "ok", "invalid argument", ...; "unknown" for other values. Static storage. */
+SLIMSERVE_C_API const char* slimserve_status_name(slimserve_status status);
+/* SLIMSERVE_C_ABI_VERSION of the library. */
+SLIMSERVE_C_API int32_t slimserve_c_abi_version(void);
+/* Library version as major * 10000 + minor * 100 + patch. */
+SLIMSERVE_C_API int32_t slimserve_version(void);
+/* 1 when this library runs every kernel on the CPU emulator, 0 for the CUDA build. */
+SLIMSERVE_C_API int32_t slimserve_is_emulated(void);
+
+/* ---- Memory and streams ---------------------------------------------------------------- */
+
+typedef struct CUstream_st* slimserve_stream;
+
+typedef int32_t slimserve_copy_kind;
+enum {
+  SLIMSERVE_HOST_TO_DEVICE = 0,
+  SLIMSERVE_DEVICE_TO_HOST = 1,
+  SLIMSERVE_DEVICE_TO_DEVICE = 2
+};
+
+/* Device memory (256-byte aligned; on the emulator it starts filled with 0xFF bytes). */
+SLIMSERVE_C_API slimserve_status slimserve_device_alloc(size_t bytes, void** out);
+SLIMSERVE_C_API slimserve_status slimserve_device_free(void* ptr);
+SLIMSERVE_C_API slimserve_status slimserve_memcpy_async(void* dst, const void* src, size_t bytes,
+                                                        slimserve_copy_kind kind,
+                                                        slimserve_stream stream);
+SLIMSERVE_C_API slimserve_status slimserve_memset_async(void* dst, int32_t byte_value,
+                                                        size_t bytes, slimserve_stream stream);
+SLIMSERVE_C_API slimserve_status slimserve_stream_synchronize(slimserve_stream stream);
+/* Page-locked host memory (what swap_pages moves records to and from). */
+SLIMSERVE_C_API slimserve_status slimserve_host_alloc(size_t bytes, void** out);
+SLIMSERVE_C_API slimserve_status slimserve_host_free(void* ptr);
+
+/* ---- KV pages: pool with generation tags ------------------------------------------------ */
+
+/* A page an owner holds: its id and the tag it had when the owner got it. */
+typedef struct slimserve_page {
+  int32_t id;
+  uint32_t tag;
+} slimserve_page;
+
+typedef struct slimserve_page_pool slimserve_page_pool;
+
+/* num_pages includes the guard page 0: num_pages - 1 pages can be allocated. */
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_create(int32_t num_pages,
+                                                            slimserve_page_pool** out);
+SLIMSERVE_C_API void slimserve_page_pool_destroy(slimserve_page_pool* pool);
+/* `count` pages, all or nothing (SLIMSERVE_RESOURCE_EXHAUSTED takes none). */
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_allocate(slimserve_page_pool* pool,
+                                                              slimserve_page* out, size_t count);
+/* Drops one reference of each page, all or nothing (a stale handle changes nothing). */
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_release(slimserve_page_pool* pool,
+                                                             const slimserve_page* pages,
+                                                             size_t count);
+/* Adds a reference (a forked sequence also holds the page). */
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_share(slimserve_page_pool* pool,
+                                                           slimserve_page page);
+/* SLIMSERVE_OK when `page` is live (in use under this tag), else SLIMSERVE_STALE_HANDLE etc. */
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_validate(const slimserve_page_pool* pool,
+                                                              slimserve_page page);
+/* Pages an allocation can get now (free plus evictable cached pages). */
+SLIMSERVE_C_API int32_t slimserve_page_pool_available(const slimserve_page_pool* pool);
+
+/* Before appending into a request's last page: the page to write, and whether the filled
+ * tokens of `copy_from` must first be copied into it (the last page was shared or cached). */
+typedef struct slimserve_append_target {
+  slimserve_page page;
+  slimserve_page copy_from;
+  int32_t needs_copy;
+} slimserve_append_target;
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_prepare_append(
+    slimserve_page_pool* pool, slimserve_page last_page, slimserve_append_target* out);
+
+/* ---- Prefix cache --------------------------------------------------------------------- */
+
+typedef struct slimserve_prefix_cache slimserve_prefix_cache;
+
+/* Indexes full pages of `pool` by token content. The pool must outlive the cache. */
+SLIMSERVE_C_API slimserve_status slimserve_prefix_cache_create(slimserve_page_pool* pool,
+                                                               int32_t page_size,
+                                                               uint64_t hash_seed,
+                                                               slimserve_prefix_cache** out);
+SLIMSERVE_C_API void slimserve_prefix_cache_destroy(slimserve_prefix_cache* cache);
+/* Longest cached prefix of `tokens` (full pages only): writes up to `capacity` pages, each
+ * with a new reference, and their number to *hits. `salt` and `adapter_id` separate tenants
+ * and LoRA adapters. */
+SLIMSERVE_C_API slimserve_status slimserve_prefix_cache_match(
+    slimserve_prefix_cache* cache, const int32_t* tokens, size_t num_tokens, uint64_t salt,
+    uint64_t adapter_id, slimserve_page* out, size_t capacity, int32_t* hits);
+/* Indexes the full pages of a finished sequence; *inserted receives how many were new. */
+SLIMSERVE_C_API slimserve_status slimserve_prefix_cache_insert(
+    slimserve_prefix_cache* cache, const int32_t* tokens, size_t num_tokens, uint64_t salt,
+    uint64_t adapter_id, const slimserve_page* pages, size_t num_pages, int32_t* inserted);
+
+/* ---- Per-request page sets (write ownership) -------------------------------------------- */
+
+/* The library owns each request's page list: admit, append, fork, preempt, resume and finish
+ * release exactly what the request holds, exactly once. A request is named by its slot and
+ * its identity (writer); the identity is new on admit, fork and resume, so a stale reference
+ * is refused (SLIMSERVE_FAILED_PRECONDITION) and changes nothing. Fresh pages are writable by
+ * their request only; prefix hits and forked pages are read-only. */
+typedef struct slimserve_request_sets slimserve_request_sets;
+typedef struct slimserve_request_ref {
+  int32_t slot;
+  uint32_t writer; /* the identity the tag check takes in `writers` */
+} slimserve_request_ref;
+
+/* What admit / resume / append leave for the engine to do on the device. */
+typedef struct slimserve_page_plan {
+  int32_t needs_copy;       /* copy-on-write: copy copy_tokens tokens of copy_from into copy_to */
+  slimserve_page copy_from; /* held read-only until slimserve_request_sets_release_copy_sources */
+  slimserve_page copy_to;
+  int32_t copy_tokens;
+  int64_t cached_tokens;    /* tokens already in pages (prefix hits) */
+} slimserve_page_plan;
+
+/* Page sets over `pool` and `cache` (optional, NULL; must index `pool`); both outlive them. */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_create(slimserve_page_pool* pool,
+                                                               slimserve_prefix_cache* cache,
+                                                               int32_t max_requests,
+                                                               int32_t page_size,
+                                                               slimserve_request_sets** out);
+SLIMSERVE_C_API void slimserve_request_sets_destroy(slimserve_request_sets* sets);
+/* A new request for its prompt: prefix hits for all but the last token, then fresh pages.
+ * All or nothing. `plan` may be NULL. */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_admit(
+    slimserve_request_sets* sets, const int32_t* tokens, size_t num_tokens, uint64_t salt,
+    uint64_t adapter_id, slimserve_request_ref* out, slimserve_page_plan* plan);
+/* Room for new_tokens more tokens (copy-on-write of a shared last page first). */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_append(slimserve_request_sets* sets,
+                                                               slimserve_request_ref request,
+                                                               int32_t new_tokens,
+                                                               slimserve_page_plan* plan);
+/* Once the step's copy-on-write copies are enqueued. */
+SLIMSERVE_C_API void slimserve_request_sets_release_copy_sources(slimserve_request_sets* sets);
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_fork(slimserve_request_sets* sets,
+                                                             slimserve_request_ref parent,
+                                                             slimserve_request_ref* child);
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_preempt(slimserve_request_sets* sets,
+                                                                slimserve_request_ref request);
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_resume(
+    slimserve_request_sets* sets, slimserve_request_ref preempted, const int32_t* tokens,
+    size_t num_tokens, uint64_t salt, uint64_t adapter_id, slimserve_request_ref* out,
+    slimserve_page_plan* plan);
+/* Indexes the full pages of `tokens` (num_tokens may be 0), then releases every page. */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_finish(
+    slimserve_request_sets* sets, slimserve_request_ref request, const int32_t* tokens,
+    size_t num_tokens, uint64_t salt, uint64_t adapter_id);
+SLIMSERVE_C_API int32_t slimserve_request_sets_is_active(const slimserve_request_sets* sets,
+                                                         slimserve_request_ref request);
+/* The request's pages in order: writes min(count, capacity) and the count to *count. */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_pages(const slimserve_request_sets* sets,
+                                                              slimserve_request_ref request,
+                                                              slimserve_page* out,
+                                                              size_t capacity, size_t* count);
+SLIMSERVE_C_API int64_t slimserve_request_sets_tokens(const slimserve_request_sets* sets,
+                                                      slimserve_request_ref request);
+
+/* ---- Page tables and the GPU tag check --------------------------------------------------- */
+
+/* A batch's page table (CSR form). The pointers are device memory when it comes from
+ * slimserve_page_table_build's `device` output, host memory for its `host` output. */
+typedef struct slimserve_page_table_view {
+  const int32_t* indptr;         /* [batch_size + 1] */
+  const int32_t* indices;        /* [indptr[batch_size]] page ids */
+  const int32_t* last_page_len;  /* [batch_size]; 0 for a request with no pages */
+  const uint32_t* expected_tags; /* [indptr[batch_size]] */
+  int32_t batch_size;
+  int32_t page_size;
+} slimserve_page_table_view;
+
+/* One request's pages in sequence order and the tokens stored in them. */
+typedef struct slimserve_request_pages {
+  const slimserve_page* pages;
+  size_t num_pages;
+  int64_t num_tokens;
+} slimserve_request_pages;
+
+/* Pinned host staging plus device arrays for tables of up to max_batch requests and
+ * max_entries pages. */
+typedef struct slimserve_page_table slimserve_page_table;
+SLIMSERVE_C_API slimserve_status slimserve_page_table_create(int32_t max_batch,
+                                                             int64_t max_entries,
+                                                             int32_t page_size, int32_t num_pages,
+                                                             slimserve_page_table** out);
+SLIMSERVE_C_API void slimserve_page_table_destroy(slimserve_page_table* table);
+/* Builds and validates the table on the host, then copies it to the device on `stream`.
+ * `host` (optional) receives the host view (what decode planning reads), `device` the view
+ * kernels take. Both stay valid until the next build with this table. */
+SLIMSERVE_C_API slimserve_status slimserve_page_table_build(
+    slimserve_page_table* table, const slimserve_request_pages* requests, int32_t batch_size,
+    slimserve_stream stream, slimserve_page_table_view* host, slimserve_page_table_view* device);
+
+/* The device copy of every page's current tag, kept in step with a pool. */
+typedef struct slimserve_device_tags slimserve_device_tags;
+SLIMSERVE_C_API slimserve_status slimserve_device_tags_create(int32_t num_pages,
+                                                              slimserve_device_tags** out);
+SLIMSERVE_C_API void slimserve_device_tags_destroy(slimserve_device_tags* tags);
+/* Uploads the tags that changed since the last sync (call once per step, before the check). */
+SLIMSERVE_C_API slimserve_status slimserve_device_tags_sync(slimserve_device_tags* tags,
+                                                            slimserve_page_pool* pool,
+                                                            slimserve_stream stream);
+
+typedef int32_t slimserve_request_state;
+enum {
+  SLIMSERVE_REQUEST_OK = 0,
+  SLIMSERVE_REQUEST_STALE_TAG = 1,
+  SLIMSERVE_REQUEST_PAGE_OUT_OF_RANGE = 2,
+  SLIMSERVE_REQUEST_BAD_PAGE_TABLE = 3,
+  SLIMSERVE_REQUEST_GUARD_PAGE = 4,   /* the guard page (page 0) inside a request's pages */
+  SLIMSERVE_REQUEST_WRITE_DENIED = 5, /* a page this step writes is not the request's own */
+  SLIMSERVE_REQUEST_READ_DENIED = 6   /* a page another request holds write rights to */
+};
+/* The tag check's verdict per request (8 bytes; arrays of it live in device memory). */
+typedef struct slimserve_request_status {
+  slimserve_request_state state;
+  int32_t failed_slot; /* index into the request's pages that failed; -1 when ok */
+} slimserve_request_status;
+
+/* Compares every page-table entry with the device tags; writes one status per request
+ * (device array `statuses`, [batch_size]) and, when not NULL, the number of failing requests
+ * to the device int `aborted_count`. Asynchronous, capturable. */
+SLIMSERVE_C_API slimserve_status slimserve_check_page_tags(
+    const slimserve_page_table_view* device_table, const slimserve_device_tags* tags,
+    slimserve_request_status* statuses, int32_t* aborted_count, slimserve_stream stream);
+
+/* The same check with write ownership: `writers` (device, [batch_size], the requests'
+ * identities) and, for a step that appends, the append kernel's `append_indptr` (device,
+ * [batch_size + 1]): pages the step writes must be the request's own (write_denied), every
+ * other page read-only or the request's own (read_denied). Either may be NULL. */
+SLIMSERVE_C_API slimserve_status slimserve_check_page_tags_owned(
+    const slimserve_page_table_view* device_table, const slimserve_device_tags* tags,
+    const uint32_t* writers, const int32_t* append_indptr, slimserve_request_status* statuses,
+    int32_t* aborted_count, slimserve_stream stream);
+
+/* ---- KV cache, append and decode attention ------------------------------------------------ */
+
+typedef int32_t slimserve_kv_dtype;
+enum { SLIMSERVE_KV_BF16 = 0, SLIMSERVE_KV_FP16 = 1, SLIMSERVE_KV_FP8_E4M3 = 2, SLIMSERVE_KV_FP8_E5M2 = 3 };
+typedef int32_t slimserve_activation_dtype;
+enum { SLIMSERVE_ACT_BF16 = 0, SLIMSERVE_ACT_FP16 = 1 };
+typedef int32_t slimserve_kv_layout;
+enum { SLIMSERVE_KV_NHD = 0, SLIMSERVE_KV_HND = 1 };
+typedef int32_t slimserve_kv_scale_mode;
+enum { SLIMSERVE_SCALE_NONE = 0, SLIMSERVE_SCALE_PER_TENSOR = 1, SLIMSERVE_SCALE_PER_TOKEN = 2 };
+
+/* A paged K/V cache (see docs/attention.md for layouts and the scale convention). */
+typedef struct slimserve_kv_cache {
+  void* k_pages;             /* device [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D] */
+  void* v_pages;             /* device, same shape */
+  const float* k_scale;      /* per_tensor: one device float */
+  const float* v_scale;
+  float* k_token_scales;     /* per_token: device [num_pages, page_size, H] (layout as the pages) */
+  float* v_token_scales;
+  int32_t num_pages;
+  int32_t page_size;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  slimserve_kv_dtype dtype;
+  slimserve_kv_layout layout;
+  slimserve_kv_scale_mode scale_mode;
+} slimserve_kv_cache;
+
+/* New K/V rows and where they go. Either the explicit form (token_request + token_position,
+ * [num_tokens] device) or the chunk form (append_indptr, [batch_size + 1] device). */
+typedef struct slimserve_append_args {
+  const void* k_new;  /* device [num_tokens, num_kv_heads, head_dim], 16-byte aligned */
+  const void* v_new;
+  slimserve_activation_dtype input_dtype;
+  int32_t num_tokens;
+  const int32_t* token_request;
+  const int32_t* token_position;
+  const int32_t* append_indptr;
+} slimserve_append_args;
+
+/* Quantize-and-append; skips requests whose status is not ok (statuses may be NULL). */
+SLIMSERVE_C_API slimserve_status slimserve_append_kv(const slimserve_kv_cache* cache,
+                                                     const slimserve_page_table_view* device_table,
+                                                     const slimserve_request_status* statuses,
+                                                     const slimserve_append_args* args,
+                                                     slimserve_stream stream);
+
+typedef struct slimserve_decode_problem {
+  int32_t batch_size;
+  int32_t num_qo_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t page_size;
+  int32_t query_tokens; /* 1 for decode; up to 8 for speculative tokens */
+  slimserve_kv_dtype kv_dtype;
+} slimserve_decode_problem;
+
+typedef struct slimserve_decode_plan slimserve_decode_plan;
+
+/* Workspace bytes the plan for these lengths needs (host indptr/last_page_len). */
+SLIMSERVE_C_API slimserve_status slimserve_decode_workspace_size(
+    const slimserve_decode_problem* problem, const int32_t* indptr_host,
+    const int32_t* last_page_len_host, size_t* bytes);
+/* Plans the split schedule and uploads it into `workspace` (device, 16-byte aligned). */
+SLIMSERVE_C_API slimserve_status slimserve_decode_plan_create(
+    const slimserve_decode_problem* problem, const int32_t* indptr_host,
+    const int32_t* last_page_len_host, void* workspace, size_t workspace_bytes,
+    slimserve_stream stream, slimserve_decode_plan** out);
+SLIMSERVE_C_API void slimserve_decode_plan_destroy(slimserve_decode_plan* plan);
+
+typedef struct slimserve_decode_args {
+  const void* q;   /* device [batch_size * query_tokens, num_qo_heads, head_dim] */
+  void* o;         /* device, same shape and dtype as q */
+  float* lse;      /* device [batch_size * query_tokens, num_qo_heads], or NULL */
+  slimserve_activation_dtype q_dtype;
+  float sm_scale;  /* usually 1 / sqrt(head_dim) */
+} slimserve_decode_args;
+
+/* Launches decode attention (+ merge). Aborted requests read no page; their rows are NaN. */
+SLIMSERVE_C_API slimserve_status slimserve_decode_run(
+    const slimserve_decode_plan* plan, const slimserve_kv_cache* cache,
+    const slimserve_page_table_view* device_table, const slimserve_request_status* statuses,
+    const slimserve_decode_args* args, void* workspace, size_t workspace_bytes,
+    slimserve_stream stream);
+
+/* ---- Moving pages: copy, swap, export / import ------------------------------------------ */
+
+/* Every page a move touches is checked on the device against the tags: reads need the
+ * expected tag and a read-only page or the mover's own, writes the mover's write right. A move
+ * that fails writes nothing and its status says why. Host preflight (slimserve_check_*) on a
+ * host copy of a list refuses bad ids, token counts and duplicated destinations. */
+
+/* Slots [0, tokens) of page src into page dst of the same cache (copy-on-write, defrag). */
+typedef struct slimserve_page_copy {
+  int32_t src;
+  uint32_t src_tag;
+  int32_t dst;
+  uint32_t dst_tag;
+  uint32_t writer; /* holds the write right on dst */
+  int32_t tokens;  /* 1..page_size */
+} slimserve_page_copy;
+SLIMSERVE_C_API slimserve_status slimserve_check_page_copies(const slimserve_kv_cache* cache,
+                                                             const slimserve_page_copy* host_copies,
+                                                             int32_t num_copies);
+/* copies and statuses: device arrays [num_copies]. */
+SLIMSERVE_C_API slimserve_status slimserve_copy_pages(const slimserve_kv_cache* cache,
+                                                      const slimserve_device_tags* tags,
+                                                      const slimserve_page_copy* copies,
+                                                      int32_t num_copies,
+                                                      slimserve_request_status* statuses,
+                                                      slimserve_stream stream);
+
+/* One page between the cache and record `host_slot` of a pinned host buffer. */
+typedef struct slimserve_page_swap {
+  int32_t page;
+  uint32_t tag;
+  uint32_t writer; /* the mover: reads the page (out) or holds its write right (in) */
+  int32_t host_slot;
+} slimserve_page_swap;
+typedef int32_t slimserve_swap_direction;
+enum { SLIMSERVE_SWAP_OUT = 0, SLIMSERVE_SWAP_IN = 1 };
+/* Bytes of one page record (K, V and per-token scales when the cache has them). */
+SLIMSERVE_C_API int64_t slimserve_page_record_bytes(const slimserve_kv_cache* cache);
+SLIMSERVE_C_API slimserve_status slimserve_check_page_swaps(const slimserve_kv_cache* cache,
+                                                            const slimserve_page_swap* host_swaps,
+                                                            int32_t num_swaps,
+                                                            slimserve_swap_direction direction,
+                                                            int32_t host_slots);
+/* host_records: pinned host memory [host_slots, record bytes]; swaps/statuses device arrays. */
+SLIMSERVE_C_API slimserve_status slimserve_swap_pages(
+    const slimserve_kv_cache* cache, const slimserve_device_tags* tags, void* host_records,
+    int32_t host_slots, const slimserve_page_swap* swaps, int32_t num_swaps,
+    slimserve_swap_direction direction, slimserve_request_status* statuses,
+    slimserve_stream stream);
+
+/* One request's pages for export / import (device arrays). */
+typedef struct slimserve_request_pages_view {
+  const int32_t* pages;  /* device [num_pages] */
+  const uint32_t* tags;  /* device [num_pages] */
+  int32_t num_pages;
+  int64_t num_tokens;
+  uint32_t writer;       /* export: the reader; import: holds the write right on every page */
+} slimserve_request_pages_view;
+/* Bytes an export of num_pages pages needs (a 64-byte self-describing header + records). */
+SLIMSERVE_C_API int64_t slimserve_export_buffer_bytes(const slimserve_kv_cache* cache,
+                                                      int32_t num_pages);
+/* Writes the header and the pages' records into `buffer` (device or pinned host). */
+SLIMSERVE_C_API slimserve_status slimserve_export_request(
+    const slimserve_kv_cache* cache, const slimserve_device_tags* tags,
+    const slimserve_request_pages_view* request, void* buffer, int64_t buffer_bytes,
+    slimserve_request_status* status, slimserve_stream stream);
+/* Imports an exported buffer; `header` is a host copy of its first 64 bytes, checked against
+ * the cache (dtype, layout, scales, page size, heads, head_dim) before any launch. */
+SLIMSERVE_C_API slimserve_status slimserve_import_request(
+    const slimserve_kv_cache* cache, const slimserve_device_tags* tags,
+    const slimserve_request_pages_view* request, const void* buffer, int64_t buffer_bytes,
+    const void* header, size_t header_bytes, slimserve_request_status* status,
+    slimserve_stream stream);
+
+/* ---- INT4 weights ------------------------------------------------------------------------ */
+
+typedef int32_t slimserve_weight_dtype;
+enum { SLIMSERVE_WEIGHT_F32 = 0, SLIMSERVE_WEIGHT_F16 = 1, SLIMSERVE_WEIGHT_BF16 = 2 };
+typedef int32_t slimserve_weight_layout;
+enum { SLIMSERVE_WEIGHT_K_BY_N = 0, SLIMSERVE_WEIGHT_N_BY_K = 1 };
+
+/* INT4 weights quantized on the host and packed for the W4A16 GEMM (host copies). */
+typedef struct slimserve_int4_weights slimserve_int4_weights;
+
+typedef struct slimserve_quantize_options {
+  int64_t group_size;   /* rows along K per group (multiple of 32 dividing k), or k */
+  int32_t symmetric;    /* 1: zero point 8, no zeros stored; 0: asymmetric */
+  slimserve_activation_dtype activation; /* type of the GEMM's A/C (scales are stored in it) */
+} slimserve_quantize_options;
+
+/* Quantizes a host weight of k x n (layout says which is outer) to INT4 and packs it. */
+SLIMSERVE_C_API slimserve_status slimserve_int4_quantize(const void* weight,
+                                                         slimserve_weight_dtype dtype,
+                                                         slimserve_weight_layout layout,
+                                                         int64_t k, int64_t n,
+                                                         const slimserve_quantize_options* options,
+                                                         slimserve_int4_weights** out);
+SLIMSERVE_C_API void slimserve_int4_weights_destroy(slimserve_int4_weights* weights);
+
+/* Host arrays of packed weights, ready to upload as they are. zeros is NULL when symmetric. */
+typedef struct slimserve_int4_weights_info {
+  int64_t k, n, group_size;
+  const uint32_t* packed; size_t packed_bytes; /* [k/16, n/16, 32] */
+  const uint16_t* scales; size_t scales_bytes; /* [k/group_size, n] activation dtype */
+  const uint16_t* zeros;  size_t zeros_bytes;  /* [k/group_size, n] activation dtype, or NULL */
+} slimserve_int4_weights_info;
+SLIMSERVE_C_API slimserve_status slimserve_int4_weights_get_info(
+    const slimserve_int4_weights* weights, slimserve_int4_weights_info* info);
+/* Element (row, col) of the dequantized weight [k, n] as the GEMM computes it (float). */
+SLIMSERVE_C_API slimserve_status slimserve_int4_weights_dequantize(
+    const slimserve_int4_weights* weights, float* out_k_by_n, size_t count);
+
+/* C[m, n] = A[m, k] . dequant(W)[k, n] (+ bias); every pointer device, 16-byte aligned. */
+typedef struct slimserve_gemm_args {
+  slimserve_activation_dtype activation;
+  int64_t m, n, k, group_size;
+  const void* a;         /* [m, k] */
+  const uint32_t* b;     /* packed [k/16, n/16, 32] */
+  const void* scales;    /* [k/group_size, n] */
+  const void* zeros;     /* or NULL (symmetric: z = 8) */
+  const void* bias;      /* [n] or NULL */
+  void* c;               /* [m, n] */
+} slimserve_gemm_args;
+
+typedef struct slimserve_gemm_plan slimserve_gemm_plan;
+SLIMSERVE_C_API slimserve_status slimserve_gemm_plan_create(const slimserve_gemm_args* args,
+                                                            slimserve_gemm_plan** out);
+SLIMSERVE_C_API void slimserve_gemm_plan_destroy(slimserve_gemm_plan* plan);
+SLIMSERVE_C_API size_t slimserve_gemm_plan_workspace_bytes(const slimserve_gemm_plan* plan);
+SLIMSERVE_C_API slimserve_status slimserve_gemm_run(const slimserve_gemm_plan* plan,
+                                                    const slimserve_gemm_args* args,
+                                                    void* workspace, size_t workspace_bytes,
+                                                    slimserve_stream stream);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* SLIMSERVE_C_SLIMSERVE_H_ */

@@ -1,0 +1,210 @@
+"""ctypes declarations of the C ABI (include/slimserve/c/slimserve.h), ABI version 1.
+
+Kept in the same order as the header; `load()` finds the shared library, checks the ABI
+version and declares every function's argument and result types, so a mismatch is a Python
+TypeError rather than memory corruption.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from ctypes import POINTER, Structure, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint16, c_uint64, c_void_p
+
+ABI_VERSION = 1
+
+# Status codes (slimserve_status).
+OK = 0
+STATUS_NAMES = {
+    0: "ok", 1: "invalid_argument", 2: "out_of_range", 3: "unsupported", 4: "resource_exhausted",
+    5: "stale_handle", 6: "failed_precondition", 7: "data_loss", 8: "io_error", 9: "device_error",
+    10: "internal",
+}
+
+
+class Page(Structure):
+    _fields_ = [("id", c_int32), ("tag", c_uint32)]
+
+
+class AppendTarget(Structure):
+    _fields_ = [("page", Page), ("copy_from", Page), ("needs_copy", c_int32)]
+
+
+class RequestRef(Structure):
+    _fields_ = [("slot", c_int32), ("writer", c_uint32)]
+
+
+class PagePlan(Structure):
+    _fields_ = [("needs_copy", c_int32), ("copy_from", Page), ("copy_to", Page),
+                ("copy_tokens", c_int32), ("cached_tokens", c_int64)]
+
+
+class PageCopy(Structure):
+    _fields_ = [("src", c_int32), ("src_tag", c_uint32), ("dst", c_int32), ("dst_tag", c_uint32),
+                ("writer", c_uint32), ("tokens", c_int32)]
+
+
+class PageTableView(Structure):
+    _fields_ = [("indptr", c_void_p), ("indices", c_void_p), ("last_page_len", c_void_p),
+                ("expected_tags", c_void_p), ("batch_size", c_int32), ("page_size", c_int32)]
+
+
+class RequestPages(Structure):
+    _fields_ = [("pages", POINTER(Page)), ("num_pages", c_size_t), ("num_tokens", c_int64)]
+
+
+class RequestStatus(Structure):
+    _fields_ = [("state", c_int32), ("failed_slot", c_int32)]
+
+
+class KvCache(Structure):
+    _fields_ = [("k_pages", c_void_p), ("v_pages", c_void_p), ("k_scale", c_void_p),
+                ("v_scale", c_void_p), ("k_token_scales", c_void_p), ("v_token_scales", c_void_p),
+                ("num_pages", c_int32), ("page_size", c_int32), ("num_kv_heads", c_int32),
+                ("head_dim", c_int32), ("dtype", c_int32), ("layout", c_int32),
+                ("scale_mode", c_int32)]
+
+
+class AppendArgs(Structure):
+    _fields_ = [("k_new", c_void_p), ("v_new", c_void_p), ("input_dtype", c_int32),
+                ("num_tokens", c_int32), ("token_request", c_void_p),
+                ("token_position", c_void_p), ("append_indptr", c_void_p)]
+
+
+class DecodeProblem(Structure):
+    _fields_ = [("batch_size", c_int32), ("num_qo_heads", c_int32), ("num_kv_heads", c_int32),
+                ("head_dim", c_int32), ("page_size", c_int32), ("query_tokens", c_int32),
+                ("kv_dtype", c_int32)]
+
+
+class DecodeArgs(Structure):
+    _fields_ = [("q", c_void_p), ("o", c_void_p), ("lse", c_void_p), ("q_dtype", c_int32),
+                ("sm_scale", c_float)]
+
+
+class QuantizeOptions(Structure):
+    _fields_ = [("group_size", c_int64), ("symmetric", c_int32), ("activation", c_int32)]
+
+
+class Int4WeightsInfo(Structure):
+    _fields_ = [("k", c_int64), ("n", c_int64), ("group_size", c_int64),
+                ("packed", POINTER(c_uint32)), ("packed_bytes", c_size_t),
+                ("scales", POINTER(c_uint16)), ("scales_bytes", c_size_t),
+                ("zeros", POINTER(c_uint16)), ("zeros_bytes", c_size_t)]
+
+
+class GemmArgs(Structure):
+    _fields_ = [("activation", c_int32), ("m", c_int64), ("n", c_int64), ("k", c_int64),
+                ("group_size", c_int64), ("a", c_void_p), ("b", c_void_p), ("scales", c_void_p),
+                ("zeros", c_void_p), ("bias", c_void_p), ("c", c_void_p)]
+
+
+H = c_void_p  # every opaque handle
+S = c_int32   # slimserve_status
+
+_SIGNATURES = {
+    "slimserve_last_error": (c_char_p, []),
+    "slimserve_status_name": (c_char_p, [c_int32]),
+    "slimserve_c_abi_version": (c_int32, []),
+    "slimserve_version": (c_int32, []),
+    "slimserve_is_emulated": (c_int32, []),
+    "slimserve_device_alloc": (S, [c_size_t, POINTER(c_void_p)]),
+    "slimserve_device_free": (S, [c_void_p]),
+    "slimserve_memcpy_async": (S, [c_void_p, c_void_p, c_size_t, c_int32, c_void_p]),
+    "slimserve_memset_async": (S, [c_void_p, c_int32, c_size_t, c_void_p]),
+    "slimserve_stream_synchronize": (S, [c_void_p]),
+    "slimserve_page_pool_create": (S, [c_int32, POINTER(H)]),
+    "slimserve_page_pool_destroy": (None, [H]),
+    "slimserve_page_pool_allocate": (S, [H, POINTER(Page), c_size_t]),
+    "slimserve_page_pool_release": (S, [H, POINTER(Page), c_size_t]),
+    "slimserve_page_pool_share": (S, [H, Page]),
+    "slimserve_page_pool_validate": (S, [H, Page]),
+    "slimserve_page_pool_available": (c_int32, [H]),
+    "slimserve_page_pool_prepare_append": (S, [H, Page, POINTER(AppendTarget)]),
+    "slimserve_prefix_cache_create": (S, [H, c_int32, c_uint64, POINTER(H)]),
+    "slimserve_prefix_cache_destroy": (None, [H]),
+    "slimserve_prefix_cache_match": (S, [H, POINTER(c_int32), c_size_t, c_uint64, c_uint64,
+                                          POINTER(Page), c_size_t, POINTER(c_int32)]),
+    "slimserve_prefix_cache_insert": (S, [H, POINTER(c_int32), c_size_t, c_uint64, c_uint64,
+                                           POINTER(Page), c_size_t, POINTER(c_int32)]),
+    "slimserve_request_sets_create": (S, [H, H, c_int32, c_int32, POINTER(H)]),
+    "slimserve_request_sets_destroy": (None, [H]),
+    "slimserve_request_sets_admit": (S, [H, POINTER(c_int32), c_size_t, c_uint64, c_uint64,
+                                          POINTER(RequestRef), POINTER(PagePlan)]),
+    "slimserve_request_sets_append": (S, [H, RequestRef, c_int32, POINTER(PagePlan)]),
+    "slimserve_request_sets_release_copy_sources": (None, [H]),
+    "slimserve_request_sets_fork": (S, [H, RequestRef, POINTER(RequestRef)]),
+    "slimserve_request_sets_preempt": (S, [H, RequestRef]),
+    "slimserve_request_sets_resume": (S, [H, RequestRef, POINTER(c_int32), c_size_t, c_uint64,
+                                           c_uint64, POINTER(RequestRef), POINTER(PagePlan)]),
+    "slimserve_request_sets_finish": (S, [H, RequestRef, POINTER(c_int32), c_size_t, c_uint64,
+                                           c_uint64]),
+    "slimserve_request_sets_is_active": (c_int32, [H, RequestRef]),
+    "slimserve_request_sets_pages": (S, [H, RequestRef, POINTER(Page), c_size_t, POINTER(c_size_t)]),
+    "slimserve_request_sets_tokens": (c_int64, [H, RequestRef]),
+    "slimserve_check_page_tags_owned": (S, [POINTER(PageTableView), H, c_void_p, c_void_p,
+                                             c_void_p, c_void_p, c_void_p]),
+    "slimserve_check_page_copies": (S, [POINTER(KvCache), POINTER(PageCopy), c_int32]),
+    "slimserve_copy_pages": (S, [POINTER(KvCache), H, c_void_p, c_int32, c_void_p, c_void_p]),
+    "slimserve_page_table_create": (S, [c_int32, c_int64, c_int32, c_int32, POINTER(H)]),
+    "slimserve_page_table_destroy": (None, [H]),
+    "slimserve_page_table_build": (S, [H, POINTER(RequestPages), c_int32, c_void_p,
+                                        POINTER(PageTableView), POINTER(PageTableView)]),
+    "slimserve_device_tags_create": (S, [c_int32, POINTER(H)]),
+    "slimserve_device_tags_destroy": (None, [H]),
+    "slimserve_device_tags_sync": (S, [H, H, c_void_p]),
+    "slimserve_check_page_tags": (S, [POINTER(PageTableView), H, c_void_p, c_void_p, c_void_p]),
+    "slimserve_append_kv": (S, [POINTER(KvCache), POINTER(PageTableView), c_void_p,
+                                 POINTER(AppendArgs), c_void_p]),
+    "slimserve_decode_workspace_size": (S, [POINTER(DecodeProblem), c_void_p, c_void_p,
+                                             POINTER(c_size_t)]),
+    "slimserve_decode_plan_create": (S, [POINTER(DecodeProblem), c_void_p, c_void_p, c_void_p,
+                                          c_size_t, c_void_p, POINTER(H)]),
+    "slimserve_decode_plan_destroy": (None, [H]),
+    "slimserve_decode_run": (S, [H, POINTER(KvCache), POINTER(PageTableView), c_void_p,
+                                  POINTER(DecodeArgs), c_void_p, c_size_t, c_void_p]),
+    "slimserve_int4_quantize": (S, [c_void_p, c_int32, c_int32, c_int64, c_int64,
+                                     POINTER(QuantizeOptions), POINTER(H)]),
+    "slimserve_int4_weights_destroy": (None, [H]),
+    "slimserve_int4_weights_get_info": (S, [H, POINTER(Int4WeightsInfo)]),
+    "slimserve_int4_weights_dequantize": (S, [H, POINTER(c_float), c_size_t]),
+    "slimserve_gemm_plan_create": (S, [POINTER(GemmArgs), POINTER(H)]),
+    "slimserve_gemm_plan_destroy": (None, [H]),
+    "slimserve_gemm_plan_workspace_bytes": (c_size_t, [H]),
+    "slimserve_gemm_run": (S, [H, POINTER(GemmArgs), c_void_p, c_size_t, c_void_p]),
+}
+
+
+def _candidates():
+    explicit = os.environ.get("SLIMSERVE_LIBRARY")
+    if explicit:
+        return [explicit]
+    here = os.path.join(os.path.dirname(__file__), "_lib")
+    wanted = os.environ.get("SLIMSERVE_BACKEND", "auto")  # auto | cuda | emulated
+    cuda = sorted(glob.glob(os.path.join(here, "libslimserve_c.so*")))
+    emulated = sorted(glob.glob(os.path.join(here, "libslimserve_c_emulated.so*")))
+    if wanted == "cuda":
+        return cuda
+    if wanted == "emulated":
+        return emulated
+    return cuda + emulated
+
+
+def load():
+    errors = []
+    for path in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as error:  # e.g. the CUDA build on a machine without the driver
+            errors.append(f"{path}: {error}")
+            continue
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            function = getattr(lib, name)
+            function.restype = restype
+            function.argtypes = argtypes
+        if lib.slimserve_c_abi_version() != ABI_VERSION:
+            errors.append(f"{path}: C ABI version {lib.slimserve_c_abi_version()}, expected {ABI_VERSION}")
+            continue
+        return lib, path
+    raise ImportError("slimserve: no usable C library (set SLIMSERVE_LIBRARY to libslimserve_c*.so); "
+                      + "; ".join(errors or ["none found"]))

@@ -1,0 +1,102 @@
+"""Tensors in, pointers out: any object with `__dlpack__` (NumPy >= 1.22, PyTorch, CuPy, JAX)
+gives slimserve its data pointer, device, dtype and shape through the DLPack protocol, without a
+copy and without importing the framework.
+
+The C ABI takes raw pointers; `TensorRef` keeps the producer's capsule (and so the tensor) alive
+while the call that uses the pointer runs.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, Structure, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
+
+import numpy as np
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
+_INT, _UINT, _FLOAT, _BFLOAT = 0, 1, 2, 4
+
+
+class _DLDevice(Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class _DLDataType(Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class _DLTensor(Structure):
+    _fields_ = [("data", c_void_p), ("device", _DLDevice), ("ndim", c_int32),
+                ("dtype", _DLDataType), ("shape", POINTER(c_int64)),
+                ("strides", POINTER(c_int64)), ("byte_offset", c_uint64)]
+
+
+class _DLManagedTensor(Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", c_void_p), ("deleter", c_void_p)]
+
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+_DTYPES = {
+    (_FLOAT, 16): "float16", (_BFLOAT, 16): "bfloat16", (_FLOAT, 32): "float32",
+    (_FLOAT, 64): "float64", (_INT, 32): "int32", (_INT, 64): "int64", (_INT, 8): "int8",
+    (_UINT, 8): "uint8", (_UINT, 16): "uint16", (_UINT, 32): "uint32",
+}
+
+
+class TensorRef:
+    """A borrowed view of a DLPack tensor: pointer, device, dtype name, shape."""
+
+    __slots__ = ("owner", "capsule", "ptr", "device_type", "device_id", "dtype", "shape")
+
+    def __init__(self, tensor):
+        self.owner = tensor
+        self.capsule = None
+        if isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous:
+            # Fast path, same answer as DLPack: NumPy describes itself without a capsule.
+            self.ptr, self.shape = tensor.__array_interface__["data"][0], tensor.shape
+            self.device_type, self.device_id = KDL_CPU, 0
+            self.dtype = tensor.dtype.name
+            return
+        self.capsule = tensor.__dlpack__()
+        managed = _DLManagedTensor.from_address(_get_pointer(self.capsule, b"dltensor"))
+        dl = managed.dl_tensor
+        if dl.dtype.lanes != 1:
+            raise TypeError("slimserve: vector dtypes are not supported")
+        self.dtype = _DTYPES.get((dl.dtype.code, dl.dtype.bits), f"code{dl.dtype.code}x{dl.dtype.bits}")
+        self.shape = tuple(dl.shape[i] for i in range(dl.ndim))
+        if dl.strides:  # compact row-major only (NULL strides means compact)
+            expected = 1
+            for i in reversed(range(dl.ndim)):
+                if self.shape[i] != 1 and dl.strides[i] != expected:
+                    raise ValueError(f"slimserve: tensor of shape {self.shape} is not contiguous")
+                expected *= self.shape[i]
+        self.ptr = (dl.data or 0) + dl.byte_offset
+        self.device_type = dl.device.device_type
+        self.device_id = dl.device.device_id
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for extent in self.shape:
+            count *= extent
+        return count
+
+
+def ref(tensor, *, dtypes=None, shape=None, name="tensor", emulated=True) -> TensorRef:
+    """Checks what the C call will assume: the device the library runs on, dtype, shape."""
+    if tensor is None:
+        raise TypeError(f"slimserve: {name} is required")
+    if isinstance(tensor, np.ndarray) and not tensor.flags.writeable:
+        tensor = tensor.copy()  # NumPy exports only writable arrays through DLPack
+    r = TensorRef(tensor)
+    if emulated and r.device_type not in (KDL_CPU, KDL_CUDA_HOST):
+        raise ValueError(f"slimserve: {name} must be host memory for the CPU-emulated library")
+    if not emulated and r.device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
+        raise ValueError(f"slimserve: {name} must be CUDA memory for the GPU library")
+    if dtypes is not None and r.dtype not in dtypes:
+        raise TypeError(f"slimserve: {name} has dtype {r.dtype}, expected one of {sorted(dtypes)}")
+    if shape is not None and tuple(shape) != r.shape:
+        raise ValueError(f"slimserve: {name} has shape {r.shape}, expected {tuple(shape)}")
+    return r

@@ -1,0 +1,457 @@
+/*
+ * The C ABI from a plain C99 program: status codes and messages, range-checked enumerations,
+ * all-or-nothing allocation, stale handles, and INT4 quantize + GEMM plan/run against a
+ * host reference built from the dequantized weights. (The KV engine loop is
+ * examples/engine_loop/engine_loop.c, also run as a test.) Exit status 0 when all checks pass.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <slimserve/c/slimserve.h>
+
+static int failures = 0;
+
+#define CHECK_OK(call)                                                                     \
+  do {                                                                                     \
+    slimserve_status status_ = (call);                                                     \
+    if (status_ != SLIMSERVE_OK) {                                                         \
+      fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,            \
+              slimserve_status_name(status_), slimserve_last_error());                     \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+#define EXPECT(condition)                                                                  \
+  do {                                                                                     \
+    if (!(condition)) {                                                                    \
+      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition);             \
+      ++failures;                                                                          \
+    }                                                                                      \
+  } while (0)
+
+static int message_has(const char* text) { return strstr(slimserve_last_error(), text) != NULL; }
+
+static uint64_t rng_state;
+static float uniform(void) { /* [-1, 1) */
+  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+static uint16_t to_bf16(float value) {
+  uint32_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return (uint16_t)(bits >> 16);
+}
+static float from_bf16(uint16_t value) {
+  uint32_t bits = (uint32_t)value << 16;
+  float result;
+  memcpy(&result, &bits, sizeof result);
+  return result;
+}
+
+static void test_status_and_pool(void) {
+  slimserve_page_pool* pool = NULL;
+  slimserve_page pages[8], stale;
+  int32_t i;
+  EXPECT(strcmp(slimserve_status_name(SLIMSERVE_STALE_HANDLE), "stale handle") == 0);
+  EXPECT(strcmp(slimserve_status_name(99), "unknown") == 0);
+  EXPECT(slimserve_c_abi_version() == SLIMSERVE_C_ABI_VERSION);
+  EXPECT(slimserve_version() >= 100);
+
+  EXPECT(slimserve_page_pool_create(0, &pool) == SLIMSERVE_INVALID_ARGUMENT);
+  EXPECT(pool == NULL && slimserve_last_error()[0] != '\0');
+  EXPECT(slimserve_page_pool_create(8, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  CHECK_OK(slimserve_page_pool_create(8, &pool)); /* 7 usable pages */
+  EXPECT(slimserve_last_error()[0] == '\0');       /* cleared by a success */
+  EXPECT(slimserve_page_pool_available(pool) == 7);
+
+  /* All or nothing: 8 pages do not fit, and none is taken. */
+  EXPECT(slimserve_page_pool_allocate(pool, pages, 8) == SLIMSERVE_RESOURCE_EXHAUSTED);
+  EXPECT(slimserve_page_pool_available(pool) == 7);
+  CHECK_OK(slimserve_page_pool_allocate(pool, pages, 3));
+  for (i = 0; i < 3; ++i) EXPECT(pages[i].id > 0); /* never the guard page 0 */
+  stale = pages[1];
+  CHECK_OK(slimserve_page_pool_release(pool, &pages[1], 1));
+  EXPECT(slimserve_page_pool_validate(pool, stale) != SLIMSERVE_OK);
+  /* A release list with a stale handle changes nothing: pages[0] keeps its reference. */
+  pages[1] = stale;
+  EXPECT(slimserve_page_pool_release(pool, pages, 2) != SLIMSERVE_OK);
+  CHECK_OK(slimserve_page_pool_validate(pool, pages[0]));
+  CHECK_OK(slimserve_page_pool_release(pool, &pages[0], 1));
+  CHECK_OK(slimserve_page_pool_release(pool, &pages[2], 1));
+  EXPECT(slimserve_page_pool_available(pool) == 7);
+  slimserve_page_pool_destroy(pool);
+  slimserve_page_pool_destroy(NULL); /* accepted */
+}
+
+static void test_enum_ranges_and_workspace(void) {
+  slimserve_decode_problem problem;
+  slimserve_decode_plan* plan = NULL;
+  const int32_t indptr[2] = {0, 1}, last_page_len[1] = {5};
+  size_t bytes = 0;
+  void* workspace = NULL;
+  memset(&problem, 0, sizeof problem);
+  problem.batch_size = 1;
+  problem.num_qo_heads = 4;
+  problem.num_kv_heads = 2;
+  problem.head_dim = 64;
+  problem.page_size = 16;
+  problem.query_tokens = 1;
+  problem.kv_dtype = 9; /* not a KV dtype */
+  EXPECT(slimserve_decode_workspace_size(&problem, indptr, last_page_len, &bytes) ==
+         SLIMSERVE_INVALID_ARGUMENT);
+  EXPECT(message_has("9"));
+  problem.kv_dtype = 300; /* outside the enum's underlying type */
+  EXPECT(slimserve_decode_workspace_size(&problem, indptr, last_page_len, &bytes) ==
+         SLIMSERVE_INVALID_ARGUMENT);
+  problem.kv_dtype = -1;
+  EXPECT(slimserve_decode_workspace_size(&problem, indptr, last_page_len, &bytes) ==
+         SLIMSERVE_INVALID_ARGUMENT);
+  problem.kv_dtype = SLIMSERVE_KV_FP8_E4M3;
+  CHECK_OK(slimserve_decode_workspace_size(&problem, indptr, last_page_len, &bytes));
+  EXPECT(bytes > 0);
+  /* A null workspace is a caller bug (invalid argument), not a shortage. */
+  EXPECT(slimserve_decode_plan_create(&problem, indptr, last_page_len, NULL, bytes, NULL, &plan) ==
+         SLIMSERVE_INVALID_ARGUMENT);
+  EXPECT(plan == NULL);
+  CHECK_OK(slimserve_device_alloc(bytes, &workspace));
+  EXPECT(slimserve_decode_plan_create(&problem, indptr, last_page_len, workspace, bytes - 1,
+                                      NULL, &plan) == SLIMSERVE_RESOURCE_EXHAUSTED);
+  CHECK_OK(slimserve_decode_plan_create(&problem, indptr, last_page_len, workspace, bytes, NULL, &plan));
+  slimserve_decode_plan_destroy(plan);
+  CHECK_OK(slimserve_device_free(workspace));
+  EXPECT(slimserve_memcpy_async(NULL, NULL, 0, 7, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+}
+
+/* W4A16: quantize a random [k, n] weight, upload the packed form, multiply, compare with
+ * A . dequant(W) computed here in double from the same BF16 inputs. */
+static void test_int4_gemm(int64_t m, int64_t k, int64_t n, int64_t group_size, int32_t symmetric) {
+  float* weight = malloc((size_t)(k * n) * sizeof *weight);
+  float* dequantized = malloc((size_t)(k * n) * sizeof *dequantized);
+  uint16_t* a = malloc((size_t)(m * k) * sizeof *a);
+  uint16_t* c = malloc((size_t)(m * n) * sizeof *c);
+  slimserve_quantize_options options;
+  slimserve_int4_weights* weights = NULL;
+  slimserve_int4_weights_info info;
+  slimserve_gemm_args args;
+  slimserve_gemm_plan* plan = NULL;
+  void *d_packed = NULL, *d_scales = NULL, *d_zeros = NULL, *d_a = NULL, *d_c = NULL, *d_ws = NULL;
+  size_t workspace_bytes;
+  int64_t i, row, col, bad = 0;
+  for (i = 0; i < k * n; ++i) weight[i] = uniform();
+  for (i = 0; i < m * k; ++i) a[i] = to_bf16(uniform());
+  options.group_size = group_size;
+  options.symmetric = symmetric;
+  options.activation = SLIMSERVE_ACT_BF16;
+  CHECK_OK(slimserve_int4_quantize(weight, SLIMSERVE_WEIGHT_F32, SLIMSERVE_WEIGHT_K_BY_N, k, n,
+                                   &options, &weights));
+  CHECK_OK(slimserve_int4_weights_get_info(weights, &info));
+  EXPECT(info.k == k && info.n == n && info.group_size == group_size);
+  EXPECT(info.packed_bytes == (size_t)(k * n / 2));
+  EXPECT((info.zeros == NULL) == (symmetric != 0));
+  CHECK_OK(slimserve_int4_weights_dequantize(weights, dequantized, (size_t)(k * n)));
+  for (i = 0; i < k * n; ++i) bad += !(fabsf(dequantized[i] - weight[i]) <= 0.1f);
+  EXPECT(bad == 0); /* INT4 of uniform [-1, 1): within half a step (1/7 or 2/15) plus BF16 scale */
+
+  CHECK_OK(slimserve_device_alloc(info.packed_bytes, &d_packed));
+  CHECK_OK(slimserve_memcpy_async(d_packed, info.packed, info.packed_bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_device_alloc(info.scales_bytes, &d_scales));
+  CHECK_OK(slimserve_memcpy_async(d_scales, info.scales, info.scales_bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  if (info.zeros != NULL) {
+    CHECK_OK(slimserve_device_alloc(info.zeros_bytes, &d_zeros));
+    CHECK_OK(slimserve_memcpy_async(d_zeros, info.zeros, info.zeros_bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  }
+  CHECK_OK(slimserve_device_alloc((size_t)(m * k) * sizeof *a, &d_a));
+  CHECK_OK(slimserve_memcpy_async(d_a, a, (size_t)(m * k) * sizeof *a, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_device_alloc((size_t)(m * n) * sizeof *c, &d_c));
+
+  memset(&args, 0, sizeof args);
+  args.activation = SLIMSERVE_ACT_BF16;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.group_size = group_size;
+  args.a = d_a;
+  args.b = d_packed;
+  args.scales = d_scales;
+  args.zeros = d_zeros;
+  args.c = d_c;
+  args.activation = 2; /* not an activation dtype */
+  EXPECT(slimserve_gemm_plan_create(&args, &plan) == SLIMSERVE_INVALID_ARGUMENT);
+  args.activation = SLIMSERVE_ACT_BF16;
+  CHECK_OK(slimserve_gemm_plan_create(&args, &plan));
+  workspace_bytes = slimserve_gemm_plan_workspace_bytes(plan);
+  if (workspace_bytes > 0) CHECK_OK(slimserve_device_alloc(workspace_bytes, &d_ws));
+  CHECK_OK(slimserve_gemm_run(plan, &args, d_ws, workspace_bytes, NULL));
+  CHECK_OK(slimserve_memcpy_async(c, d_c, (size_t)(m * n) * sizeof *c, SLIMSERVE_DEVICE_TO_HOST, NULL));
+  CHECK_OK(slimserve_stream_synchronize(NULL));
+
+  bad = 0;
+  for (row = 0; row < m; ++row) {
+    for (col = 0; col < n; ++col) {
+      double reference = 0.0, scale = 0.0, got;
+      for (i = 0; i < k; ++i) {
+        const double term = (double)from_bf16(a[row * k + i]) * (double)dequantized[i * n + col];
+        reference += term;
+        scale += fabs(term);
+      }
+      got = (double)from_bf16(c[row * n + col]);
+      /* FP32 accumulation, one BF16 rounding of the result */
+      if (!(fabs(got - reference) <= 1e-5 * scale + fabs(reference) / 128.0 + 1e-6)) ++bad;
+    }
+  }
+  EXPECT(bad == 0);
+  if (bad != 0) fprintf(stderr, "gemm m=%lld k=%lld n=%lld: %lld elements off\n", (long long)m,
+                        (long long)k, (long long)n, (long long)bad);
+  slimserve_gemm_plan_destroy(plan);
+  slimserve_int4_weights_destroy(weights);
+  CHECK_OK(slimserve_device_free(d_packed));
+  CHECK_OK(slimserve_device_free(d_scales));
+  CHECK_OK(slimserve_device_free(d_zeros));
+  CHECK_OK(slimserve_device_free(d_a));
+  CHECK_OK(slimserve_device_free(d_c));
+  CHECK_OK(slimserve_device_free(d_ws));
+  free(weight);
+  free(dequantized);
+  free(a);
+  free(c);
+}
+
+
+/* ---- Request page sets and page movement ------------------------------------------------- */
+
+enum { MV_PAGES = 16, MV_PAGE = 16, MV_DIM = 64 };
+#define MV_PAGE_ELEMS ((size_t)MV_PAGE * MV_DIM) /* one KV head */
+
+static void* to_device(const void* host, size_t bytes) {
+  void* device = NULL;
+  CHECK_OK(slimserve_device_alloc(bytes, &device));
+  CHECK_OK(slimserve_memcpy_async(device, host, bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  return device;
+}
+static void to_host(void* host, const void* device, size_t bytes) {
+  CHECK_OK(slimserve_memcpy_async(host, device, bytes, SLIMSERVE_DEVICE_TO_HOST, NULL));
+  CHECK_OK(slimserve_stream_synchronize(NULL));
+}
+static int same_page(const uint16_t* a, int32_t page_a, const uint16_t* b, int32_t page_b, size_t slots) {
+  return memcmp(a + (size_t)page_a * MV_PAGE_ELEMS, b + (size_t)page_b * MV_PAGE_ELEMS,
+                slots * MV_DIM * sizeof(uint16_t)) == 0;
+}
+
+static void test_request_sets_and_page_movement(void) {
+  const size_t cache_bytes = (size_t)MV_PAGES * MV_PAGE_ELEMS * sizeof(uint16_t);
+  uint16_t* k_image = malloc(cache_bytes);
+  uint16_t* v_image = malloc(cache_bytes);
+  uint16_t* k_after = malloc(cache_bytes);
+  uint16_t* v_after = malloc(cache_bytes);
+  slimserve_page_pool* pool = NULL;
+  slimserve_prefix_cache* prefix = NULL;
+  slimserve_request_sets* sets = NULL;
+  slimserve_device_tags* tags = NULL;
+  slimserve_kv_cache cache;
+  slimserve_request_ref a, child, d, resumed;
+  slimserve_page_plan plan;
+  slimserve_page a_pages[4], c_pages[4], d_pages[4];
+  size_t count = 0, i;
+  int32_t tokens_a[20], tokens_d[20];
+  slimserve_request_status status, *d_status = NULL;
+  slimserve_page_copy copy;
+  void *d_copy = NULL, *buffer = NULL, *d_ids = NULL, *d_tags = NULL, *records = NULL, *d_swaps = NULL;
+  slimserve_request_pages_view view;
+  slimserve_page_swap swaps[2];
+  slimserve_request_status swap_statuses[2];
+  int64_t buffer_bytes, record_bytes;
+  unsigned char header[64];
+  int32_t ids[2];
+  uint32_t page_tags[2];
+
+  for (i = 0; i < MV_PAGES * MV_PAGE_ELEMS; ++i) {
+    k_image[i] = to_bf16(uniform());
+    v_image[i] = to_bf16(uniform());
+  }
+  for (i = 0; i < 20; ++i) {
+    tokens_a[i] = (int32_t)(100 + i);
+    tokens_d[i] = (int32_t)(900 + i);
+  }
+  memset(&cache, 0, sizeof cache);
+  cache.k_pages = to_device(k_image, cache_bytes);
+  cache.v_pages = to_device(v_image, cache_bytes);
+  cache.num_pages = MV_PAGES;
+  cache.page_size = MV_PAGE;
+  cache.num_kv_heads = 1;
+  cache.head_dim = MV_DIM;
+  cache.dtype = SLIMSERVE_KV_BF16;
+  CHECK_OK(slimserve_page_pool_create(MV_PAGES, &pool));
+  CHECK_OK(slimserve_prefix_cache_create(pool, MV_PAGE, 7, &prefix));
+  CHECK_OK(slimserve_request_sets_create(pool, prefix, 4, MV_PAGE, &sets));
+  CHECK_OK(slimserve_device_tags_create(MV_PAGES, &tags));
+  CHECK_OK(slimserve_device_alloc(sizeof status, (void**)&d_status));
+
+  /* Admit A (20 tokens: 2 pages, both writable by A), fork it, append to the child: its
+   * shared last page is copied on write. */
+  CHECK_OK(slimserve_request_sets_admit(sets, tokens_a, 20, 0, 0, &a, &plan));
+  EXPECT(plan.cached_tokens == 0 && plan.needs_copy == 0);
+  CHECK_OK(slimserve_request_sets_pages(sets, a, a_pages, 4, &count));
+  EXPECT(count == 2 && slimserve_request_sets_tokens(sets, a) == 20);
+  CHECK_OK(slimserve_request_sets_fork(sets, a, &child));
+  EXPECT(child.writer != a.writer);
+  CHECK_OK(slimserve_request_sets_append(sets, child, 1, &plan));
+  EXPECT(plan.needs_copy == 1 && plan.copy_tokens == 4);
+  EXPECT(plan.copy_from.id == a_pages[1].id && plan.copy_to.id != a_pages[1].id);
+  CHECK_OK(slimserve_request_sets_pages(sets, child, c_pages, 4, &count));
+  EXPECT(count == 2 && c_pages[0].id == a_pages[0].id && c_pages[1].id == plan.copy_to.id);
+
+  /* The copy, checked on the host and on the device. */
+  copy.src = plan.copy_from.id;
+  copy.src_tag = plan.copy_from.tag;
+  copy.dst = plan.copy_to.id;
+  copy.dst_tag = plan.copy_to.tag;
+  copy.writer = child.writer;
+  copy.tokens = plan.copy_tokens;
+  CHECK_OK(slimserve_check_page_copies(&cache, &copy, 1));
+  CHECK_OK(slimserve_device_tags_sync(tags, pool, NULL));
+  d_copy = to_device(&copy, sizeof copy);
+  CHECK_OK(slimserve_copy_pages(&cache, tags, d_copy, 1, d_status, NULL));
+  to_host(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_OK);
+  slimserve_request_sets_release_copy_sources(sets);
+  to_host(k_after, cache.k_pages, cache_bytes);
+  to_host(v_after, cache.v_pages, cache_bytes);
+  EXPECT(same_page(k_after, copy.dst, k_image, copy.src, 4) && same_page(v_after, copy.dst, v_image, copy.src, 4));
+  EXPECT(memcmp(k_after + (size_t)copy.dst * MV_PAGE_ELEMS + 4 * MV_DIM,
+                k_image + (size_t)copy.dst * MV_PAGE_ELEMS + 4 * MV_DIM,
+                (MV_PAGE - 4) * MV_DIM * sizeof(uint16_t)) == 0); /* only the filled slots */
+
+  /* A copy into a page the mover does not own is refused on the device; nothing is written. */
+  copy.dst = a_pages[0].id;
+  copy.dst_tag = a_pages[0].tag;
+  copy.src = c_pages[1].id;
+  copy.src_tag = c_pages[1].tag;
+  CHECK_OK(slimserve_memcpy_async(d_copy, &copy, sizeof copy, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_copy_pages(&cache, tags, d_copy, 1, d_status, NULL));
+  to_host(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_WRITE_DENIED);
+  to_host(k_after, cache.k_pages, cache_bytes);
+  EXPECT(same_page(k_after, a_pages[0].id, k_image, a_pages[0].id, MV_PAGE));
+
+  /* Export A's pages; import them into D's fresh pages: byte-exact. */
+  CHECK_OK(slimserve_request_sets_admit(sets, tokens_d, 20, 0, 0, &d, NULL));
+  CHECK_OK(slimserve_request_sets_pages(sets, d, d_pages, 4, &count));
+  CHECK_OK(slimserve_device_tags_sync(tags, pool, NULL));
+  buffer_bytes = slimserve_export_buffer_bytes(&cache, 2);
+  EXPECT(buffer_bytes >= 64 + 2 * slimserve_page_record_bytes(&cache));
+  CHECK_OK(slimserve_device_alloc((size_t)buffer_bytes, &buffer));
+  ids[0] = a_pages[0].id;
+  ids[1] = a_pages[1].id;
+  page_tags[0] = a_pages[0].tag;
+  page_tags[1] = a_pages[1].tag;
+  d_ids = to_device(ids, sizeof ids);
+  d_tags = to_device(page_tags, sizeof page_tags);
+  view.pages = d_ids;
+  view.tags = d_tags;
+  view.num_pages = 2;
+  view.num_tokens = 20;
+  view.writer = a.writer;
+  CHECK_OK(slimserve_export_request(&cache, tags, &view, buffer, buffer_bytes, d_status, NULL));
+  to_host(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_OK);
+  to_host(header, buffer, sizeof header);
+  ids[0] = d_pages[0].id;
+  ids[1] = d_pages[1].id;
+  page_tags[0] = d_pages[0].tag;
+  page_tags[1] = d_pages[1].tag;
+  CHECK_OK(slimserve_memcpy_async(d_ids, ids, sizeof ids, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_memcpy_async(d_tags, page_tags, sizeof page_tags, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  view.writer = d.writer;
+  CHECK_OK(slimserve_import_request(&cache, tags, &view, buffer, buffer_bytes, header, sizeof header, d_status, NULL));
+  to_host(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_OK);
+  to_host(k_after, cache.k_pages, cache_bytes);
+  to_host(v_after, cache.v_pages, cache_bytes);
+  EXPECT(same_page(k_after, d_pages[0].id, k_image, a_pages[0].id, MV_PAGE));
+  EXPECT(same_page(v_after, d_pages[0].id, v_image, a_pages[0].id, MV_PAGE));
+  /* The last page moves its 4 filled tokens. */
+  EXPECT(same_page(k_after, d_pages[1].id, k_image, a_pages[1].id, 4));
+  EXPECT(same_page(v_after, d_pages[1].id, v_image, a_pages[1].id, 4));
+  header[0] ^= 1u; /* a damaged header is refused before any launch */
+  EXPECT(slimserve_import_request(&cache, tags, &view, buffer, buffer_bytes, header, sizeof header, d_status, NULL) != SLIMSERVE_OK);
+
+  /* Swap D's pages out to host records, wipe them, swap them back in. */
+  record_bytes = slimserve_page_record_bytes(&cache);
+  CHECK_OK(slimserve_host_alloc((size_t)(2 * record_bytes), &records));
+  for (i = 0; i < 2; ++i) {
+    swaps[i].page = d_pages[i].id;
+    swaps[i].tag = d_pages[i].tag;
+    swaps[i].writer = d.writer;
+    swaps[i].host_slot = (int32_t)(1 - i);
+  }
+  CHECK_OK(slimserve_check_page_swaps(&cache, swaps, 2, SLIMSERVE_SWAP_OUT, 2));
+  EXPECT(slimserve_check_page_swaps(&cache, swaps, 2, SLIMSERVE_SWAP_OUT, 1) != SLIMSERVE_OK);
+  d_swaps = to_device(swaps, sizeof swaps);
+  {
+    slimserve_request_status* d_swap_statuses = NULL;
+    CHECK_OK(slimserve_device_alloc(sizeof swap_statuses, (void**)&d_swap_statuses));
+    CHECK_OK(slimserve_swap_pages(&cache, tags, records, 2, d_swaps, 2, SLIMSERVE_SWAP_OUT, d_swap_statuses, NULL));
+    CHECK_OK(slimserve_memset_async((uint16_t*)cache.k_pages + (size_t)d_pages[0].id * MV_PAGE_ELEMS, 0,
+                                    MV_PAGE_ELEMS * sizeof(uint16_t), NULL));
+    CHECK_OK(slimserve_swap_pages(&cache, tags, records, 2, d_swaps, 2, SLIMSERVE_SWAP_IN, d_swap_statuses, NULL));
+    to_host(swap_statuses, d_swap_statuses, sizeof swap_statuses);
+    EXPECT(swap_statuses[0].state == SLIMSERVE_REQUEST_OK && swap_statuses[1].state == SLIMSERVE_REQUEST_OK);
+    to_host(k_after, cache.k_pages, cache_bytes);
+    EXPECT(same_page(k_after, d_pages[0].id, k_image, a_pages[0].id, MV_PAGE));
+    CHECK_OK(slimserve_device_free(d_swap_statuses));
+  }
+
+  /* Preempt D: its pages go back, resume gives it a new identity, and the old reference is
+   * refused from then on. */
+  CHECK_OK(slimserve_request_sets_preempt(sets, d));
+  EXPECT(slimserve_request_sets_is_active(sets, d) == 0);
+  EXPECT(slimserve_request_sets_append(sets, d, 1, NULL) == SLIMSERVE_FAILED_PRECONDITION);
+  CHECK_OK(slimserve_request_sets_resume(sets, d, tokens_d, 20, 0, 0, &resumed, NULL));
+  EXPECT(resumed.writer != d.writer && slimserve_request_sets_is_active(sets, resumed) == 1);
+  EXPECT(slimserve_request_sets_finish(sets, d, NULL, 0, 0, 0) == SLIMSERVE_FAILED_PRECONDITION);
+  CHECK_OK(slimserve_request_sets_finish(sets, resumed, NULL, 0, 0, 0));
+  CHECK_OK(slimserve_request_sets_finish(sets, child, NULL, 0, 0, 0));
+  CHECK_OK(slimserve_request_sets_finish(sets, a, tokens_a, 20, 0, 0));
+  EXPECT(slimserve_request_sets_finish(sets, a, NULL, 0, 0, 0) == SLIMSERVE_FAILED_PRECONDITION);
+
+  slimserve_request_sets_destroy(sets);
+  slimserve_prefix_cache_destroy(prefix);
+  slimserve_device_tags_destroy(tags);
+  slimserve_page_pool_destroy(pool);
+  CHECK_OK(slimserve_host_free(records));
+  CHECK_OK(slimserve_device_free(d_swaps));
+  CHECK_OK(slimserve_device_free(d_ids));
+  CHECK_OK(slimserve_device_free(d_tags));
+  CHECK_OK(slimserve_device_free(buffer));
+  CHECK_OK(slimserve_device_free(d_copy));
+  CHECK_OK(slimserve_device_free(d_status));
+  CHECK_OK(slimserve_device_free(cache.k_pages));
+  CHECK_OK(slimserve_device_free(cache.v_pages));
+  free(k_image);
+  free(v_image);
+  free(k_after);
+  free(v_after);
+}
+
+int main(void) {
+  const char* seed_text = getenv("SLIMSERVE_TEST_SEED");
+  rng_state = seed_text != NULL ? strtoull(seed_text, NULL, 10) : (uint64_t)time(NULL);
+  printf("c_api_test (%s): seed %llu\n", slimserve_is_emulated() ? "CPU emulator" : "GPU",
+         (unsigned long long)rng_state);
+  test_status_and_pool();
+  test_enum_ranges_and_workspace();
+  test_int4_gemm(3, 64, 128, 32, 1);
+  test_int4_gemm(5, 128, 64, 64, 0);
+  test_request_sets_and_page_movement();
+  if (failures != 0) {
+    fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("c_api_test: ok\n");
+  return 0;
+}
