@@ -7,8 +7,9 @@
 /// new on admit, fork and resume, so a reused slot, or a preempted request resumed, is a new
 /// identity: a stale reference (or a stale page table with the old identity) matches nothing.
 /// Every call checks the reference first; a call with a reference that is not active (a second
-/// finish, a finish after preemption, a slot now held by another request) is refused with
-/// failed_precondition, changes nothing and is counted in `counts().refused`.
+/// finish, a slot now held by another request) is refused with failed_precondition, changes
+/// nothing and is counted in `counts().refused`. The one exception is `finish` of a preempted
+/// request: it cancels the request (frees its slot; it holds no pages), exactly once.
 ///
 /// Write rights follow the pages: fresh pages are writable by their request, prefix hits and
 /// forked pages are read-only, and `append` moves the request off a shared or cached last page
@@ -92,7 +93,8 @@ class RequestPageSets {
   Result<RequestRef> resume(RequestRef preempted, std::span<const TokenId> tokens,
                             const CacheKeyExtras& extras, PagePlan* plan = nullptr);
   /// Indexes the full pages of `tokens` (when there is a cache and tokens are given), then
-  /// releases every page tail first and frees the slot. Exactly once per request.
+  /// releases every page tail first and frees the slot. Exactly once per request. On a
+  /// preempted request it is a cancel: the slot is freed and `tokens` are ignored.
   Status finish(RequestRef request, std::span<const TokenId> tokens = {},
                 const CacheKeyExtras& extras = {});
 
