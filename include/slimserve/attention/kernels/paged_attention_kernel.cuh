@@ -120,9 +120,10 @@ struct PagedAttentionSharedStorage {
   struct Stage {
     alignas(128) unsigned char k[Tile::stage_tokens * Tile::Row::row_bytes];  // [tokens, row] swizzled
     alignas(128) unsigned char v[Tile::stage_tokens * Tile::Row::row_bytes];
-    float k_token_scale[Tile::stage_tokens];  // per_token mode
-    float v_token_scale[Tile::stage_tokens];
-    std::int32_t token_ok[Tile::stage_tokens];  // position inside the range and page id valid
+    // Written only when per-token scales or invalid page ids are in play: the K scale (1 for
+    // per-tensor) or NaN where the token must be left out (past the end, invalid page id).
+    float k_token_scale[Tile::stage_tokens];
+    float v_token_scale[Tile::stage_tokens];  // per_token: v scale * 2^8, else 1
   };
   struct Epilogue {
     float o[Tile::max_rows * HeadDim];  // [warps_n, cta_rows, D] unnormalized
@@ -334,10 +335,9 @@ SLIMSERVE_ATTENTION_UNROLL
       if (tid < Tile::stage_tokens) {
         const std::int32_t position = tile_begin + tid;
         const std::int32_t page = position < kv_end32 ? page_of(position) : -1;
-        stage.token_ok[tid] = page >= 0;
-        if (per_token) {
-          float ks = 0.0f, vs = 0.0f;
-          if (page >= 0) {
+        {
+          float ks = page >= 0 ? 1.0f : NAN, vs = 1.0f;
+          if (per_token && page >= 0) {
             const std::int64_t s = cache_offset(p.layout, p.page_size, p.num_kv_heads, 1, page,
                                                 position & slot_mask, kv_head, 0);
             ks = p.k_token_scales[s];
@@ -374,6 +374,16 @@ SLIMSERVE_ATTENTION_UNROLL
         }
       }
 
+      // The tokens' metadata, loaded before the variants so that they hold no shared loads.
+      float column_k_scale[Tile::score_tiles][2], column_v_scale[Tile::score_tiles][2];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < Tile::score_tiles; ++n) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          column_k_scale[n][c] = stage.k_token_scale[row0 + 8 * n + 2 * t + c];
+          column_v_scale[n][c] = stage.v_token_scale[row0 + 8 * n + 2 * t + c];
+        }
+      }
       // Softmax of the block, compiled once per (masked, soft-capped, per-token) so the common
       // case (unmasked, no cap) has no per-element branches.
       std::uint32_t p_frag[Tile::warp_tokens / 16][4];
@@ -390,7 +400,7 @@ SLIMSERVE_ATTENTION_UNROLL
             const int column = row0 + 8 * n + 2 * t + (e & 1);  // token row in the stage
             const int half = e >> 1;
             float x = s[n][e];
-            if constexpr (scaled_tokens) x *= stage.k_token_scale[column];
+            if constexpr (scaled_tokens) x *= column_k_scale[n][e & 1];
             if constexpr (capped) {
               x = cap_out * tanhf(x * cap_in);
             } else {
@@ -398,7 +408,7 @@ SLIMSERVE_ATTENTION_UNROLL
             }
             if constexpr (masked) {
               const std::int64_t position = tile_begin + column;
-              bool visible = row_valid[half] && position < kv_end && (all_pages_ok || stage.token_ok[column] != 0);
+              bool visible = row_valid[half] && position < kv_end && (all_pages_ok || !std::isnan(column_k_scale[n][e & 1]));
               if (p.causal) visible = visible && position <= query_position[half];
               if (windowed) visible = visible && position >= query_position[half] - p.window_left;
               if (!visible) x = -INFINITY;
@@ -439,7 +449,7 @@ SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {
             pr[e] = fast_exp2(s[n][e] - base[e >> 1]);
             row_sum[e >> 1] += pr[e];
-            if constexpr (scaled_tokens) pr[e] *= stage.v_token_scale[row0 + 8 * n + 2 * t + (e & 1)];
+            if constexpr (scaled_tokens) pr[e] *= column_v_scale[n][e & 1];
           }
           // Score tile n = 2 k + j holds tokens 8 j.. of k step k: a[2j] (row g), a[2j + 1] (g + 8).
           p_frag[n >> 1][2 * (n & 1)] = pack_pair<MmaT>(pr[0], pr[1]);
