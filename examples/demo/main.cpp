@@ -9,6 +9,7 @@
 int demo_formats();
 int demo_kv();
 int demo_attention();
+int demo_prefill();
 int demo_int4();
 
 int main() {
@@ -22,6 +23,7 @@ int main() {
       {"Numeric formats and KV capacity", demo_formats},
       {"Tagged KV pages", demo_kv},
       {"FP8 paged KV cache: decode loop", demo_attention},
+      {"FP8 paged KV cache: chunked prefill, then decode (tensor-core kernel)", demo_prefill},
       {"INT4 weights: W4A16 GEMM", demo_int4},
   };
   int failures = 0;

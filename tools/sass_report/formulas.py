@@ -108,6 +108,40 @@ def paged_decode(args: list[str], problem: dict) -> Work:
                 notes=[f"{threads} threads, tile {tile_tokens} tokens, {token_groups} token group(s)"])
 
 
+@formula("paged_attention")
+def paged_attention(args: list[str], problem: dict) -> Work:
+    """paged_attention_kernel<KvT, QT, HeadDim>: the tensor-core kernel, 128 threads, one CTA
+    per (request x row tile x KV split, KV head); 3 cp.async stages of ~32 KiB K + V.
+    Mirrors PagedAttentionTile / PagedAttentionSharedStorage (kernels/paged_attention_kernel.cuh)
+    and the plan (src/attention/paged_attention_plan.cpp): warps_m = 1 / 2 / 4 for <= 16 / 32 /
+    more packed rows (query tokens x group); the 4 / warps_m warps split a stage's 4 sub-blocks."""
+    kv, q, head_dim = args[0], args[1], int(args[2])
+    batch, context, kv_heads, group = _need(problem, "batch", "context", "kv_heads", "group")
+    query_tokens = problem.get("query_tokens", 1)
+    page_size = problem.get("page_size", 16)
+    splits = problem.get("splits", 1)
+    kv_b, q_b = dtype_bytes(kv), dtype_bytes(q)
+    row_bytes = head_dim * kv_b
+    stage_tokens = min(128, max(64, 32768 // (2 * row_bytes)))
+    rows = query_tokens * group
+    warps_m = 1 if rows <= 16 else (2 if rows <= 32 else 4)
+    row_tiles = math.ceil(rows / (16 * warps_m))
+    stage = 2 * stage_tokens * row_bytes + 3 * 4 * stage_tokens
+    stage = (stage + 127) // 128 * 128
+    epilogue = 64 * head_dim * 4 + 2 * 64 * 4
+    smem = max(3 * stage, epilogue)
+    ctas = batch * row_tiles * splits * kv_heads
+    tiles = math.ceil(context / splits / stage_tokens)
+    kv_bytes = batch * kv_heads * context * head_dim * kv_b * 2 * row_tiles
+    qo_bytes = batch * query_tokens * kv_heads * group * head_dim * q_b * 2
+    table_bytes = batch * math.ceil(context / page_size) * 4 * row_tiles
+    return Work(threads=128, ctas=ctas, dram_bytes=kv_bytes + qo_bytes + table_bytes,
+                iterations=ctas * tiles, dynamic_smem=smem, inner_trips=warps_m,
+                bytes_formula="K+V B·ctx·H_kv·D·bytes·2·row tiles + Q+O + page ids",
+                notes=[f"warps {warps_m}x{4 // warps_m}, stage {stage_tokens} tokens, "
+                       f"{row_tiles} row tile(s)"])
+
+
 @formula("kv_append")
 def kv_append(args: list[str], problem: dict) -> Work:
     """append_kernel<KvT, InT, HeadDim>: one CTA per (token, head block), 128 threads, no loop."""

@@ -1,0 +1,200 @@
+#pragma once
+/// \file
+/// \brief Tensor-core fragments of paged K/V tiles: swizzled shared-memory rows, ldmatrix
+/// addressing, and the conversion of FP8 fragments to the mma input type in registers.
+///
+/// A K/V tile in shared memory is [tokens, head_dim] in the stored type, one token per row of
+/// `row_chunks` 16-byte chunks, with the chunk index XOR-swizzled by the row so that the eight
+/// rows an ldmatrix reads fall in eight different bank groups.
+///
+/// 16-bit caches feed ldmatrix results to mma.m16n8k16 unchanged. FP8 caches are read with the
+/// same ldmatrix instructions (pairs of FP8 bytes look like one 16-bit element) and converted
+/// once per fragment with `cvt.f16x2.e4m3x2` / `.e5m2x2` (exact: every FP8 value is an fp16
+/// value); the FP8 mma input type is therefore fp16. The byte pairs land in a different order
+/// than the mma expects, which is absorbed by permutations that cost nothing at run time:
+///   - Q·K^T (contraction over head_dim): lane (g, t) of an ldmatrix holds bytes 4t..4t+3 of
+///     a 16-byte chunk; the k index kappa of the mma maps to d = 4(kappa%8/2) + 2(kappa/8) +
+///     kappa%2 inside the chunk, and the query fragment is loaded with the same map
+///     (`fp8_q_column`).
+///   - P·V (output columns): ldmatrix.trans gives a lane two adjacent d of two tokens; one prmt
+///     splits them into an even-d and an odd-d fragment, so output tile n = 2c + parity holds
+///     d = 16c + 2 col + parity (`output_column`).
+
+#include <cstdint>
+#include <type_traits>
+
+#include "slimserve/arch/bit_ops.cuh"
+#include "slimserve/arch/fp8_convert.cuh"
+#include "slimserve/arch/ldmatrix.cuh"
+#include "slimserve/arch/mma.cuh"
+#include "slimserve/formats/float_formats.hpp"
+#include "slimserve/runtime/platform.hpp"
+
+#if defined(__CUDA_ARCH__)
+#include "slimserve/formats/detail/device_convert.hpp"
+#endif
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention::kernels {
+
+/// Geometry of one K or V tile row (a token's head vector) in shared memory.
+template <class KvT, int HeadDim>
+struct KvRowGeometry {
+  static constexpr int element_bytes = static_cast<int>(sizeof(KvT));
+  static constexpr bool fp8 = element_bytes == 1;
+  static constexpr int row_bytes = HeadDim * element_bytes;
+  static constexpr int row_chunks = row_bytes / 16;  ///< 16-byte chunks per row
+  static constexpr int chunk_elements = 16 / element_bytes;
+  static_assert(row_chunks % 2 == 0 && (row_chunks & (row_chunks - 1)) == 0,
+                "rows of a power-of-two number (>= 2) of 16-byte chunks");
+
+  /// Physical chunk of logical `chunk` in `row`: eight consecutive rows map one logical chunk
+  /// to eight different 16-byte bank groups.
+  SLIMSERVE_HOST_DEVICE static constexpr int swizzle(int row, int chunk) {
+    if constexpr (row_chunks >= 8) {
+      return chunk ^ (row & 7);
+    } else {
+      return chunk ^ ((row / (8 / row_chunks)) & (row_chunks - 1));
+    }
+  }
+  SLIMSERVE_HOST_DEVICE static constexpr int byte_offset(int row, int chunk) {
+    return row * row_bytes + swizzle(row, chunk) * 16;
+  }
+};
+
+/// The mma input type: the cache's own type for 16-bit caches, fp16 for FP8 (exact widening).
+template <class KvT>
+using mma_input_t = std::conditional_t<fp8_format<KvT>, fp16, KvT>;
+
+/// D += A * B on one m16n8k16 tile in the mma input type `T`.
+template <class T>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void mma(float (&d)[4], const std::uint32_t (&a)[4],
+                                               const std::uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    arch::mma_m16n8k16_bf16(d, a, b, d);
+  } else {
+    arch::mma_m16n8k16_fp16(d, a, b, d);
+  }
+}
+
+/// Two floats rounded (RNE) to a packed pair of `T`, `lo` in bits 0..15.
+template <class T>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t pack_pair(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    return slimserve::detail::hw::float2_to_bf16x2(lo, hi);
+  } else {
+    return slimserve::detail::hw::float2_to_fp16x2(lo, hi);
+  }
+#else
+  return static_cast<std::uint32_t>(from_float<T>(lo).bits) |
+         static_cast<std::uint32_t>(from_float<T>(hi).bits) << 16;
+#endif
+}
+
+/// 2^x with one MUFU.EX2 (flush-to-zero; -inf gives +0): softmax weights below 2^-126 are 0.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+/// Two FP8 codes (low byte first) -> f16x2, exactly.
+template <class KvT>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t fp8_pair_to_f16x2(std::uint32_t two_codes) {
+  const auto pair = static_cast<std::uint16_t>(two_codes & 0xFFFFu);
+  if constexpr (std::is_same_v<KvT, fp8_e4m3>) {
+    return arch::cvt_e4m3x2_to_f16x2(pair);
+  } else {
+    return arch::cvt_e5m2x2_to_f16x2(pair);
+  }
+}
+
+/// Column (d, inside a 16-element k step) of element `e` (0..3 across registers a[0]/a[2] of
+/// row g) that query fragment lane t must hold. 16-bit: 2t + e%2 + 8(e/2); FP8: 4t + e.
+template <bool Fp8>
+SLIMSERVE_HOST_DEVICE constexpr int q_fragment_column(int t, int e) {
+  return Fp8 ? 4 * t + e : 2 * t + (e & 1) + 8 * (e >> 1);
+}
+
+/// head_dim index held by element i (0..3) of output tile `tile` in lane t.
+template <bool Fp8>
+SLIMSERVE_HOST_DEVICE constexpr int output_column(int tile, int t, int i) {
+  const int col = 2 * t + (i & 1);
+  return Fp8 ? 16 * (tile >> 1) + 2 * col + (tile & 1) : 8 * tile + col;
+}
+
+/// B fragments of Q·K^T for 16 tokens (rows `row0`..`row0`+15 of the K tile) and the 16-byte
+/// chunks `chunk`, `chunk`+1, then the mma into the two score tiles. 16-bit: one k step
+/// (k_step = chunk / 2); FP8: two k steps (chunk and chunk + 1).
+template <class KvT, int HeadDim>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void qk_chunk_pair(float (&s0)[4], float (&s1)[4],
+                                                          const unsigned char* k_tile, int row0,
+                                                          int chunk, const std::uint32_t (*q)[4],
+                                                          int lane) {
+  using Row = KvRowGeometry<KvT, HeadDim>;
+  using T = mma_input_t<KvT>;
+  const int matrix = lane >> 3;
+  const int row = row0 + (matrix >> 1) * 8 + (lane & 7);
+  std::uint32_t r[4];
+  arch::ldmatrix_x4(r, k_tile + Row::byte_offset(row, chunk + (matrix & 1)));
+  if constexpr (Row::fp8) {
+    // r[0]: tokens 0-7 x chunk; r[1]: tokens 0-7 x chunk+1; r[2], r[3]: tokens 8-15.
+    const std::uint32_t b00[2] = {fp8_pair_to_f16x2<KvT>(r[0]), fp8_pair_to_f16x2<KvT>(r[0] >> 16)};
+    const std::uint32_t b01[2] = {fp8_pair_to_f16x2<KvT>(r[1]), fp8_pair_to_f16x2<KvT>(r[1] >> 16)};
+    const std::uint32_t b10[2] = {fp8_pair_to_f16x2<KvT>(r[2]), fp8_pair_to_f16x2<KvT>(r[2] >> 16)};
+    const std::uint32_t b11[2] = {fp8_pair_to_f16x2<KvT>(r[3]), fp8_pair_to_f16x2<KvT>(r[3] >> 16)};
+    mma<T>(s0, q[chunk], b00);
+    mma<T>(s0, q[chunk + 1], b01);
+    mma<T>(s1, q[chunk], b10);
+    mma<T>(s1, q[chunk + 1], b11);
+  } else {
+    const std::uint32_t b0[2] = {r[0], r[1]};
+    const std::uint32_t b1[2] = {r[2], r[3]};
+    mma<T>(s0, q[chunk >> 1], b0);
+    mma<T>(s1, q[chunk >> 1], b1);
+  }
+}
+
+/// P·V for one k step (tokens `row0`..`row0`+15 of the V tile, P fragment `a`) over the chunks
+/// `chunk`, `chunk`+1: 16-bit updates output tiles chunk, chunk+1; FP8 updates 2 chunk ..
+/// 2 chunk + 3 (even / odd d of each chunk).
+template <class KvT, int HeadDim>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void pv_chunk_pair(float (*o)[4], const unsigned char* v_tile,
+                                                          int row0, int chunk,
+                                                          const std::uint32_t (&a)[4], int lane) {
+  using Row = KvRowGeometry<KvT, HeadDim>;
+  using T = mma_input_t<KvT>;
+  const int matrix = lane >> 3;
+  const int row = row0 + (matrix & 1) * 8 + (lane & 7);
+  std::uint32_t r[4];
+  arch::ldmatrix_x4_trans(r, v_tile + Row::byte_offset(row, chunk + (matrix >> 1)));
+  if constexpr (Row::fp8) {
+    // r[j]: bytes {V[2t][d], V[2t][d+1], V[2t+1][d], V[2t+1][d+1]}, d = 16 chunk' + 2g;
+    // prmt regroups them as {tokens 2t, 2t+1 of d} (low half) and {... of d + 1} (high half).
+    const std::uint32_t x0 = arch::prmt(r[0], 0u, 0x3120u);  // tokens 0-7, chunk
+    const std::uint32_t x1 = arch::prmt(r[1], 0u, 0x3120u);  // tokens 8-15, chunk
+    const std::uint32_t x2 = arch::prmt(r[2], 0u, 0x3120u);  // tokens 0-7, chunk + 1
+    const std::uint32_t x3 = arch::prmt(r[3], 0u, 0x3120u);  // tokens 8-15, chunk + 1
+    const std::uint32_t even0[2] = {fp8_pair_to_f16x2<KvT>(x0), fp8_pair_to_f16x2<KvT>(x1)};
+    const std::uint32_t odd0[2] = {fp8_pair_to_f16x2<KvT>(x0 >> 16), fp8_pair_to_f16x2<KvT>(x1 >> 16)};
+    const std::uint32_t even1[2] = {fp8_pair_to_f16x2<KvT>(x2), fp8_pair_to_f16x2<KvT>(x3)};
+    const std::uint32_t odd1[2] = {fp8_pair_to_f16x2<KvT>(x2 >> 16), fp8_pair_to_f16x2<KvT>(x3 >> 16)};
+    mma<T>(o[2 * chunk], a, even0);
+    mma<T>(o[2 * chunk + 1], a, odd0);
+    mma<T>(o[2 * chunk + 2], a, even1);
+    mma<T>(o[2 * chunk + 3], a, odd1);
+  } else {
+    const std::uint32_t b0[2] = {r[0], r[1]};
+    const std::uint32_t b1[2] = {r[2], r[3]};
+    mma<T>(o[chunk], a, b0);
+    mma<T>(o[chunk + 1], a, b1);
+  }
+}
+
+}  // namespace attention::kernels
+SLIMSERVE_NAMESPACE_END

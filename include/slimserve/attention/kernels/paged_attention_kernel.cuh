@@ -1,0 +1,640 @@
+#pragma once
+/// \file
+/// \brief Tensor-core paged attention (FlashAttention-2 style) for prefill, append, decode and
+/// speculative verify over BF16/FP16/FP8 pages; and the merge of its split-KV partials.
+///
+/// Rows. For one KV head, the query rows of a request are packed as row = token * group +
+/// head-in-group (group = num_qo_heads / num_kv_heads), so the mma's M dimension holds every
+/// query head that shares the K/V: a decode step of GQA 8 is 8 rows of one m16 tile, a prefill
+/// chunk of 100 tokens is 800 rows. A CTA owns `cta_rows` = 16 * warps_m consecutive rows.
+///
+/// CTA: 4 warps, arranged warps_m x warps_n (1x4 decode, 2x2, 4x1 prefill; chosen by the plan).
+/// K/V stream through shared memory in `stages` tiles of `stage_tokens` tokens (cp.async,
+/// zero-filled past the end). A tile is cut into 4 sub-blocks of `warp_tokens` tokens; warp
+/// (wm, wn) does rows [16 wm, 16 wm + 16) of the sub-blocks wn, wn + warps_n, ... so every K/V
+/// byte is read from DRAM once per CTA and from shared memory once per warps_m.
+///
+/// Per sub-block and warp: S = Q K^T on tensor cores (Q fragments live in registers for the
+/// whole kernel), online softmax in FP32 registers in log2 units (exp2), P rounded to the mma
+/// type, O += P V. FP8 fragments are converted once per warp (see mma_fragments.cuh).
+/// Scales: per-tensor k_scale folds into the score scale and v_scale into the output; per-token
+/// k scales multiply score columns (FP32), per-token v scales multiply P before it is rounded
+/// (by v_scale * 2^8, undone at the end, which keeps P*v_scale in the fp16 normal range).
+///
+/// Epilogue: the warps_n partial states of each row meet in shared memory; the CTA writes the
+/// normalized output (+ natural-log LSE) or, for split-KV plans, an FP32 partial that
+/// `paged_merge_kernel` combines.
+
+#include <cmath>
+#include <cstdint>
+
+#include "slimserve/arch/cp_async.cuh"
+#include "slimserve/attention/kernels/mma_fragments.cuh"
+#include "slimserve/attention/kernels/vector_io.cuh"
+#include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/kv/request_status.hpp"
+#include "slimserve/runtime/platform.hpp"
+#include "slimserve/runtime/shared_memory.cuh"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention::kernels {
+
+struct PagedAttentionParams {
+  // Cache (filled by detail::fill_paged_cache_fields, shared with append/decode).
+  const void* k_pages;  // [num_pages, page_size, H_kv, D] (NHD) or [num_pages, H_kv, page_size, D]
+  const void* v_pages;
+  const float* k_scale;  // per_tensor
+  const float* v_scale;
+  const float* k_token_scales;  // per_token: pages' layout with D = 1
+  const float* v_token_scales;
+  std::int32_t num_pages;
+  std::int32_t page_size;
+  std::int32_t page_shift;  // log2(page_size)
+  std::int32_t num_kv_heads;
+  KvLayout layout;
+  KvScaleMode scale_mode;
+  // Page table (CSR) and tag-check verdicts.
+  const std::int32_t* indptr;         // [B + 1]
+  const std::int32_t* indices;        // [indptr[B]]
+  const std::int32_t* last_page_len;  // [B]
+  const kv::RequestStatus* status;    // [B] or null
+  // Queries and outputs (strides in elements).
+  const std::int32_t* qo_indptr;  // [B + 1]: query tokens of request b
+  const void* q;                  // q[token * q_token_stride + head * q_head_stride + d]
+  void* o;                        // o[token * o_token_stride + head * o_head_stride + d]
+  float* lse;                     // [total query tokens, H_qo] natural log, or null
+  std::int64_t q_token_stride, q_head_stride;
+  std::int64_t o_token_stride, o_head_stride;
+  std::int32_t num_qo_heads;
+  std::int32_t group_size;  // H_qo / H_kv
+  // Options.
+  float score_scale;      // sm_scale * log2(e) (scores in log2 units)
+  float sm_scale;         // for the soft-cap, in natural units
+  float soft_cap;         // 0: none; else s = cap * tanh(s / cap) on sm_scale * q.k
+  std::int32_t window_left;  // < 0: none; else key positions >= query position - window_left
+  bool causal;
+  const float* sinks;     // [H_qo] natural-log sink logits, or null
+  // Schedule (workspace, written by the plan).
+  std::int32_t warps_m;   // 1, 2 or 4
+  std::int32_t cta_rows;  // 16 * warps_m
+  const std::int32_t* work_request;     // [W]
+  const std::int32_t* work_row_tile;    // [W]
+  const std::int32_t* work_split;       // [W]
+  const std::int32_t* work_num_splits;  // [W]
+  std::int32_t chunk_tokens;            // KV tokens per split (multiple of stage tokens)
+  bool split_kv;
+  float* partial_o;    // [W, H_kv, cta_rows, D]
+  float* partial_lse;  // [W, H_kv, cta_rows] natural log (sinks excluded)
+};
+
+inline constexpr float paged_log2_e = 1.4426950408889634f;
+inline constexpr float paged_ln_2 = 0.6931471805599453f;
+/// P * per-token v scale is multiplied by this before rounding to fp16 (and divided out of the
+/// output): keeps products of small probabilities and scales out of fp16 subnormals.
+inline constexpr float per_token_p_headroom = 256.0f;
+
+/// Tile geometry of one instantiation.
+template <class KvT, int HeadDim>
+struct PagedAttentionTile {
+  using Row = KvRowGeometry<KvT, HeadDim>;
+  static constexpr int threads = 128;
+  static constexpr int warps = 4;
+  static constexpr int stages = 3;
+  /// ~32 KiB of K + V per stage, 64..128 tokens.
+  static constexpr int stage_tokens_raw = 32768 / (2 * Row::row_bytes);
+  static constexpr int stage_tokens = stage_tokens_raw < 64 ? 64 : (stage_tokens_raw > 128 ? 128 : stage_tokens_raw);
+  static constexpr int warp_tokens = stage_tokens / warps;  // one sub-block
+  static constexpr int score_tiles = warp_tokens / 8;       // n8 tiles of S per sub-block
+  static constexpr int k_steps = HeadDim / 16;              // Q fragments
+  static constexpr int output_tiles = HeadDim / 8;          // n8 tiles of O
+  static constexpr int max_rows = 64;                       // cta_rows at warps_m = 4
+  static constexpr int stage_chunks = stage_tokens * Row::row_chunks;  // per K (and per V)
+  static_assert(warp_tokens % 16 == 0, "sub-blocks of whole k steps");
+  static_assert(stage_chunks % threads == 0, "whole chunks per thread");
+  static_assert(stage_tokens <= threads, "one thread per token of a stage for its metadata");
+};
+
+template <class KvT, int HeadDim>
+struct PagedAttentionSharedStorage {
+  using Tile = PagedAttentionTile<KvT, HeadDim>;
+  struct Stage {
+    alignas(128) unsigned char k[Tile::stage_tokens * Tile::Row::row_bytes];  // [tokens, row] swizzled
+    alignas(128) unsigned char v[Tile::stage_tokens * Tile::Row::row_bytes];
+    // Written only when per-token scales or invalid page ids are in play: the K scale (1 for
+    // per-tensor) or NaN where the token must be left out (past the end, invalid page id).
+    float k_token_scale[Tile::stage_tokens];
+    float v_token_scale[Tile::stage_tokens];  // per_token: v scale * 2^8, else 1
+  };
+  struct Epilogue {
+    float o[Tile::max_rows * HeadDim];  // [warps_n, cta_rows, D] unnormalized
+    float m[Tile::max_rows];            // [warps_n, cta_rows] running max (log2 units)
+    float l[Tile::max_rows];            // [warps_n, cta_rows] running sum
+  };
+  union {
+    Stage stages[Tile::stages];
+    Epilogue epilogue;
+  } u;
+};
+
+/// Tokens of request b per the device page table; -1 when the table is inconsistent.
+SLIMSERVE_DEVICE inline std::int64_t paged_request_length(const PagedAttentionParams& p, std::int32_t b) {
+  const std::int32_t pages = p.indptr[b + 1] - p.indptr[b];
+  if (pages == 0) return 0;
+  const std::int32_t last = p.last_page_len[b];
+  if (pages < 0 || last < 1 || last > p.page_size) return -1;
+  return (static_cast<std::int64_t>(pages - 1) << p.page_shift) + last;
+}
+
+/// The one place the kernel consults the tag check: may request b's pages be read?
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE bool request_admitted(const PagedAttentionParams& p, std::int32_t b) {
+  return p.status == nullptr || kv::request_ok(p.status[b]);
+}
+
+template <class T>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float activation_to_float(const void* base, std::int64_t index) {
+  return to_float(static_cast<const T*>(base)[index]);
+}
+
+template <class KvT, class QT, int HeadDim>
+__global__ void __launch_bounds__(128) paged_attention_kernel(const PagedAttentionParams p) {
+  using Tile = PagedAttentionTile<KvT, HeadDim>;
+  using Row = typename Tile::Row;
+  using MmaT = mma_input_t<KvT>;
+  using Smem = PagedAttentionSharedStorage<KvT, HeadDim>;
+  constexpr bool fp8 = Row::fp8;
+  auto& smem = rt::shared_storage<Smem>();
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;  // fragment row
+  const int t = lane % 4;  // fragment column pair
+  const int warps_n = Tile::warps / p.warps_m;
+  const int wm = warp % p.warps_m;
+  const int wn = warp / p.warps_m;
+
+  const std::int32_t work = static_cast<std::int32_t>(blockIdx.x);
+  const std::int32_t kv_head = static_cast<std::int32_t>(blockIdx.y);
+  const std::int32_t b = p.work_request[work];
+  const std::int32_t row_tile = p.work_row_tile[work];
+  const std::int32_t split = p.work_split[work];
+  const std::int32_t num_splits = p.work_num_splits[work];
+
+  const std::int32_t qo_begin = p.qo_indptr[b];
+  const std::int32_t qo_len = p.qo_indptr[b + 1] - qo_begin;
+  const std::int64_t kv_len = paged_request_length(p, b);
+  const bool aborted = kv_len < 0 || kv_len > INT32_MAX || qo_len < 0 || qo_len > kv_len || !request_admitted(p, b);
+
+  // Rows of this CTA: (query token, query head) of each packed row; invalid rows are padding.
+  const std::int64_t tile_row0 = static_cast<std::int64_t>(row_tile) * p.cta_rows;
+  const std::int64_t valid_rows = aborted ? 0 : static_cast<std::int64_t>(qo_len) * p.group_size;
+  auto row_query_position = [&](std::int64_t packed_row) -> std::int64_t {
+    return kv_len - qo_len + packed_row / p.group_size;  // the query token's position
+  };
+
+  if (aborted) {
+    // Nothing of the request is read. Unsplit: NaN rows, lse -inf; split: partial lse NaN,
+    // which the merge turns into the same marked rows.
+    const std::int32_t rows_total = p.qo_indptr[b + 1] - qo_begin;
+    for (int r = tid; r < p.cta_rows; r += Tile::threads) {
+      const std::int64_t packed = tile_row0 + r;
+      if (p.split_kv) {
+        p.partial_lse[(static_cast<std::int64_t>(work) * p.num_kv_heads + kv_head) * p.cta_rows + r] = NAN;
+        continue;
+      }
+      if (rows_total < 0 || packed >= static_cast<std::int64_t>(rows_total) * p.group_size) continue;
+      const std::int64_t token = qo_begin + packed / p.group_size;
+      const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
+      QT* o = static_cast<QT*>(p.o) + token * p.o_token_stride + head * p.o_head_stride;
+      for (int d = 0; d < HeadDim; ++d) o[d] = from_float<QT>(NAN);
+      if (p.lse != nullptr) p.lse[token * p.num_qo_heads + head] = -INFINITY;
+    }
+    return;
+  }
+
+  // KV range: this split, cut to what the rows can see (causal end, window start).
+  const std::int64_t last_row = valid_rows > 0 ? (tile_row0 + p.cta_rows < valid_rows ? tile_row0 + p.cta_rows : valid_rows) - 1 : tile_row0;
+  const bool has_rows = tile_row0 < valid_rows;
+  const std::int64_t min_query = row_query_position(tile_row0);
+  const std::int64_t max_query = row_query_position(last_row);
+  std::int64_t kv_begin = static_cast<std::int64_t>(split) * p.chunk_tokens;
+  std::int64_t kv_end = split == num_splits - 1 ? kv_len : kv_begin + p.chunk_tokens;
+  if (kv_end > kv_len) kv_end = kv_len;
+  if (p.causal && kv_end > max_query + 1) kv_end = max_query + 1;
+  const bool windowed = p.window_left >= 0;
+  if (windowed) {
+    const std::int64_t first_visible = min_query - p.window_left;
+    if (kv_begin < first_visible) kv_begin = first_visible;
+  }
+  if (!has_rows || kv_end < kv_begin) kv_end = kv_begin;
+
+  const std::int32_t page_base = p.indptr[b];
+  auto page_of = [&](std::int64_t position) -> std::int32_t {
+    const std::int32_t page = p.indices[page_base + static_cast<std::int32_t>(position >> p.page_shift)];
+    return (page >= 0 && page < p.num_pages) ? page : -1;
+  };
+  // One pass over the range's page ids: the common case (all valid) skips per-token checks.
+  int bad_page = 0;
+  {
+    const std::int64_t first_page = kv_begin >> p.page_shift;
+    const std::int64_t end_page = kv_end > kv_begin ? ((kv_end - 1) >> p.page_shift) + 1 : first_page;
+    for (std::int64_t i = first_page + tid; i < end_page; i += Tile::threads) {
+      if (page_of(i << p.page_shift) < 0) bad_page = 1;
+    }
+  }
+  const bool all_pages_ok = __syncthreads_or(bad_page) == 0;
+
+  // Q fragments of this warp's 16 rows, converted to the mma type (exact for bf16 -> fp16 in
+  // the fp16 range; larger magnitudes saturate).
+  std::uint32_t q_frag[Tile::k_steps][4];
+  std::int64_t query_position[2];
+  bool row_valid[2];
+  {
+    const QT* q = static_cast<const QT*>(p.q);
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t packed = tile_row0 + wm * 16 + g + half * 8;
+      row_valid[half] = packed < valid_rows;
+      query_position[half] = row_valid[half] ? row_query_position(packed) : -1;
+    }
+SLIMSERVE_ATTENTION_UNROLL
+    for (int s = 0; s < Tile::k_steps; ++s) {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (row_valid[half]) {
+          const std::int64_t packed = tile_row0 + wm * 16 + g + half * 8;
+          const std::int64_t token = qo_begin + packed / p.group_size;
+          const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
+          const std::int64_t base = token * p.q_token_stride + head * p.q_head_stride + 16 * s;
+SLIMSERVE_ATTENTION_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            float x = activation_to_float<QT>(q, base + q_fragment_column<fp8>(t, e));
+            if constexpr (!std::is_same_v<QT, MmaT>) {
+              x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+            }
+            v[e] = x;
+          }
+        }
+        q_frag[s][half] = pack_pair<MmaT>(v[0], v[1]);      // a[0] (row g), a[1] (row g + 8)
+        q_frag[s][2 + half] = pack_pair<MmaT>(v[2], v[3]);  // a[2], a[3]
+      }
+    }
+  }
+
+  const bool per_token = p.scale_mode == KvScaleMode::per_token;
+  const float k_static = p.scale_mode == KvScaleMode::per_tensor ? *p.k_scale : 1.0f;
+  const float v_static = p.scale_mode == KvScaleMode::per_tensor ? *p.v_scale : 1.0f;
+  const float score_scale = p.score_scale * k_static;  // raw q.k -> log2 units
+  const bool soft_capped = p.soft_cap > 0.0f;
+  const float cap_in = p.sm_scale * k_static / (soft_capped ? p.soft_cap : 1.0f);
+  const float cap_out = p.soft_cap * paged_log2_e;
+
+  float o_acc[Tile::output_tiles][4];
+SLIMSERVE_ATTENTION_UNROLL
+  for (int n = 0; n < Tile::output_tiles; ++n) {
+    o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
+  }
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this lane's columns only; quad-reduced at the end
+
+  const KvT* k_pages = static_cast<const KvT*>(p.k_pages);
+  const KvT* v_pages = static_cast<const KvT*>(p.v_pages);
+  const std::int64_t span = kv_end - kv_begin;
+  const std::int64_t num_tiles = (span + Tile::stage_tokens - 1) / Tile::stage_tokens;
+
+  // Element offset of (page, slot, kv_head, 0) = page * page_stride + slot * slot_stride +
+  // head_offset in both layouts.
+  const std::int64_t page_stride = static_cast<std::int64_t>(p.page_size) * p.num_kv_heads * HeadDim;
+  const std::int32_t slot_stride = p.layout == KvLayout::nhd ? p.num_kv_heads * HeadDim : HeadDim;
+  const std::int32_t head_offset = p.layout == KvLayout::nhd ? kv_head * HeadDim : kv_head * p.page_size * HeadDim;
+  const std::int32_t slot_mask = p.page_size - 1;
+  const std::int32_t* request_pages = p.indices + page_base;
+  const auto num_pages = static_cast<std::uint32_t>(p.num_pages);
+  const auto kv_end32 = static_cast<std::int32_t>(kv_end);
+
+  // Producer: every thread queues its chunks of K and V of tile `i` into stage `i % stages`
+  // (one page-id load per chunk; rows of consecutive lanes are consecutive 16-byte chunks).
+  auto produce = [&](std::int64_t i) {
+    auto& stage = smem.u.stages[i % Tile::stages];
+    const auto tile_begin = static_cast<std::int32_t>(kv_begin + i * Tile::stage_tokens);
+SLIMSERVE_ATTENTION_UNROLL
+    for (int j = 0; j < Tile::stage_chunks / Tile::threads; ++j) {
+      const int chunk_id = tid + j * Tile::threads;
+      const int token = chunk_id / Row::row_chunks;
+      const int chunk = chunk_id % Row::row_chunks;
+      const std::int32_t position = tile_begin + token;
+      const std::int32_t page = position < kv_end32 ? request_pages[position >> p.page_shift] : -1;
+      const bool ok = static_cast<std::uint32_t>(page) < num_pages;
+      const std::int64_t offset =
+          ok ? page * page_stride + ((position & slot_mask) * slot_stride + head_offset + chunk * Row::chunk_elements) : 0;
+      const int dst = Row::byte_offset(token, chunk);
+      arch::cp_async_16_zfill(stage.k + dst, k_pages + offset, ok);
+      arch::cp_async_16_zfill(stage.v + dst, v_pages + offset, ok);
+    }
+    if (!all_pages_ok || per_token) {
+      if (tid < Tile::stage_tokens) {
+        const std::int32_t position = tile_begin + tid;
+        const std::int32_t page = position < kv_end32 ? page_of(position) : -1;
+        {
+          float ks = page >= 0 ? 1.0f : NAN, vs = 1.0f;
+          if (per_token && page >= 0) {
+            const std::int64_t s = cache_offset(p.layout, p.page_size, p.num_kv_heads, 1, page,
+                                                position & slot_mask, kv_head, 0);
+            ks = p.k_token_scales[s];
+            vs = p.v_token_scales[s] * per_token_p_headroom;
+          }
+          stage.k_token_scale[tid] = ks;
+          stage.v_token_scale[tid] = vs;
+        }
+      }
+    }
+  };
+
+  // Consumer: this warp's sub-blocks of the tile in stage `i % stages`.
+  auto consume = [&](std::int64_t i) {
+    const auto& stage = smem.u.stages[i % Tile::stages];
+    const std::int64_t tile_begin = kv_begin + i * Tile::stage_tokens;
+    for (int sub = wn; sub < Tile::warps; sub += warps_n) {
+      const int row0 = sub * Tile::warp_tokens;
+      const std::int64_t block_begin = tile_begin + row0;
+      if (block_begin >= kv_end) break;  // warp-uniform: nothing left in this tile
+      const std::int64_t block_last = block_begin + Tile::warp_tokens - 1;
+      const bool needs_mask = !all_pages_ok || block_last >= kv_end ||
+                              (p.causal && block_last > min_query) ||
+                              (windowed && block_begin < max_query - p.window_left);
+
+      float s[Tile::score_tiles][4];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < Tile::score_tiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+SLIMSERVE_ATTENTION_UNROLL
+      for (int m = 0; m < Tile::warp_tokens / 16; ++m) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int c = 0; c < Row::row_chunks; c += 2) {
+          qk_chunk_pair<KvT, HeadDim>(s[2 * m], s[2 * m + 1], stage.k, row0 + 16 * m, c, q_frag, lane);
+        }
+      }
+
+      // The tokens' metadata, loaded before the variants so that they hold no shared loads.
+      float column_k_scale[Tile::score_tiles][2], column_v_scale[Tile::score_tiles][2];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < Tile::score_tiles; ++n) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          column_k_scale[n][c] = stage.k_token_scale[row0 + 8 * n + 2 * t + c];
+          column_v_scale[n][c] = stage.v_token_scale[row0 + 8 * n + 2 * t + c];
+        }
+      }
+      // Softmax of the block, compiled once per (masked, soft-capped, per-token) so the common
+      // case (unmasked, no cap) has no per-element branches.
+      std::uint32_t p_frag[Tile::warp_tokens / 16][4];
+      auto softmax = [&](auto masked_tag, auto capped_tag, auto per_token_tag) {
+        constexpr bool masked = decltype(masked_tag)::value;
+        constexpr bool capped = decltype(capped_tag)::value;
+        constexpr bool scaled_tokens = decltype(per_token_tag)::value;
+        // Scores in log2 units, masked; new row maxima.
+        float block_max[2] = {-INFINITY, -INFINITY};
+SLIMSERVE_ATTENTION_UNROLL
+        for (int n = 0; n < Tile::score_tiles; ++n) {
+SLIMSERVE_ATTENTION_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int column = row0 + 8 * n + 2 * t + (e & 1);  // token row in the stage
+            const int half = e >> 1;
+            float x = s[n][e];
+            if constexpr (scaled_tokens) x *= column_k_scale[n][e & 1];
+            if constexpr (capped) {
+              x = cap_out * tanhf(x * cap_in);
+            } else {
+              x *= score_scale;
+            }
+            if constexpr (masked) {
+              const std::int64_t position = tile_begin + column;
+              bool visible = row_valid[half] && position < kv_end && (all_pages_ok || !std::isnan(column_k_scale[n][e & 1]));
+              if (p.causal) visible = visible && position <= query_position[half];
+              if (windowed) visible = visible && position >= query_position[half] - p.window_left;
+              if (!visible) x = -INFINITY;
+            }
+            s[n][e] = x;
+            block_max[half] = fmaxf(block_max[half], x);
+          }
+        }
+        bool rescale = false;
+        float alpha[2];
+        float base[2];
+SLIMSERVE_ATTENTION_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          float mx = block_max[half];
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float new_max = fmaxf(row_max[half], mx);
+          base[half] = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: p = 0
+          alpha[half] = fast_exp2(row_max[half] - base[half]);  // 0 before the first token
+          rescale = rescale || new_max != row_max[half];
+          row_max[half] = new_max;
+          row_sum[half] *= alpha[half];
+        }
+        if (__any_sync(0xffffffffu, rescale)) {
+SLIMSERVE_ATTENTION_UNROLL
+          for (int n = 0; n < Tile::output_tiles; ++n) {
+            o_acc[n][0] *= alpha[0];
+            o_acc[n][1] *= alpha[0];
+            o_acc[n][2] *= alpha[1];
+            o_acc[n][3] *= alpha[1];
+          }
+        }
+        // P = exp2(s - max), summed in FP32, rounded to the mma type in A-fragment order.
+SLIMSERVE_ATTENTION_UNROLL
+        for (int n = 0; n < Tile::score_tiles; ++n) {
+          float pr[4];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            pr[e] = fast_exp2(s[n][e] - base[e >> 1]);
+            row_sum[e >> 1] += pr[e];
+            if constexpr (scaled_tokens) pr[e] *= column_v_scale[n][e & 1];
+          }
+          // Score tile n = 2 k + j holds tokens 8 j.. of k step k: a[2j] (row g), a[2j + 1] (g + 8).
+          p_frag[n >> 1][2 * (n & 1)] = pack_pair<MmaT>(pr[0], pr[1]);
+          p_frag[n >> 1][2 * (n & 1) + 1] = pack_pair<MmaT>(pr[2], pr[3]);
+        }
+      };
+      using yes = std::true_type;
+      using no = std::false_type;
+      if (needs_mask || soft_capped || per_token) {
+        if (soft_capped) {
+          if (per_token) softmax(yes{}, yes{}, yes{}); else softmax(yes{}, yes{}, no{});
+        } else {
+          if (per_token) softmax(yes{}, no{}, yes{}); else softmax(yes{}, no{}, no{});
+        }
+      } else {
+        softmax(no{}, no{}, no{});  // the steady state of plain decode and prefill
+      }
+SLIMSERVE_ATTENTION_UNROLL
+      for (int k = 0; k < Tile::warp_tokens / 16; ++k) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int c = 0; c < Row::row_chunks; c += 2) {
+          pv_chunk_pair<KvT, HeadDim>(o_acc, stage.v, row0 + 16 * k, c, p_frag[k], lane);
+        }
+      }
+    }
+  };
+
+  // Pipeline: stages - 1 tiles in flight ahead of the one being consumed.
+SLIMSERVE_ATTENTION_UNROLL
+  for (int i = 0; i < Tile::stages - 1; ++i) {
+    if (i < num_tiles) produce(i);
+    arch::cp_async_commit();
+  }
+  for (std::int64_t i = 0; i < num_tiles; ++i) {
+    arch::cp_async_wait<Tile::stages - 2>();
+    __syncthreads();  // tile i is visible to all; tile i - 1 is consumed by all
+    if (i + Tile::stages - 1 < num_tiles) produce(i + Tile::stages - 1);
+    arch::cp_async_commit();
+    consume(i);
+  }
+  arch::cp_async_wait<0>();
+
+  // Row sums over the quad's columns.
+SLIMSERVE_ATTENTION_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
+    row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
+  }
+  __syncthreads();  // the stages are dead; the epilogue overlays them
+  auto& epi = smem.u.epilogue;
+  {
+    const int partial_row0 = wn * p.cta_rows + wm * 16 + g;
+SLIMSERVE_ATTENTION_UNROLL
+    for (int n = 0; n < Tile::output_tiles; ++n) {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        epi.o[(partial_row0 + 8 * (e >> 1)) * HeadDim + output_column<fp8>(n, t, e)] = o_acc[n][e];
+      }
+    }
+    if (t == 0) {
+      epi.m[partial_row0] = row_max[0];
+      epi.l[partial_row0] = row_sum[0];
+      epi.m[partial_row0 + 8] = row_max[1];
+      epi.l[partial_row0 + 8] = row_sum[1];
+    }
+  }
+  __syncthreads();
+
+  // Each thread finishes 8 consecutive d of one row.
+  const float out_scale = per_token ? 1.0f / per_token_p_headroom : v_static;
+  constexpr int row_pieces = HeadDim / 8;
+  for (int unit = tid; unit < p.cta_rows * row_pieces; unit += Tile::threads) {
+    const int r = unit / row_pieces;
+    const int d0 = (unit % row_pieces) * 8;
+    const std::int64_t packed = tile_row0 + r;
+    if (packed >= valid_rows && !p.split_kv) continue;
+    float m = -INFINITY;
+    for (int w = 0; w < warps_n; ++w) m = fmaxf(m, epi.m[w * p.cta_rows + r]);
+    const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
+    // Sinks count once: here when unsplit, in the merge when split.
+    const float sink = (!p.split_kv && p.sinks != nullptr) ? p.sinks[head] * paged_log2_e : -INFINITY;
+    const float top = fmaxf(m, sink);
+    float sum = 0.0f;
+    float out[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (top != -INFINITY) {
+      sum = exp2f(sink - top);
+      for (int w = 0; w < warps_n; ++w) {
+        const int pr = w * p.cta_rows + r;
+        const float weight = exp2f(epi.m[pr] - top);  // 0 for a part that saw nothing
+        sum += weight * epi.l[pr];
+SLIMSERVE_ATTENTION_UNROLL
+        for (int e = 0; e < 8; ++e) out[e] = fmaf(weight, epi.o[pr * HeadDim + d0 + e], out[e]);
+      }
+    }
+    const bool empty = !(sum > 0.0f);
+    const float norm = empty ? 0.0f : out_scale / sum;
+    const float lse = empty ? -INFINITY : (top + log2f(sum)) * paged_ln_2;
+    if (p.split_kv) {
+      const std::int64_t partial_row = (static_cast<std::int64_t>(work) * p.num_kv_heads + kv_head) * p.cta_rows + r;
+      float* po = p.partial_o + partial_row * HeadDim + d0;
+      Vec16 lo, hi;
+      float a[4] = {out[0] * norm, out[1] * norm, out[2] * norm, out[3] * norm};
+      float c[4] = {out[4] * norm, out[5] * norm, out[6] * norm, out[7] * norm};
+      std::memcpy(&lo, a, sizeof(a));
+      std::memcpy(&hi, c, sizeof(c));
+      store16(po, lo);
+      store16(po + 4, hi);
+      if (d0 == 0) p.partial_lse[partial_row] = packed < valid_rows ? lse : -INFINITY;
+    } else {
+      const std::int64_t token = qo_begin + packed / p.group_size;
+      QT values[8];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int e = 0; e < 8; ++e) values[e] = from_float<QT>(out[e] * norm);
+      QT* o = static_cast<QT*>(p.o) + token * p.o_token_stride + head * p.o_head_stride + d0;
+      store_packed(o, values);
+      if (p.lse != nullptr && d0 == 0) p.lse[token * p.num_qo_heads + head] = lse;
+    }
+  }
+}
+
+// ---- split-KV merge ---------------------------------------------------------------------------
+
+struct PagedMergeParams {
+  const float* partial_o;            // [W, H_kv, cta_rows, D]
+  const float* partial_lse;          // [W, H_kv, cta_rows]
+  const std::int32_t* unit_request;  // [U]
+  const std::int32_t* unit_row_tile; // [U]
+  const std::int32_t* unit_indptr;   // [U + 1]: work items of unit u (its KV splits)
+  const std::int32_t* qo_indptr;     // [B + 1]
+  void* o;
+  float* lse;
+  std::int64_t o_token_stride, o_head_stride;
+  const float* sinks;  // [H_qo] or null
+  std::int32_t num_kv_heads;
+  std::int32_t num_qo_heads;
+  std::int32_t group_size;
+  std::int32_t cta_rows;
+  std::int32_t head_dim;
+};
+
+/// Grid (units, H_kv * cta_rows), block head_dim threads: one output element per thread.
+/// o = sum_i e^(lse_i - M) o_i / (e^(sink - M) + sum_i e^(lse_i - M)); a NaN partial lse marks
+/// an aborted request (NaN row, lse -inf).
+template <class OutT>
+__global__ void paged_merge_kernel(const PagedMergeParams p) {
+  const std::int32_t unit = static_cast<std::int32_t>(blockIdx.x);
+  const std::int32_t kv_head = static_cast<std::int32_t>(blockIdx.y) / p.cta_rows;
+  const std::int32_t r = static_cast<std::int32_t>(blockIdx.y) % p.cta_rows;
+  const std::int32_t d = static_cast<std::int32_t>(threadIdx.x);
+  const std::int32_t b = p.unit_request[unit];
+  const std::int32_t qo_len = p.qo_indptr[b + 1] - p.qo_indptr[b];
+  const std::int64_t packed = static_cast<std::int64_t>(p.unit_row_tile[unit]) * p.cta_rows + r;
+  if (qo_len < 0 || packed >= static_cast<std::int64_t>(qo_len) * p.group_size) return;
+  const std::int64_t token = p.qo_indptr[b] + packed / p.group_size;
+  const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
+  const std::int32_t first = p.unit_indptr[unit];
+  const std::int32_t last = p.unit_indptr[unit + 1];
+  auto row_of = [&](std::int32_t w) {
+    return (static_cast<std::int64_t>(w) * p.num_kv_heads + kv_head) * p.cta_rows + r;
+  };
+  const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
+  float top = sink;
+  bool marked = false;
+  for (std::int32_t w = first; w < last; ++w) {
+    const float l = p.partial_lse[row_of(w)];
+    marked = marked || std::isnan(l);
+    top = fmaxf(top, l);
+  }
+  float value = 0.0f;
+  float out_lse = -INFINITY;
+  if (marked) {
+    value = NAN;
+  } else if (top != -INFINITY) {
+    float sum = expf(sink - top);
+    for (std::int32_t w = first; w < last; ++w) {
+      const float weight = expf(p.partial_lse[row_of(w)] - top);
+      sum += weight;
+      value = fmaf(weight, p.partial_o[row_of(w) * p.head_dim + d], value);
+    }
+    value /= sum;
+    out_lse = top + logf(sum);
+  }
+  static_cast<OutT*>(p.o)[token * p.o_token_stride + head * p.o_head_stride + d] = from_float<OutT>(value);
+  if (p.lse != nullptr && d == 0) p.lse[token * p.num_qo_heads + head] = out_lse;
+}
+
+}  // namespace attention::kernels
+SLIMSERVE_NAMESPACE_END

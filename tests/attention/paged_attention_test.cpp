@@ -1,0 +1,650 @@
+// Tensor-core paged attention against an FP64 reference computed from the stored (already
+// quantized) cache: ragged prefill chunks over cached prefixes (1, page-1, page, page+1, long),
+// decode and speculative verify, GQA 1/4/8 and MQA 64, FP8 e4m3/e5m2 x per-tensor/per-token
+// and BF16/FP16, head_dim 64/128/256, shuffled pages with holes and a shared prefix, split vs
+// unsplit, sliding window, soft-cap, sinks, custom sm_scale, strided q/o, aborted requests,
+// bad page ids, preflight errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "attention_test_support.hpp"
+#include "slimserve/attention/paged_attention.hpp"
+
+using namespace attn_test;
+
+namespace {
+
+struct PagedCase {
+  KvDtype dtype;
+  KvLayout layout;
+  KvScaleMode scale_mode;
+  int head_dim;
+  int num_kv_heads;
+  int group;
+  int page_size;
+  ActivationDtype q_dtype;
+  std::vector<std::int64_t> kv_lengths;  // tokens in the pages, the chunk included
+  std::vector<std::int32_t> qo_lengths;  // the chunk (query tokens): the last qo positions
+};
+
+struct Options {
+  std::optional<float> sm_scale;
+  std::int32_t window_left = -1;
+  float soft_cap = 0.0f;
+  std::vector<float> sinks;  // [H_qo] or empty
+  bool causal = true;
+};
+
+struct Fixture {
+  PagedCase c;
+  HostPageTable table;
+  HostCache cache;
+  std::vector<std::int32_t> qo_indptr{0};
+  std::vector<float> q_values;  // [tokens, H_qo, D] as the kernel reads them
+  std::vector<std::uint16_t> q_bits;
+  std::vector<double> v_max;  // per request and KV head: largest |v| of the request
+
+  Fixture(const PagedCase& pc, std::mt19937_64& rng)
+      : c(pc), table(make_page_table(pc.kv_lengths, pc.page_size, rng, pc.kv_lengths.size() > 2)),
+        cache(CacheShape{pc.dtype, pc.layout, pc.scale_mode, table.num_pages, pc.page_size,
+                         pc.num_kv_heads, pc.head_dim}) {
+    const int d_dim = c.head_dim;
+    struct Row { int page, slot, head; std::vector<float> k, v; };
+    std::vector<Row> rows;
+    std::set<std::int64_t> seen;
+    float k_amax = 0.0f, v_amax = 0.0f;
+    for (std::size_t b = 0; b < c.kv_lengths.size(); ++b) {
+      const auto pages = table.pages_of(b);
+      for (std::int64_t p = 0; p < c.kv_lengths[b]; ++p) {
+        const int page = pages[static_cast<std::size_t>(p / c.page_size)];
+        const int slot = static_cast<int>(p % c.page_size);
+        if (!seen.insert(static_cast<std::int64_t>(page) * c.page_size + slot).second) continue;
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          Row r{page, slot, h, std::vector<float>(static_cast<std::size_t>(d_dim)),
+                std::vector<float>(static_cast<std::size_t>(d_dim))};
+          realistic_row(rng, d_dim, r.k.data(), 1.0f);
+          realistic_row(rng, d_dim, r.v.data(), 0.5f);
+          for (int d = 0; d < d_dim; ++d) {
+            k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
+            v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
+          }
+          rows.push_back(std::move(r));
+        }
+      }
+    }
+    if (c.scale_mode == KvScaleMode::per_tensor) {
+      cache.k_scale = is_fp8(c.dtype) ? k_amax / format_max(c.dtype) : 0.37f;
+      cache.v_scale = is_fp8(c.dtype) ? v_amax / format_max(c.dtype) : 1.9f;
+    }
+    for (const auto& r : rows) {
+      cache.store(false, r.page, r.slot, r.head, r.k.data());
+      cache.store(true, r.page, r.slot, r.head, r.v.data());
+    }
+    for (auto len : c.qo_lengths) qo_indptr.push_back(qo_indptr.back() + len);
+    const std::size_t count = static_cast<std::size_t>(qo_indptr.back()) *
+                              static_cast<std::size_t>(num_qo_heads() * d_dim);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (std::size_t i = 0; i < count; ++i) {
+      q_bits.push_back(to_activation(c.q_dtype, normal(rng)));
+      q_values.push_back(from_activation(c.q_dtype, q_bits.back()));
+    }
+    for (std::size_t b = 0; b < c.kv_lengths.size(); ++b) {
+      const auto pages = table.pages_of(b);
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        double vmax = 0.0;
+        for (std::int64_t p = 0; p < c.kv_lengths[b]; ++p) {
+          for (int d = 0; d < d_dim; ++d) {
+            vmax = std::max(vmax, std::fabs(cache.real(true, pages[static_cast<std::size_t>(p / c.page_size)],
+                                                       static_cast<int>(p % c.page_size), h, d)));
+          }
+        }
+        v_max.push_back(vmax);
+      }
+    }
+  }
+  int num_qo_heads() const { return c.num_kv_heads * c.group; }
+  std::size_t tokens() const { return static_cast<std::size_t>(qo_indptr.back()); }
+  PagedAttentionProblem problem(bool causal = true) const {
+    PagedAttentionProblem p;
+    p.batch_size = static_cast<std::int32_t>(c.kv_lengths.size());
+    p.num_qo_heads = num_qo_heads();
+    p.num_kv_heads = c.num_kv_heads;
+    p.head_dim = c.head_dim;
+    p.page_size = c.page_size;
+    p.kv_dtype = c.dtype;
+    p.q_dtype = c.q_dtype;
+    p.causal = causal;
+    return p;
+  }
+};
+
+/// FP64 attention of every (query token, head) over the stored cache, with the options.
+Reference reference(const Fixture& f, const Options& opt) {
+  const int d_dim = f.c.head_dim;
+  const int heads = f.num_qo_heads();
+  const double sm_scale = opt.sm_scale ? static_cast<double>(*opt.sm_scale) : 1.0 / std::sqrt(static_cast<double>(d_dim));
+  Reference ref;
+  ref.o.assign(f.tokens() * static_cast<std::size_t>(heads * d_dim), 0.0);
+  ref.lse.assign(f.tokens() * static_cast<std::size_t>(heads), -INFINITY);
+  for (std::size_t b = 0; b < f.c.kv_lengths.size(); ++b) {
+    const auto pages = f.table.pages_of(b);
+    const std::int64_t len = f.c.kv_lengths[b];
+    const std::int32_t qo_len = f.c.qo_lengths[b];
+    for (std::int32_t i = 0; i < qo_len; ++i) {
+      const std::int64_t position = len - qo_len + i;
+      const std::int64_t end = opt.causal ? position + 1 : len;
+      const std::int64_t begin = opt.window_left >= 0 ? std::max<std::int64_t>(0, position - opt.window_left) : 0;
+      const std::size_t token = static_cast<std::size_t>(f.qo_indptr[b] + i);
+      for (int h = 0; h < heads; ++h) {
+        const std::size_t row = token * static_cast<std::size_t>(heads) + static_cast<std::size_t>(h);
+        const int kv_head = h / f.c.group;
+        std::vector<double> s;
+        double m = opt.sinks.empty() ? -INFINITY : static_cast<double>(opt.sinks[static_cast<std::size_t>(h)]);
+        for (std::int64_t p = begin; p < end; ++p) {
+          const int page = pages[static_cast<std::size_t>(p / f.c.page_size)];
+          const int slot = static_cast<int>(p % f.c.page_size);
+          double dot = 0.0;
+          for (int d = 0; d < d_dim; ++d) {
+            dot += static_cast<double>(f.q_values[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)]) *
+                   f.cache.real(false, page, slot, kv_head, d);
+          }
+          double x = dot * sm_scale;
+          if (opt.soft_cap > 0.0f) x = opt.soft_cap * std::tanh(x / opt.soft_cap);
+          s.push_back(x);
+          m = std::max(m, x);
+        }
+        if (m == -INFINITY) continue;
+        double sum = opt.sinks.empty() ? 0.0 : std::exp(static_cast<double>(opt.sinks[static_cast<std::size_t>(h)]) - m);
+        for (std::int64_t p = begin; p < end; ++p) {
+          const double w = std::exp(s[static_cast<std::size_t>(p - begin)] - m);
+          sum += w;
+          const int page = pages[static_cast<std::size_t>(p / f.c.page_size)];
+          const int slot = static_cast<int>(p % f.c.page_size);
+          for (int d = 0; d < d_dim; ++d) {
+            ref.o[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] += w * f.cache.real(true, page, slot, kv_head, d);
+          }
+        }
+        for (int d = 0; d < d_dim; ++d) ref.o[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] /= sum;
+        ref.lse[row] = m + std::log(sum);
+      }
+    }
+  }
+  return ref;
+}
+
+struct RunConfig {
+  bool allow_split = false;
+  std::int32_t num_sms = 132;
+  const std::vector<kv::RequestStatus>* status = nullptr;
+  const HostCache* cache_override = nullptr;
+  const HostPageTable* table_override = nullptr;  // device table (e.g. with bad page ids)
+  std::int64_t q_token_stride = 0, q_head_stride = 0;  // elements; 0 = packed
+};
+
+struct Output {
+  std::vector<float> o;    // packed [tokens, H_qo, D]
+  std::vector<float> lse;
+  PagedAttentionPlan plan;
+};
+
+Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
+  DeviceCache cache(rc.cache_override ? *rc.cache_override : f.cache);
+  const HostPageTable& device_table = rc.table_override ? *rc.table_override : f.table;
+  auto indptr = upload(device_table.indptr);
+  auto indices = upload(device_table.indices);
+  auto last = upload(device_table.last_page_len);
+  auto qo_indptr = upload(f.qo_indptr);
+  const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
+  const std::size_t d_dim = static_cast<std::size_t>(f.c.head_dim);
+  // Queries, possibly strided: token stride and head stride in elements (padding is poison).
+  const std::size_t head_stride = rc.q_head_stride ? static_cast<std::size_t>(rc.q_head_stride) : d_dim;
+  const std::size_t token_stride = rc.q_token_stride ? static_cast<std::size_t>(rc.q_token_stride) : heads * d_dim;
+  std::vector<std::uint16_t> q_host(std::max<std::size_t>(f.tokens(), 1) * token_stride, 0x7FC1);
+  for (std::size_t t = 0; t < f.tokens(); ++t) {
+    for (std::size_t h = 0; h < heads; ++h) {
+      for (std::size_t d = 0; d < d_dim; ++d) {
+        q_host[t * token_stride + h * head_stride + d] = f.q_bits[(t * heads + h) * d_dim + d];
+      }
+    }
+  }
+  auto q = upload(q_host);
+  auto o = rt::DeviceBuffer<std::uint16_t>::create(std::max<std::size_t>(f.q_bits.size(), 1));
+  auto lse = rt::DeviceBuffer<float>::create(std::max<std::size_t>(f.tokens() * heads, 1));
+  REQUIRE(o.ok());
+  REQUIRE(lse.ok());
+  REQUIRE(o->fill_bytes(0xFF).ok());
+  REQUIRE(lse->fill_bytes(0xFF).ok());
+  rt::DeviceBuffer<kv::RequestStatus> status_device;
+  if (rc.status != nullptr) status_device = upload(*rc.status);
+  rt::DeviceBuffer<float> sinks_device;
+  if (!opt.sinks.empty()) sinks_device = upload(opt.sinks);
+
+  PagedAttentionPlanArguments plan_args{f.problem(opt.causal), f.qo_indptr, f.table.indptr, f.table.last_page_len};
+  plan_args.allow_split = rc.allow_split;
+  plan_args.num_sms = rc.num_sms;
+  plan_args.ctas_per_sm = 1;
+  plan_args.min_chunk_tokens = 128;
+  auto bytes = paged_attention_workspace_size(plan_args);
+  INFO((bytes.ok() ? std::string() : bytes.status().to_string()));
+  REQUIRE(bytes.ok());
+  auto workspace = rt::DeviceBuffer<unsigned char>::create(*bytes);
+  REQUIRE(workspace.ok());
+  REQUIRE(workspace->fill_bytes(0xFF).ok());
+  auto plan = plan_paged_attention(plan_args, workspace->data(), *bytes, nullptr);
+  REQUIRE(plan.ok());
+
+  PagedAttentionArguments args;
+  args.cache = cache.view;
+  args.table = kv::PageTableView{indptr.data(), indices.data(), last.data(), nullptr,
+                                 static_cast<std::int32_t>(f.c.kv_lengths.size()), f.c.page_size};
+  args.request_status = rc.status != nullptr ? status_device.data() : nullptr;
+  args.qo_indptr = qo_indptr.data();
+  args.q = q.data();
+  args.o = o->data();
+  args.lse = lse->data();
+  args.q_token_stride = rc.q_token_stride;
+  args.q_head_stride = rc.q_head_stride;
+  args.sm_scale = opt.sm_scale;
+  args.window_left = opt.window_left;
+  args.logit_soft_cap = opt.soft_cap;
+  args.sinks = opt.sinks.empty() ? nullptr : sinks_device.data();
+  const Status s = run_paged_attention(args, *plan, workspace->data(), *bytes, nullptr);
+  INFO(s.to_string());
+  REQUIRE(s.ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+
+  Output out;
+  out.plan = *plan;
+  for (auto bits : download(*o, f.q_bits.size())) out.o.push_back(from_activation(f.c.q_dtype, bits));
+  out.lse = download(*lse, f.tokens() * heads);
+  return out;
+}
+
+/// Per element: the output rounding (2^-8 BF16 / 2^-11 FP16 of |ref|) plus the rounding of P to
+/// the mma type, which perturbs each softmax weight by up to 2^-9 (bf16) / 2^-12 (fp16)
+/// relative: the output moves by at most that times the spread of the V values (2 v_max).
+/// FP32 accumulation and exp2 add ~1e-5 of v_max.
+double tolerance(const Fixture& f, double ref, double v_max) {
+  const bool bf16_out = f.c.q_dtype == ActivationDtype::bf16;
+  const bool bf16_mma = f.c.dtype == KvDtype::bf16;
+  const double out_rel = bf16_out ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  const double p_rel = bf16_mma ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
+  return out_rel * std::fabs(ref) + (2.0 * p_rel + 2e-5) * v_max + 1e-6;
+}
+
+void check(const Fixture& f, const Output& out, const Reference& ref, const std::vector<bool>* aborted = nullptr) {
+  const std::size_t d_dim = static_cast<std::size_t>(f.c.head_dim);
+  const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
+  std::size_t bad = 0, checked = 0;
+  for (std::size_t b = 0; b < f.c.kv_lengths.size(); ++b) {
+    for (std::int32_t i = 0; i < f.c.qo_lengths[b]; ++i) {
+      const std::size_t token = static_cast<std::size_t>(f.qo_indptr[b] + i);
+      for (std::size_t h = 0; h < heads; ++h) {
+        const std::size_t row = token * heads + h;
+        if (aborted != nullptr && (*aborted)[b]) {
+          for (std::size_t d = 0; d < d_dim; ++d) bad += !std::isnan(out.o[row * d_dim + d]);
+          bad += !(out.lse[row] == -std::numeric_limits<float>::infinity());
+          continue;
+        }
+        const double v_max = f.v_max[b * static_cast<std::size_t>(f.c.num_kv_heads) + h / static_cast<std::size_t>(f.c.group)];
+        for (std::size_t d = 0; d < d_dim; ++d) {
+          const double got = out.o[row * d_dim + d];
+          const double want = ref.o[row * d_dim + d];
+          const double tol = tolerance(f, want, v_max);
+          ++checked;
+          if (!(std::fabs(got - want) <= tol)) {
+            if (bad < 5) {
+              std::printf("request %zu token %d head %zu d %zu: got %.7g want %.7g tol %.3g (split %d rows %d)\n",
+                          b, i, h, d, got, want, tol, out.plan.split_kv, out.plan.cta_rows);
+            }
+            ++bad;
+          }
+        }
+        const double want_lse = ref.lse[row];
+        if (std::isinf(want_lse)) {
+          bad += !(out.lse[row] == static_cast<float>(want_lse));
+        } else if (!(std::fabs(out.lse[row] - want_lse) <= 1e-3 + 1e-5 * std::fabs(want_lse))) {
+          if (bad < 5) std::printf("request %zu token %d head %zu lse got %.7g want %.7g\n", b, i, h,
+                                   static_cast<double>(out.lse[row]), want_lse);
+          ++bad;
+        }
+      }
+    }
+  }
+  CHECK(checked > 0);
+  CHECK(bad == 0);
+}
+
+/// Largest |error| / v_max of an output against the reference (for the accuracy report).
+double max_relative_error(const Fixture& f, const Output& out, const Reference& ref) {
+  double worst = 0.0;
+  const std::size_t d_dim = static_cast<std::size_t>(f.c.head_dim);
+  const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
+  for (std::size_t row = 0; row < f.tokens() * heads; ++row) {
+    const std::size_t token = row / heads;
+    std::size_t b = 0;
+    while (static_cast<std::size_t>(f.qo_indptr[b + 1]) <= token) ++b;
+    const double v_max = f.v_max[b * static_cast<std::size_t>(f.c.num_kv_heads) + (row % heads) / static_cast<std::size_t>(f.c.group)];
+    for (std::size_t d = 0; d < d_dim; ++d) {
+      worst = std::max(worst, std::fabs(out.o[row * d_dim + d] - ref.o[row * d_dim + d]) / v_max);
+    }
+  }
+  return worst;
+}
+
+void check_split_and_unsplit(const Fixture& f, const Options& opt = {}) {
+  const Reference ref = reference(f, opt);
+  const Output unsplit = run(f, opt);
+  CHECK_FALSE(unsplit.plan.split_kv);
+  check(f, unsplit, ref);
+  const Output split = run(f, opt, RunConfig{true, 4096});  // a wide device: chunks of 128
+  std::int64_t longest = 0;
+  for (auto len : f.c.kv_lengths) longest = std::max(longest, len);
+  CHECK(split.plan.split_kv == (longest > 128));
+  check(f, split, ref);
+  std::printf("  %s %s D%d G%d: max |err| / v_max %.2e unsplit, %.2e split (rows/CTA %d)\n",
+              std::string(to_string(f.c.dtype)).c_str(), std::string(to_string(f.c.scale_mode)).c_str(),
+              f.c.head_dim, f.c.group, max_relative_error(f, unsplit, ref), max_relative_error(f, split, ref),
+              unsplit.plan.cta_rows);
+}
+
+const auto bf = ActivationDtype::bf16;
+const auto fp = ActivationDtype::fp16;
+
+}  // namespace
+
+TEST_CASE("paged attention: decode (GQA 8) over FP8 and BF16 pages", "[attention][paged]") {
+  auto rng = slimserve_test::make_rng(1001);
+  using enum KvDtype;
+  for (const PagedCase& c : std::vector<PagedCase>{
+           {fp8_e4m3, KvLayout::hnd, KvScaleMode::per_tensor, 128, 2, 8, 16, bf, {1, 15, 16, 17, 300}, {1, 1, 1, 1, 1}},
+           {bf16, KvLayout::nhd, KvScaleMode::none, 128, 2, 8, 16, bf, {1, 15, 16, 17, 300}, {1, 1, 1, 1, 1}},
+           {fp8_e5m2, KvLayout::nhd, KvScaleMode::per_token, 64, 1, 8, 32, fp, {1, 31, 32, 33, 200}, {1, 1, 1, 1, 1}},
+       }) {
+    INFO("dtype " << to_string(c.dtype) << " D " << c.head_dim);
+    Fixture f(c, rng);
+    check_split_and_unsplit(f);
+  }
+}
+
+TEST_CASE("paged attention: ragged prefill chunks over cached prefixes", "[attention][paged]") {
+  auto rng = slimserve_test::make_rng(1002);
+  using enum KvDtype;
+  for (const PagedCase& c : std::vector<PagedCase>{
+           // chunks of 1, page-1, page, page+1 and long, on prefixes that end mid-page
+           {bf16, KvLayout::hnd, KvScaleMode::none, 64, 1, 4, 16, bf, {1, 15 + 5, 16 + 16, 17 + 3, 150}, {1, 15, 16, 17, 70}},
+           {fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 128, 1, 2, 16, bf, {9, 15 + 21, 16, 17 + 40, 130}, {1, 15, 16, 17, 90}},
+           {fp16, KvLayout::nhd, KvScaleMode::per_tensor, 64, 2, 1, 32, fp, {31 + 2, 32 + 1, 33, 160}, {31, 32, 33, 60}},
+           {fp8_e5m2, KvLayout::hnd, KvScaleMode::per_tensor, 256, 1, 1, 16, fp, {20, 17 + 140}, {20, 17}},
+       }) {
+    INFO("dtype " << to_string(c.dtype) << " D " << c.head_dim << " group " << c.group);
+    Fixture f(c, rng);
+    check_split_and_unsplit(f);
+  }
+}
+
+TEST_CASE("paged attention: speculative verify and MQA with 64 query heads", "[attention][paged]") {
+  auto rng = slimserve_test::make_rng(1003);
+  using enum KvDtype;
+  {
+    Fixture f({fp8_e4m3, KvLayout::hnd, KvScaleMode::per_tensor, 128, 2, 4, 16, fp, {4, 40, 129}, {4, 3, 4}}, rng);
+    check_split_and_unsplit(f);
+  }
+  {
+    // MQA: 64 query heads share one BF16 KV head at head_dim 128 (refused by the CUDA-core decode).
+    Fixture f({bf16, KvLayout::nhd, KvScaleMode::none, 128, 1, 64, 16, bf, {33, 150}, {1, 1}}, rng);
+    check_split_and_unsplit(f);
+  }
+}
+
+TEST_CASE("paged attention: window, soft-cap, sinks, sm_scale, non-causal", "[attention][paged]") {
+  auto rng = slimserve_test::make_rng(1004);
+  Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 64, 2, 2, 16, bf, {40, 1, 17 + 60, 200}, {20, 1, 17, 1}}, rng);
+  Options window;
+  window.window_left = 16;  // window edges fall mid-page and mid-tile
+  check_split_and_unsplit(f, window);
+  Options capped;
+  capped.soft_cap = 5.0f;
+  capped.sm_scale = 0.3f;
+  check_split_and_unsplit(f, capped);
+  Options sinks;
+  for (int h = 0; h < f.num_qo_heads(); ++h) sinks.sinks.push_back(static_cast<float>(h) - 1.5f);
+  sinks.window_left = 50;
+  check_split_and_unsplit(f, sinks);
+  Options full;
+  full.causal = false;
+  check_split_and_unsplit(f, full);
+}
+
+TEST_CASE("paged attention: strided queries give the packed result", "[attention][paged]") {
+  auto rng = slimserve_test::make_rng(1005);
+  Fixture f({KvDtype::bf16, KvLayout::hnd, KvScaleMode::none, 64, 2, 2, 16, bf, {30, 50}, {7, 20}}, rng);
+  const Reference ref = reference(f, {});
+  RunConfig rc;
+  rc.q_head_stride = 64 + 16;          // heads padded
+  rc.q_token_stride = 3 * 4 * (64 + 16);  // q is the first third of a fused QKV row
+  check(f, run(f, {}, rc), ref);
+}
+
+TEST_CASE("paged attention: aborted requests read no page and are marked", "[attention][paged]") {
+  auto rng = slimserve_test::make_rng(1006);
+  Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 64, 1, 4, 16, bf, {20, 300, 33, 50}, {3, 1, 33, 10}}, rng);
+  std::vector<kv::RequestStatus> status(4, kv::RequestStatus{kv::RequestState::ok, -1});
+  status[1] = {kv::RequestState::stale_tag, 3};
+  status[3] = {kv::RequestState::page_out_of_range, 0};
+  const std::vector<bool> aborted{false, true, false, true};
+  std::set<int> live;
+  for (std::size_t b : {std::size_t{0}, std::size_t{2}}) {
+    for (int page : f.table.pages_of(b)) live.insert(page);
+  }
+  HostCache poisoned = f.cache;
+  for (std::size_t b : {std::size_t{1}, std::size_t{3}}) {
+    for (int page : f.table.pages_of(b)) {
+      if (live.count(page) != 0) continue;
+      for (int slot = 0; slot < f.c.page_size; ++slot) {
+        poisoned.k_token_scale[poisoned.scale_offset(page, slot, 0)] = NAN;
+        poisoned.v_token_scale[poisoned.scale_offset(page, slot, 0)] = NAN;
+        for (int d = 0; d < f.c.head_dim; ++d) {
+          poisoned.set_bits(poisoned.k, poisoned.offset(page, slot, 0, d), 0x7F);
+          poisoned.set_bits(poisoned.v, poisoned.offset(page, slot, 0, d), 0x7F);
+        }
+      }
+    }
+  }
+  const Reference ref = reference(f, {});
+  for (bool split : {false, true}) {
+    RunConfig rc{split, 4096, &status, &poisoned};
+    check(f, run(f, {}, rc), ref, &aborted);
+  }
+}
+
+TEST_CASE("paged attention: page ids outside the cache are left out", "[attention][paged]") {
+  auto rng = slimserve_test::make_rng(1007);
+  Fixture f({KvDtype::bf16, KvLayout::nhd, KvScaleMode::none, 64, 1, 2, 16, bf, {64, 40}, {5, 1}}, rng);
+  HostPageTable broken = f.table;
+  broken.indices[static_cast<std::size_t>(broken.indptr[0] + 1)] = f.table.num_pages + 7;  // tokens 16..31
+  broken.indices[static_cast<std::size_t>(broken.indptr[1])] = -3;                         // tokens 0..15
+  // Reference: those tokens removed, i.e. their V and K never count.
+  const Output out = run(f, {}, RunConfig{false, 132, nullptr, nullptr, &broken});
+  const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
+  const std::size_t d_dim = 64;
+  std::size_t bad = 0;
+  for (std::size_t b = 0; b < 2; ++b) {
+    const auto pages = f.table.pages_of(b);
+    const std::int64_t len = f.c.kv_lengths[b];
+    for (std::int32_t i = 0; i < f.c.qo_lengths[b]; ++i) {
+      const std::int64_t position = len - f.c.qo_lengths[b] + i;
+      for (std::size_t h = 0; h < heads; ++h) {
+        const std::size_t row = (static_cast<std::size_t>(f.qo_indptr[b] + i)) * heads + h;
+        std::vector<double> s, o(d_dim, 0.0);
+        std::vector<std::int64_t> kept;
+        double m = -INFINITY;
+        for (std::int64_t p = 0; p <= position; ++p) {
+          const bool lost = (b == 0 && p / 16 == 1) || (b == 1 && p / 16 == 0);
+          if (lost) continue;
+          double dot = 0;
+          for (std::size_t d = 0; d < d_dim; ++d) {
+            dot += f.q_values[row * d_dim + d] * f.cache.real(false, pages[static_cast<std::size_t>(p / 16)], static_cast<int>(p % 16), 0, static_cast<int>(d));
+          }
+          s.push_back(dot / 8.0);
+          kept.push_back(p);
+          m = std::max(m, s.back());
+        }
+        double sum = 0;
+        for (std::size_t k = 0; k < kept.size(); ++k) {
+          const double w = std::exp(s[k] - m);
+          sum += w;
+          for (std::size_t d = 0; d < d_dim; ++d) {
+            o[d] += w * f.cache.real(true, pages[static_cast<std::size_t>(kept[k] / 16)], static_cast<int>(kept[k] % 16), 0, static_cast<int>(d));
+          }
+        }
+        for (std::size_t d = 0; d < d_dim; ++d) {
+          const double want = kept.empty() ? 0.0 : o[d] / sum;
+          bad += !(std::fabs(out.o[row * d_dim + d] - want) <= tolerance(f, want, f.v_max[b]));
+        }
+      }
+    }
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("paged attention: preflight rejects bad input before launching", "[attention][paged]") {
+  PagedAttentionProblem p;
+  p.batch_size = 2;
+  p.num_qo_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 128;
+  p.page_size = 16;
+  p.kv_dtype = KvDtype::fp8_e4m3;
+  const std::vector<std::int32_t> qo{0, 3, 5}, kv_indptr{0, 1, 3}, last{10, 4};
+  PagedAttentionPlanArguments args{p, qo, kv_indptr, last};
+  args.num_sms = 132;
+  REQUIRE(make_paged_attention_plan(args).ok());
+
+  auto expect = [](const auto& result, StatusCode code, const char* fragment) {
+    REQUIRE_FALSE(result.ok());
+    CHECK(result.status().code() == code);
+    INFO(result.status().to_string());
+    CHECK(result.status().to_string().find(fragment) != std::string::npos);
+  };
+  {
+    auto a = args;
+    a.problem.head_dim = 80;
+    expect(make_paged_attention_plan(a), StatusCode::unsupported, "head_dim 80");
+  }
+  {
+    const std::vector<std::int32_t> bad_qo{0, 4, 3};
+    auto a = args;
+    a.qo_indptr_host = bad_qo;
+    expect(make_paged_attention_plan(a), StatusCode::invalid_argument, "qo_indptr decreases");
+  }
+  {
+    const std::vector<std::int32_t> long_qo{0, 11, 13};  // request 0 has 10 tokens
+    auto a = args;
+    a.qo_indptr_host = long_qo;
+    expect(make_paged_attention_plan(a), StatusCode::invalid_argument, "only 10 tokens");
+  }
+  {
+    auto a = args;
+    a.problem.kv_dtype = KvDtype::bf16;
+    a.problem.q_dtype = ActivationDtype::fp16;
+    expect(make_paged_attention_plan(a), StatusCode::unsupported, "queries must be bf16");
+  }
+  // Run-time preflight: a short workspace, a negative window, a bad soft-cap.
+  auto plan = make_paged_attention_plan(args);
+  REQUIRE(plan.ok());
+  std::vector<unsigned char> cache_bytes(4 * 16 * 2 * 128 + 64);
+  float scales[2] = {0.5f, 0.5f};
+  PagedAttentionArguments run_args;
+  run_args.cache.k_pages = run_args.cache.v_pages = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(cache_bytes.data()) + 15) / 16 * 16);
+  run_args.cache.k_scale = &scales[0];
+  run_args.cache.v_scale = &scales[1];
+  run_args.cache.num_pages = 4;
+  run_args.cache.page_size = 16;
+  run_args.cache.num_kv_heads = 2;
+  run_args.cache.head_dim = 128;
+  run_args.cache.dtype = KvDtype::fp8_e4m3;
+  run_args.cache.scale_mode = KvScaleMode::per_tensor;
+  std::int32_t ints[8] = {};
+  run_args.table = kv::PageTableView{ints, ints, ints, nullptr, 2, 16};
+  run_args.qo_indptr = ints;
+  alignas(16) std::uint16_t q[16] = {};
+  run_args.q = q;
+  run_args.o = q;
+  alignas(16) unsigned char ws[64];
+  {
+    const Status s = run_paged_attention(run_args, *plan, ws, 16, nullptr);
+    CHECK(s.code() == StatusCode::resource_exhausted);
+  }
+  std::vector<unsigned char> big(plan->layout.total_bytes + 16);
+  void* big_aligned = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(big.data()) + 15) / 16 * 16);
+  {
+    auto a = run_args;
+    a.window_left = -5;
+    const Status s = run_paged_attention(a, *plan, big_aligned, plan->layout.total_bytes, nullptr);
+    CHECK(s.code() == StatusCode::invalid_argument);
+    CHECK(s.to_string().find("window_left") != std::string::npos);
+  }
+  {
+    auto a = run_args;
+    a.logit_soft_cap = -1.0f;
+    CHECK(run_paged_attention(a, *plan, big_aligned, plan->layout.total_bytes, nullptr).code() ==
+          StatusCode::invalid_argument);
+  }
+  {
+    auto a = run_args;
+    a.sm_scale = 0.0f;
+    CHECK(run_paged_attention(a, *plan, big_aligned, plan->layout.total_bytes, nullptr).code() ==
+          StatusCode::invalid_argument);
+  }
+}
+
+TEST_CASE("paged attention: plan shapes, kernel choice and the workspace bound", "[attention][paged]") {
+  PagedAttentionProblem p;
+  p.batch_size = 3;
+  p.num_qo_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.page_size = 16;
+  p.kv_dtype = KvDtype::fp8_e4m3;
+  const std::vector<std::int32_t> decode_qo{0, 1, 2, 3}, kv_indptr{0, 10, 30, 400}, last{16, 3, 8};
+  PagedAttentionPlanArguments args{p, decode_qo, kv_indptr, last};
+  args.num_sms = 132;
+  auto decode = make_paged_attention_plan(args);
+  REQUIRE(decode.ok());
+  CHECK(decode->warps_m == 1);  // 4 rows: one m16 tile, 4 warps split the KV
+  CHECK(decode->choice.kernel == AttentionKernel::tensor_core);
+  CHECK_FALSE(decode->choice.reason.empty());
+  const std::vector<std::int32_t> prefill_qo{0, 100, 101, 400};
+  args.qo_indptr_host = prefill_qo;
+  auto prefill = make_paged_attention_plan(args);
+  REQUIRE(prefill.ok());
+  CHECK(prefill->warps_m == 4);
+  // The bound covers every plan up to its sizes.
+  PagedAttentionWorkspaceBound bound{p, 400, 400 * 16, 132, 2};
+  auto limit = paged_attention_workspace_bound(bound);
+  REQUIRE(limit.ok());
+  for (auto* qo : {&decode_qo, &prefill_qo}) {
+    args.qo_indptr_host = *qo;
+    for (std::int32_t sms : {1, 8, 132}) {
+      args.num_sms = sms;
+      args.ctas_per_sm = 2;
+      if (sms > 132) continue;
+      auto size = paged_attention_workspace_size(args);
+      REQUIRE(size.ok());
+      if (sms == 132) CHECK(*size <= *limit);
+    }
+  }
+  // GQA 2 decode on a 16-bit cache: the CUDA-core kernel is the static model's choice.
+  p.num_qo_heads = 16;
+  p.kv_dtype = KvDtype::bf16;
+  CHECK(choose_attention_kernel(p, 1).kernel == AttentionKernel::cuda_core);
+  CHECK(choose_attention_kernel(p, 64).kernel == AttentionKernel::tensor_core);
+}
