@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "gemm_internal.hpp"
 #include "slimserve/int4/gemm.hpp"
@@ -14,8 +15,10 @@ SLIMSERVE_NAMESPACE_BEGIN
 namespace int4 {
 namespace {
 
-using DecodeTile = GemmTileConfig<16, 128, 1, 4, 4>;  // GemmTile::m16_n128
-using WideTile = GemmTileConfig<64, 128, 2, 2, 3>;    // GemmTile::m64_n128
+// The fused kernel's tiles. Decode reads every weight once per launch (one M tile), so its
+// weights are marked evict-first in L2; the wide tile's are re-read by the other M tiles.
+using DecodeTile = GemmTileConfig<16, 128, 1, 4, 4, true>;  // GemmTile::m16_n128
+using WideTile = GemmTileConfig<64, 128, 2, 2, 4, false>;   // GemmTile::m64_n128
 constexpr int block_k = DecodeTile::block_k;
 static_assert(WideTile::block_k == block_k, "split-K slices are sized by one block_k");
 
@@ -27,40 +30,58 @@ constexpr unsigned reduce_max_blocks = 16;  // emulated grids stay small; the lo
 constexpr unsigned reduce_threads = 256;
 constexpr int max_auto_splits = 16;
 
-/// One row of the dispatch table: a (type, tile) pair and its instantiated launcher.
+/// One row of the dispatch table: an (activation, tile, group span) key and its launcher.
 struct FusedKernel {
   ActivationType activation;
   GemmTile tile;
+  GroupSpan span;
   int block_m;
   int block_n;
   std::size_t shared_memory_bytes;
   Status (*launch)(const GemmParams& params, dim3 grid, cudaStream_t stream);
 };
 
-template <class T, class Config>
+template <class T, class Config, GroupSpan Span>
 Status launch_fused(const GemmParams& params, dim3 grid, cudaStream_t stream) {
-  return rt::launch(w4a16_gemm_kernel<T, Config>,
+  return rt::launch(w4a16_gemm_kernel<T, Config, Span>,
                     rt::LaunchConfig{grid, dim3(Config::threads),
-                                     sizeof(GemmSharedStorage<Config>), stream},
+                                     sizeof(GemmSharedStorage<Config, Span>), stream},
                     params);
 }
 
-template <class T, class Config>
-constexpr FusedKernel fused_kernel(ActivationType activation, GemmTile tile) {
-  return FusedKernel{activation,       tile, Config::block_m, Config::block_n,
-                     sizeof(GemmSharedStorage<Config>), &launch_fused<T, Config>};
+template <class T>
+constexpr ActivationType activation_of() {
+  return std::is_same_v<T, bf16> ? ActivationType::bf16 : ActivationType::fp16;
 }
 
-const std::array<FusedKernel, 4> fused_kernels = {{
-    fused_kernel<bf16, DecodeTile>(ActivationType::bf16, GemmTile::m16_n128),
-    fused_kernel<bf16, WideTile>(ActivationType::bf16, GemmTile::m64_n128),
-    fused_kernel<fp16, DecodeTile>(ActivationType::fp16, GemmTile::m16_n128),
-    fused_kernel<fp16, WideTile>(ActivationType::fp16, GemmTile::m64_n128),
-}};
+/// The rows of one (type, tile): one per group span.
+template <class T, class Config, GemmTile Tile, GroupSpan... Spans>
+constexpr std::array<FusedKernel, sizeof...(Spans)> fused_rows() {
+  return {{FusedKernel{activation_of<T>(), Tile, Spans, Config::block_m, Config::block_n,
+                       sizeof(GemmSharedStorage<Config, Spans>), &launch_fused<T, Config, Spans>}...}};
+}
 
-const FusedKernel* find_fused_kernel(ActivationType activation, GemmTile tile) {
+template <class T, std::size_t A, std::size_t B>
+constexpr std::array<T, A + B> concat(const std::array<T, A>& a, const std::array<T, B>& b) {
+  std::array<T, A + B> out{};
+  for (std::size_t i = 0; i < A; ++i) out[i] = a[i];
+  for (std::size_t i = 0; i < B; ++i) out[A + i] = b[i];
+  return out;
+}
+
+/// The one list of supported fused kernels: {bf16, fp16} x {decode, wide tile} x group span
+/// {16, 32, >= 64 (incl. per-channel)}. Adding a span or a tile is an edit here.
+template <class T>
+constexpr auto fused_rows_for_type() {
+  return concat(
+      fused_rows<T, DecodeTile, GemmTile::m16_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>(),
+      fused_rows<T, WideTile, GemmTile::m64_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>());
+}
+const auto fused_kernels = concat(fused_rows_for_type<bf16>(), fused_rows_for_type<fp16>());
+
+const FusedKernel* find_fused_kernel(ActivationType activation, GemmTile tile, GroupSpan span) {
   for (const FusedKernel& kernel : fused_kernels) {
-    if (kernel.activation == activation && kernel.tile == tile) return &kernel;
+    if (kernel.activation == activation && kernel.tile == tile && kernel.span == span) return &kernel;
   }
   return nullptr;
 }
@@ -168,11 +189,9 @@ Status can_implement(const GemmArguments& args) {
     return make_status(StatusCode::unsupported, "k = ", args.k,
                        " must be a positive multiple of 16 (pad the weight's rows)");
   }
-  const bool per_channel = args.group_size == args.k;
-  if (!per_channel &&
-      (args.group_size <= 0 || args.group_size % 32 != 0 || args.k % args.group_size != 0)) {
+  if (!gemm_layout::supported_group_size(args.k, args.group_size)) {
     return make_status(StatusCode::unsupported, "group_size ", args.group_size, " with k = ",
-                       args.k, ": needs a multiple of 32 that divides k, or k itself");
+                       args.k, ": needs a power of two >= 16 that divides k, or k itself");
   }
   SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.a, "a", 16, true));
   SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.b, "b (packed weights)", 16, true));
@@ -200,7 +219,8 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
     plan.path = args.m >= options.expand_min_m ? GemmPath::expand : GemmPath::fused;
   }
   plan.tile = args.m <= 16 ? GemmTile::m16_n128 : GemmTile::m64_n128;
-  const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile);
+  const FusedKernel* kernel =
+      find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
   if (kernel == nullptr) {
     return make_status(StatusCode::internal, "no fused kernel for ", to_string(args.activation));
   }
@@ -262,7 +282,8 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
     return make_status(StatusCode::invalid_argument, "the plan is not a fused-path plan for k = ",
                        args.k, " (splits ", plan.splits, ", k_per_split ", plan.k_per_split, ")");
   }
-  const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile);
+  const FusedKernel* kernel =
+      find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
   if (kernel == nullptr) return make_status(StatusCode::internal, "no fused kernel");
   constexpr std::int64_t max_grid_y = 65535;  // CUDA's limit on gridDim.y (M tiles)
   if ((args.m + kernel->block_m - 1) / kernel->block_m > max_grid_y) {
@@ -283,7 +304,7 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
   params.m = static_cast<int>(args.m);
   params.n = static_cast<int>(args.n);
   params.k = static_cast<int>(args.k);
-  params.group_size = static_cast<int>(args.group_size);
+  params.group_shift = gemm_layout::group_shift(args.k, args.group_size);
   params.k_per_split = plan.k_per_split;
   params.splits = plan.splits;
   const dim3 grid(static_cast<unsigned>((args.n + kernel->block_n - 1) / kernel->block_n),
@@ -305,8 +326,13 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
 }
 
 std::size_t gemm_shared_memory_bytes(ActivationType activation, GemmTile tile) {
-  const FusedKernel* kernel = find_fused_kernel(activation, tile);
-  return kernel == nullptr ? 0 : kernel->shared_memory_bytes;
+  std::size_t most = 0;  // the largest over the group spans
+  for (const FusedKernel& kernel : fused_kernels) {
+    if (kernel.activation == activation && kernel.tile == tile) {
+      most = std::max(most, kernel.shared_memory_bytes);
+    }
+  }
+  return most;
 }
 
 }  // namespace int4

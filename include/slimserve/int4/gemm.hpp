@@ -46,7 +46,7 @@ struct GemmArguments {
   std::int64_t m = 0;
   std::int64_t n = 0;  ///< multiple of 16
   std::int64_t k = 0;  ///< multiple of 16
-  std::int64_t group_size = 0;  ///< multiple of 32 dividing k, or k (per-channel)
+  std::int64_t group_size = 0;  ///< power of two >= 16 dividing k, or k (per-channel)
   const void* a = nullptr;             ///< [m, k] row-major
   const std::uint32_t* b = nullptr;    ///< [k/16, n/16, 32] packed (gemm_layout.hpp)
   const void* scales = nullptr;        ///< [k/group_size, n]

@@ -53,6 +53,22 @@ TEST_CASE("fused W4A16: every group size, symmetric and asymmetric, BF16 and FP1
   }
 }
 
+TEST_CASE("fused W4A16: groups 16 and 32 (constants remade inside a stage), both tiles, K tails") {
+  auto rng = slimserve_test::make_rng(29);
+  int index = 0;
+  for (ActivationType type : {ActivationType::bf16, ActivationType::fp16}) {
+    for (std::int64_t group : {std::int64_t{16}, std::int64_t{32}}) {
+      for (bool symmetric : {true, false}) {
+        // k = 224: 3 full stages and a 32-row tail; m = 1 (decode tile) or 21 (wide tile).
+        MatrixSpec spec{224, 144, group, symmetric, false, type};
+        GemmCase test{spec, index % 2 == 0 ? 1 : 21, index % 3 != 1, fused(1 + index % 3)};
+        slimserve_test::run_and_check(test, rng);
+        ++index;
+      }
+    }
+  }
+}
+
 TEST_CASE("fused W4A16: M = 1, 2, 7, 16, 33, 128, 1000 (M tails masked)") {
   auto rng = slimserve_test::make_rng(22);
   for (std::int64_t m : m_values) {
@@ -132,9 +148,9 @@ TEST_CASE("the automatic path switches to expansion at expand_min_m") {
 TEST_CASE("random shapes, group sizes, types, splits and paths") {
   auto rng = slimserve_test::make_rng(28);
   std::uniform_int_distribution<int> pick(0, 1 << 20);
-  const std::array<std::int64_t, 4> group_sizes = {32, 64, 128, 0};
+  const std::array<std::int64_t, 5> group_sizes = {16, 32, 64, 128, 0};
   for (int trial = 0; trial < 6; ++trial) {
-    const std::int64_t group = group_sizes[static_cast<std::size_t>(pick(rng) % 4)];
+    const std::int64_t group = group_sizes[static_cast<std::size_t>(pick(rng) % 5)];
     const std::int64_t k = group == 0 ? 16 * (1 + pick(rng) % 20) : group * (1 + pick(rng) % (256 / group));
     const std::int64_t n = 16 * (1 + pick(rng) % 10);
     const std::int64_t m = 1 + pick(rng) % 40;
