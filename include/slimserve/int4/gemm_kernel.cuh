@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(Config::threads) w4a16_gemm_kernel(const __gri
     const int row = m0 + (static_cast<int>(threadIdx.x) + i * Config::threads) / 8;
     src.a_row[i] = row < p.m ? p.a + static_cast<std::int64_t>(row) * p.k : nullptr;
   }
+  src.a_row_fallback = p.a;
   src.b = p.b;
   src.scales = p.scales;
   src.zeros = p.zeros;

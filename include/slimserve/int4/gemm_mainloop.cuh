@@ -104,6 +104,7 @@ struct TileSources {
 
   /// A row `row` of the tile at column 0 of the matrix; null: the row is absent (zeros).
   const std::uint16_t* a_row[a_per_thread];
+  const std::uint16_t* a_row_fallback;  ///< any readable row of A (the address of absent rows)
   const std::uint32_t* b;       ///< the weight matrix's packed words [k/16, n/16, 32]
   const std::uint16_t* scales;  ///< [k/group, n]
   const std::uint16_t* zeros;   ///< [k/group, n] or null (z = 8)
@@ -153,7 +154,8 @@ struct StageLoader {
   static constexpr int scale_chunks = scale_rows * Config::block_n / 8;  // per tensor
   static_assert(2 * scale_chunks <= Config::threads, "one scale/zero chunk per thread at most");
 
-  const std::uint16_t* a_src[a_per_thread];  // next stage's source, or null (absent row)
+  const std::uint16_t* a_src[a_per_thread];  // next stage's source (any readable row if absent)
+  bool a_present[a_per_thread];
   const std::uint32_t* b_src[b_per_thread];
   bool b_valid[b_per_thread];
   std::int64_t b_step;                       // words per 64 rows: 4 * n/16 * 32
@@ -162,16 +164,21 @@ struct StageLoader {
   const std::uint16_t* dummy_src;            // an address never read (zero-fill copies)
   std::uint64_t policy;
   int k_next;                                // row of the next stage to load
+  int k_begin;
   int k_end;
   int group_shift;
+  unsigned group_mask;
 
   template <class ColumnMap>
   SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE StageLoader(const Sources& src, const ColumnMap& columns) {
     const int tid = static_cast<int>(threadIdx.x);
     SLIMSERVE_INT4_UNROLL
     for (int i = 0; i < a_per_thread; ++i) {
+      // An absent row keeps a readable address so the step's increment needs no test; its
+      // copies zero-fill and never read.
       const int col = (tid % 8) * 8;
-      a_src[i] = src.a_row[i] == nullptr ? nullptr : src.a_row[i] + src.k_begin + col;
+      a_present[i] = src.a_row[i] != nullptr;
+      a_src[i] = (a_present[i] ? src.a_row[i] : src.a_row_fallback) + src.k_begin + col;
     }
     const int n16_total = src.n / gemm_layout::tile_n;
     SLIMSERVE_INT4_UNROLL
@@ -202,28 +209,48 @@ struct StageLoader {
     dummy_src = src.scales;
     policy = Config::evict_first_b ? arch::l2_evict_first_policy() : 0;
     k_next = src.k_begin;
+    k_begin = src.k_begin;
     k_end = src.k_end;
     group_shift = src.group_shift;
+    group_mask = (1u << src.group_shift) - 1u;
   }
 
-  /// Issues the copies of the next stage (rows k_next .. k_next + 63) into `stage`.
+  /// Issues the copies of the next stage (rows k_next .. k_next + 63) into `stage`. Only
+  /// the last stage of a slice can be short; it takes the path that checks rows.
   SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load(Stage& stage) {
-    const int tid = static_cast<int>(threadIdx.x);
     const int rows_left = k_end - k_next;  // > 0
+    if (rows_left >= Config::block_k) {
+      load_rows<false>(stage, rows_left);
+    } else {
+      load_rows<true>(stage, rows_left);
+    }
+    k_next += Config::block_k;
+  }
+
+  /// Whether the stage starting at row k0 needs scale rows: always for groups of 16 and 32;
+  /// for larger groups only where a group starts (and at the slice's first stage).
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE bool needs_scales(int k0) const {
+    if constexpr (Span != GroupSpan::stage) return true;
+    return k0 == k_begin || (static_cast<unsigned>(k0) & group_mask) == 0;
+  }
+
+ private:
+  template <bool Tail>
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load_rows(Stage& stage, int rows_left) {
+    const int tid = static_cast<int>(threadIdx.x);
     SLIMSERVE_INT4_UNROLL
     for (int i = 0; i < a_per_thread; ++i) {
       const int row = (tid + i * Config::threads) / 8;
       const int col = (tid % 8) * 8;
-      const bool valid = a_src[i] != nullptr && col < rows_left;
-      arch::cp_async_16_zfill(&stage.a[a_tile_offset<Config>(row, col)],
-                              valid ? a_src[i] : dummy_src, valid);
-      if (a_src[i] != nullptr) a_src[i] += Config::block_k;
+      const bool valid = a_present[i] && (!Tail || col < rows_left);
+      arch::cp_async_16_zfill(&stage.a[a_tile_offset<Config>(row, col)], a_src[i], valid);
+      a_src[i] += Config::block_k;
     }
     SLIMSERVE_INT4_UNROLL
     for (int i = 0; i < b_per_thread; ++i) {
       const int chunk = tid + i * Config::threads;
       const int k16 = chunk / b_chunks_per_k16;
-      const bool valid = b_valid[i] && k16 * gemm_layout::tile_k < rows_left;
+      const bool valid = b_valid[i] && (!Tail || k16 * gemm_layout::tile_k < rows_left);
       std::uint32_t* dst = &stage.b[chunk * 4];  // the block's chunks in global order
       if constexpr (Config::evict_first_b) {
         arch::cp_async_16_zfill_hint(dst, b_src[i], valid, policy);
@@ -232,7 +259,7 @@ struct StageLoader {
       }
       b_src[i] += b_step;
     }
-    if (tid < 2 * scale_chunks) {
+    if (tid < 2 * scale_chunks && needs_scales(k_next)) {
       const bool is_zero = tid >= scale_chunks;
       const int index = is_zero ? tid - scale_chunks : tid;
       const int row = index / (Config::block_n / 8);
@@ -241,12 +268,11 @@ struct StageLoader {
       // The group of this stage's row `row * Span`; rows past k_end and absent columns read
       // zeros (finite, and multiplied only by zero-filled A or never stored).
       const int first_row = k_next + row * static_cast<int>(Span);
-      const bool valid = scale_src != nullptr && first_row < k_end;
+      const bool valid = scale_src != nullptr && (!Tail || first_row < k_end);
       const std::int64_t group = static_cast<std::int64_t>(first_row >> group_shift);
       arch::cp_async_16_zfill(dst, valid ? scale_src + group * scale_group_stride : dummy_src,
                               valid);
     }
-    k_next += Config::block_k;
   }
 };
 
@@ -286,7 +312,6 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int k_steps = (src.k_end - src.k_begin + Config::block_k - 1) / Config::block_k;
   const bool has_zeros = src.zeros != nullptr;
-  const unsigned group_mask = (1u << src.group_shift) - 1u;
 
   detail::StageLoader<Config, Span> loader(src, columns);
   SLIMSERVE_INT4_UNROLL
@@ -311,7 +336,7 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
 
     const typename Storage::Stage& stage = smem.stages[step % Config::stages];
     if constexpr (Span == GroupSpan::stage) {
-      if (step == 0 || (static_cast<unsigned>(k0) & group_mask) == 0) {  // a group starts here: new constants
+      if (loader.needs_scales(k0)) {  // a group starts here: new constants
         SLIMSERVE_INT4_UNROLL
         for (int j = 0; j < Config::n16_per_warp; ++j) {
           tile_columns[j] = detail::make_tile_columns<T, Config>(

@@ -197,6 +197,7 @@ __global__ void __launch_bounds__(Config::threads) moe_w4a16_kernel(const __grid
     const int a_row = Epilogue == MoeEpilogue::gate_up_silu ? pair / p.top_k : pair;
     src.a_row[i] = pair < p.pairs ? p.a + static_cast<std::int64_t>(a_row) * p.k : nullptr;
   }
+  src.a_row_fallback = p.a;
   src.b = p.b + expert * p.expert_words;
   src.scales = p.scales + expert * p.expert_scales;
   src.zeros = p.zeros == nullptr ? nullptr : p.zeros + expert * p.expert_scales;
