@@ -39,6 +39,9 @@ struct FusedKernel {
   int block_n;
   std::size_t shared_memory_bytes;
   Status (*launch)(const GemmParams& params, dim3 grid, cudaStream_t stream);
+  /// Stream-K: the persistent kernel, then the fixup of shared tiles.
+  Status (*launch_stream_k)(const GemmParams& params, const StreamKSchedule& schedule,
+                            cudaStream_t stream);
 };
 
 template <class T, class Config, GroupSpan Span>
@@ -47,6 +50,19 @@ Status launch_fused(const GemmParams& params, dim3 grid, cudaStream_t stream) {
                     rt::LaunchConfig{grid, dim3(Config::threads),
                                      sizeof(GemmSharedStorage<Config, Span>), stream},
                     params);
+}
+
+template <class T, class Config, GroupSpan Span>
+Status launch_stream_k(const GemmParams& params, const StreamKSchedule& schedule,
+                       cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(rt::launch(
+      w4a16_gemm_stream_k_kernel<T, Config, Span>,
+      rt::LaunchConfig{dim3(static_cast<unsigned>(schedule.blocks)), dim3(Config::threads),
+                       sizeof(GemmSharedStorage<Config, Span>), stream},
+      params, schedule));
+  const auto tiles = static_cast<unsigned>(schedule.units / schedule.k_steps);
+  return rt::launch(stream_k_fixup_kernel<T, Config::block_m, Config::block_n>,
+                    rt::LaunchConfig{dim3(tiles), dim3(128), 0, stream}, params, schedule);
 }
 
 template <class T>
@@ -58,7 +74,8 @@ constexpr ActivationType activation_of() {
 template <class T, class Config, GemmTile Tile, GroupSpan... Spans>
 constexpr std::array<FusedKernel, sizeof...(Spans)> fused_rows() {
   return {{FusedKernel{activation_of<T>(), Tile, Spans, Config::block_m, Config::block_n,
-                       sizeof(GemmSharedStorage<Config, Spans>), &launch_fused<T, Config, Spans>}...}};
+                       sizeof(GemmSharedStorage<Config, Spans>), &launch_fused<T, Config, Spans>,
+                       &launch_stream_k<T, Config, Spans>}...}};
 }
 
 template <class T, std::size_t A, std::size_t B>
@@ -125,11 +142,11 @@ std::size_t align_up(std::size_t bytes, std::size_t alignment) {
 /// Automatic split-K. The busiest SM's work, in full-K tile units, is
 /// ceil(tiles * s / sm_count) / s; take the s (1..16) that minimizes it, the largest such s
 /// on ties (more blocks in flight hide memory latency), keeping each slice at least two K
-/// steps long and the FP32 partials at most 1/4 of the packed weight bytes
-/// (s * m * 4 <= k / 8). UNMEASURED: a model, not a tuning result.
+/// steps long and the FP32 partials' round trip (written and read: 8 * s * m * n bytes)
+/// within 2% of the packed weight bytes (k * n / 2): s * m <= k / 800. UNMEASURED: a model.
 int choose_split(std::int64_t tiles, int sm_count, int k_steps, std::int64_t m, std::int64_t k) {
   const std::int64_t most = std::clamp<std::int64_t>(
-      std::min<std::int64_t>({max_auto_splits, k_steps / 2, k / (32 * m)}), 1, max_auto_splits);
+      std::min<std::int64_t>({max_auto_splits, k_steps / 2, k / (800 * m)}), 1, max_auto_splits);
   int best = 1;
   double best_cost = std::numeric_limits<double>::max();
   for (std::int64_t s = 1; s <= most; ++s) {
@@ -147,14 +164,26 @@ int choose_split(std::int64_t tiles, int sm_count, int k_steps, std::int64_t m, 
 
 namespace detail {
 
-GemmWorkspaceLayout layout_workspace(const GemmArguments& args, GemmPath path, int splits) {
+GemmWorkspaceLayout layout_workspace(const GemmArguments& args, const GemmPlan& plan) {
   constexpr std::size_t alignment = 256;
   GemmWorkspaceLayout layout;
   std::size_t offset = 0;
-  if (path == GemmPath::fused && splits > 1) {
+  const GemmPath path = plan.path;
+  if (path == GemmPath::fused && plan.schedule == GemmSchedule::split_k && plan.splits > 1) {
     layout.partials_offset = offset;
-    layout.partials_bytes = static_cast<std::size_t>(splits) * static_cast<std::size_t>(args.m) *
-                            static_cast<std::size_t>(args.n) * sizeof(float);
+    layout.partials_bytes = static_cast<std::size_t>(plan.splits) *
+                            static_cast<std::size_t>(args.m) * static_cast<std::size_t>(args.n) *
+                            sizeof(float);
+    offset = align_up(offset + layout.partials_bytes, alignment);
+  }
+  if (path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k) {
+    const FusedKernel* kernel =
+        find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
+    const std::size_t tile_elements =
+        kernel == nullptr ? 0 : static_cast<std::size_t>(kernel->block_m * kernel->block_n);
+    layout.partials_offset = offset;
+    layout.partials_bytes =
+        2 * static_cast<std::size_t>(plan.stream_k_blocks) * tile_elements * sizeof(float);
     offset = align_up(offset + layout.partials_bytes, alignment);
   }
   if (path == GemmPath::expand) {
@@ -226,8 +255,30 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
   }
 
   const int k_steps = static_cast<int>((args.k + block_k - 1) / block_k);
+  const int sm_count = options.sm_count > 0 ? options.sm_count : device_sm_count();
+  const std::int64_t tiles = ((args.n + kernel->block_n - 1) / kernel->block_n) *
+                             ((args.m + kernel->block_m - 1) / kernel->block_m);
+  plan.schedule = options.schedule;
+  if (plan.schedule == GemmSchedule::automatic) {
+    plan.schedule = options.split_k > 0 ? GemmSchedule::split_k : GemmSchedule::stream_k;
+  }
+  if (plan.schedule == GemmSchedule::stream_k && options.split_k > 1) {
+    return make_status(StatusCode::invalid_argument, "split_k = ", options.split_k,
+                       " asks for slices, but the schedule is stream-K");
+  }
+  if (options.stream_k_blocks_per_sm < 0) {
+    return make_status(StatusCode::invalid_argument, "stream_k_blocks_per_sm = ",
+                       options.stream_k_blocks_per_sm, " (0: one per SM)");
+  }
   int splits = 1;
-  if (plan.path == GemmPath::fused) {
+  if (plan.path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k) {
+    // Persistent blocks: one (or stream_k_blocks_per_sm) per SM, never more than units.
+    const std::int64_t units = tiles * k_steps;
+    const std::int64_t wanted =
+        static_cast<std::int64_t>(sm_count) * std::max(1, options.stream_k_blocks_per_sm);
+    plan.stream_k_blocks = static_cast<int>(std::min(units, wanted));
+  } else if (plan.path == GemmPath::fused) {
+    plan.schedule = GemmSchedule::split_k;
     if (options.split_k > 0) {
       if (options.split_k > k_steps) {
         return make_status(StatusCode::invalid_argument, "split_k = ", options.split_k,
@@ -236,16 +287,13 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
       }
       splits = options.split_k;
     } else {
-      const int sm_count = options.sm_count > 0 ? options.sm_count : device_sm_count();
-      const std::int64_t tiles = ((args.n + kernel->block_n - 1) / kernel->block_n) *
-                                 ((args.m + kernel->block_m - 1) / kernel->block_m);
       splits = choose_split(tiles, sm_count, k_steps, args.m, args.k);
     }
   }
   const int steps_per_split = (k_steps + splits - 1) / splits;
   plan.k_per_split = steps_per_split * block_k;
   plan.splits = (k_steps + steps_per_split - 1) / steps_per_split;  // no empty slices
-  plan.workspace = detail::layout_workspace(args, plan.path, plan.splits);
+  plan.workspace = detail::layout_workspace(args, plan);
   return plan;
 }
 
@@ -259,7 +307,7 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
                        "; these arguments have m=", args.m, " n=", args.n, " k=", args.k,
                        " group_size=", args.group_size, " (plan again)");
   }
-  const GemmWorkspaceLayout layout = detail::layout_workspace(args, plan.path, plan.splits);
+  const GemmWorkspaceLayout layout = detail::layout_workspace(args, plan);
   if (layout.total_bytes != plan.workspace.total_bytes) {
     return make_status(StatusCode::invalid_argument,
                        "the plan was made for other arguments (workspace ",
@@ -285,13 +333,6 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
   const FusedKernel* kernel =
       find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
   if (kernel == nullptr) return make_status(StatusCode::internal, "no fused kernel");
-  constexpr std::int64_t max_grid_y = 65535;  // CUDA's limit on gridDim.y (M tiles)
-  if ((args.m + kernel->block_m - 1) / kernel->block_m > max_grid_y) {
-    return make_status(StatusCode::unsupported, "m = ", args.m, " needs more than ", max_grid_y,
-                       " row tiles of ", kernel->block_m, " on the fused path; use the "
-                       "expansion path for such M");
-  }
-
   GemmParams params{};
   params.a = static_cast<const std::uint16_t*>(args.a);
   params.b = args.b;
@@ -299,12 +340,35 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
   params.zeros = static_cast<const std::uint16_t*>(args.zeros);
   params.bias = static_cast<const std::uint16_t*>(args.bias);
   params.c = static_cast<std::uint16_t*>(args.c);
-  params.partials =
-      plan.splits > 1 ? reinterpret_cast<float*>(bytes + layout.partials_offset) : nullptr;
   params.m = static_cast<int>(args.m);
   params.n = static_cast<int>(args.n);
   params.k = static_cast<int>(args.k);
   params.group_shift = gemm_layout::group_shift(args.k, args.group_size);
+  if (plan.schedule == GemmSchedule::stream_k) {
+    StreamKSchedule schedule{};
+    schedule.k_steps = static_cast<int>((args.k + block_k - 1) / block_k);
+    schedule.tiles_n = static_cast<int>((args.n + kernel->block_n - 1) / kernel->block_n);
+    schedule.units = schedule.tiles_n * ((args.m + kernel->block_m - 1) / kernel->block_m) *
+                     static_cast<std::int64_t>(schedule.k_steps);
+    schedule.blocks = plan.stream_k_blocks;
+    if (schedule.blocks < 1 || schedule.blocks > schedule.units) {
+      return make_status(StatusCode::invalid_argument, "the plan's ", plan.stream_k_blocks,
+                         " stream-K blocks do not fit its ", schedule.units, " units");
+    }
+    params.partials = reinterpret_cast<float*>(bytes + layout.partials_offset);
+    params.k_per_split = static_cast<int>(args.k);
+    params.splits = 1;
+    return kernel->launch_stream_k(params, schedule, stream);
+  }
+  constexpr std::int64_t max_grid_y = 65535;  // CUDA's limit on gridDim.y (M tiles)
+  if ((args.m + kernel->block_m - 1) / kernel->block_m > max_grid_y) {
+    return make_status(StatusCode::unsupported, "m = ", args.m, " needs more than ", max_grid_y,
+                       " row tiles of ", kernel->block_m, " on the fused path; use the "
+                       "expansion path for such M");
+  }
+
+  params.partials =
+      plan.splits > 1 ? reinterpret_cast<float*>(bytes + layout.partials_offset) : nullptr;
   params.k_per_split = plan.k_per_split;
   params.splits = plan.splits;
   const dim3 grid(static_cast<unsigned>((args.n + kernel->block_n - 1) / kernel->block_n),

@@ -34,19 +34,11 @@ struct GemmParams {
   int splits;
 };
 
-template <class T, class Config, GroupSpan Span>
-__global__ void __launch_bounds__(Config::threads) w4a16_gemm_kernel(const __grid_constant__ GemmParams p) {
-  using Storage = GemmSharedStorage<Config, Span>;
-  Storage& smem = rt::shared_storage<Storage>();
-
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int warp_row = (warp / Config::warps_n) * Config::warp_m;  // within the block tile
-  const int warp_col = (warp % Config::warps_n) * Config::warp_n;
-  const int n0 = static_cast<int>(blockIdx.x) * Config::block_n;
-  const int m0 = static_cast<int>(blockIdx.y) * Config::block_m;
-  const int split = static_cast<int>(blockIdx.z);
-
+/// The dense kernel's tile sources: rows m0.., the weight's columns, one K slice.
+template <class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE TileSources<Config> dense_tile_sources(const GemmParams& p,
+                                                                             int m0, int k_begin,
+                                                                             int k_end) {
   TileSources<Config> src;
   SLIMSERVE_INT4_UNROLL
   for (int i = 0; i < TileSources<Config>::a_per_thread; ++i) {
@@ -58,30 +50,41 @@ __global__ void __launch_bounds__(Config::threads) w4a16_gemm_kernel(const __gri
   src.scales = p.scales;
   src.zeros = p.zeros;
   src.n = p.n;
-  src.k_begin = split * p.k_per_split;
-  src.k_end = detail::min_int(p.k, src.k_begin + p.k_per_split);
+  src.k_begin = k_begin;
+  src.k_end = k_end;
   src.group_shift = p.group_shift;
-  const DenseColumns columns{n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n};
+  return src;
+}
 
-  // [m16_per_warp, 2 * n16_per_warp, 4]: the mma accumulator fragments
-  WarpAccumulators<Config> acc = {};
-  w4a16_mainloop<T, Config, Span>(smem, src, columns, warp_row, warp_col, acc);
-
-  // Epilogue. Accumulator fragment: c0, c1 at (row g, cols 2t, 2t+1); c2, c3 at row g + 8.
+/// Epilogue: adds the bias and rounds to T (`out` = C), or stores FP32 sums to `partial`
+/// ([rows of the block tile][block_n] when `partial_row_stride` is block_n, or C's layout).
+template <class T, class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_tile(const GemmParams& p,
+                                                       const WarpAccumulators<Config>& acc, int m0,
+                                                       int n0, float* partial,
+                                                       std::int64_t partial_row_stride,
+                                                       bool to_partial) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int warp_row = (warp / Config::warps_n) * Config::warp_m;
+  const int warp_col = (warp % Config::warps_n) * Config::warp_n;
+  // Accumulator fragment: c0, c1 at (row g, cols 2t, 2t+1); c2, c3 at row g + 8.
   SLIMSERVE_INT4_UNROLL
   for (int i = 0; i < Config::m16_per_warp; ++i) {
     SLIMSERVE_INT4_UNROLL
     for (int j = 0; j < 2 * Config::n16_per_warp; ++j) {
-      const int col = n0 + warp_col + j * 8 + (lane % 4) * 2;
+      const int tile_col = warp_col + j * 8 + (lane % 4) * 2;
+      const int col = n0 + tile_col;
       if (col >= p.n) continue;
       SLIMSERVE_INT4_UNROLL
       for (int half = 0; half < 2; ++half) {
-        const int row = m0 + warp_row + i * 16 + lane / 4 + half * 8;
+        const int tile_row = warp_row + i * 16 + lane / 4 + half * 8;
+        const int row = m0 + tile_row;
         if (row >= p.m) continue;
         const float v0 = acc[i][j][2 * half];
         const float v1 = acc[i][j][2 * half + 1];
-        if (p.splits > 1) {
-          float* out = p.partials + (static_cast<std::int64_t>(split) * p.m + row) * p.n + col;
+        if (to_partial) {
+          float* out = partial + tile_row * partial_row_stride + tile_col;
           out[0] = v0;
           out[1] = v1;
         } else {
@@ -93,6 +96,105 @@ __global__ void __launch_bounds__(Config::threads) w4a16_gemm_kernel(const __gri
         }
       }
     }
+  }
+}
+
+/// Split-K schedule: grid (N tiles, M tiles, splits); each block one tile over one K slice.
+template <class T, class Config, GroupSpan Span>
+__global__ void __launch_bounds__(Config::threads) w4a16_gemm_kernel(const __grid_constant__ GemmParams p) {
+  using Storage = GemmSharedStorage<Config, Span>;
+  Storage& smem = rt::shared_storage<Storage>();
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int n0 = static_cast<int>(blockIdx.x) * Config::block_n;
+  const int m0 = static_cast<int>(blockIdx.y) * Config::block_m;
+  const int split = static_cast<int>(blockIdx.z);
+  const int k_begin = split * p.k_per_split;
+  const TileSources<Config> src =
+      dense_tile_sources<Config>(p, m0, k_begin, detail::min_int(p.k, k_begin + p.k_per_split));
+  const DenseColumns columns{n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n};
+  WarpAccumulators<Config> acc = {};  // [m16_per_warp, 2 * n16_per_warp, 4]
+  w4a16_mainloop<T, Config, Span>(smem, src, columns, (warp / Config::warps_n) * Config::warp_m,
+                                  (warp % Config::warps_n) * Config::warp_n, acc);
+  // [splits, m, n] partials, or C
+  float* partial = p.splits > 1 ? p.partials + (static_cast<std::int64_t>(split) * p.m + m0) * p.n + n0
+                                : nullptr;
+  store_tile<T, Config>(p, acc, m0, n0, partial, p.n, p.splits > 1);
+}
+
+/// Stream-K schedule (persistent): the (tile, 64-row step) units of the whole problem, tile
+/// after tile, are dealt out in equal contiguous ranges to `blocks` blocks. A block writes a
+/// tile it covers completely straight to C; its first and last tiles may be shared with its
+/// neighbours, and those partial sums go to two FP32 slots per block, which
+/// `stream_k_fixup_kernel` adds in block order (deterministic). Only the shared tiles cost
+/// workspace traffic: at most 2 x blocks tiles of block_m x block_n, not splits x M x N.
+struct StreamKSchedule {
+  std::int64_t units;  ///< tiles * k_steps
+  int blocks;
+  int k_steps;
+  int tiles_n;
+  SLIMSERVE_HOST_DEVICE std::int64_t first_unit(int block) const {
+    return static_cast<std::int64_t>(block) * units / blocks;
+  }
+  /// The block whose range holds `unit`.
+  SLIMSERVE_HOST_DEVICE int block_of(std::int64_t unit) const {
+    return static_cast<int>(((unit + 1) * blocks - 1) / units);
+  }
+  /// The partial slot of `block`'s segment of `tile`: 2b for its first tile, 2b + 1 for its last.
+  SLIMSERVE_HOST_DEVICE int slot(int block, std::int64_t tile) const {
+    return first_unit(block) / k_steps == tile ? 2 * block : 2 * block + 1;
+  }
+};
+
+template <class T, class Config, GroupSpan Span>
+__global__ void __launch_bounds__(Config::threads) w4a16_gemm_stream_k_kernel(
+    const __grid_constant__ GemmParams p, const __grid_constant__ StreamKSchedule schedule) {
+  using Storage = GemmSharedStorage<Config, Span>;
+  Storage& smem = rt::shared_storage<Storage>();
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int block = static_cast<int>(blockIdx.x);
+  const std::int64_t end = schedule.first_unit(block + 1);
+  constexpr std::int64_t tile_elements = Config::block_m * Config::block_n;
+  for (std::int64_t unit = schedule.first_unit(block); unit < end;) {
+    const std::int64_t tile = unit / schedule.k_steps;
+    const int step_begin = static_cast<int>(unit - tile * schedule.k_steps);
+    const int step_end = static_cast<int>(
+        end - unit < schedule.k_steps - step_begin ? step_begin + (end - unit) : schedule.k_steps);
+    const int m0 = static_cast<int>(tile / schedule.tiles_n) * Config::block_m;
+    const int n0 = static_cast<int>(tile % schedule.tiles_n) * Config::block_n;
+    const TileSources<Config> src = dense_tile_sources<Config>(
+        p, m0, step_begin * Config::block_k, detail::min_int(p.k, step_end * Config::block_k));
+    const DenseColumns columns{n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n};
+    __syncthreads();  // the previous tile's last stage has been read by every warp
+    WarpAccumulators<Config> acc = {};
+    w4a16_mainloop<T, Config, Span>(smem, src, columns, (warp / Config::warps_n) * Config::warp_m,
+                                    (warp % Config::warps_n) * Config::warp_n, acc);
+    const bool whole = step_begin == 0 && step_end == schedule.k_steps;
+    float* partial = p.partials + schedule.slot(block, tile) * tile_elements;  // [block_m, block_n]
+    store_tile<T, Config>(p, acc, m0, n0, partial, Config::block_n, !whole);
+    unit += step_end - step_begin;
+  }
+}
+
+/// Sums the partial slots of every tile that several blocks shared, in block order, adds the
+/// bias, rounds once to T. One block per tile; tiles done by one block return at once.
+template <class T, int BlockM, int BlockN>
+__global__ void stream_k_fixup_kernel(const __grid_constant__ GemmParams p,
+                                      const __grid_constant__ StreamKSchedule schedule) {
+  const std::int64_t tile = blockIdx.x;
+  const int first = schedule.block_of(tile * schedule.k_steps);
+  const int last = schedule.block_of((tile + 1) * schedule.k_steps - 1);
+  if (first == last) return;  // written to C by its only block
+  const int m0 = static_cast<int>(tile / schedule.tiles_n) * BlockM;
+  const int n0 = static_cast<int>(tile % schedule.tiles_n) * BlockN;
+  constexpr std::int64_t tile_elements = BlockM * BlockN;
+  for (int i = static_cast<int>(threadIdx.x); i < BlockM * BlockN; i += static_cast<int>(blockDim.x)) {
+    const int row = m0 + i / BlockN;
+    const int col = n0 + i % BlockN;
+    if (row >= p.m || col >= p.n) continue;
+    float sum = 0.0f;
+    for (int b = first; b <= last; ++b) sum += p.partials[schedule.slot(b, tile) * tile_elements + i];
+    if (p.bias != nullptr) sum += to_float(T::from_bits(p.bias[col]));
+    p.c[static_cast<std::int64_t>(row) * p.n + col] = from_float<T>(sum).bits;
   }
 }
 
