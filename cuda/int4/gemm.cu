@@ -271,6 +271,10 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
                        options.stream_k_blocks_per_sm, " (0: one per SM)");
   }
   int splits = 1;
+  if (plan.path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k &&
+      tiles * k_steps > std::numeric_limits<int>::max()) {
+    plan.schedule = GemmSchedule::split_k;  // stream-K counts units in 32 bits
+  }
   if (plan.path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k) {
     // Persistent blocks: one (or stream_k_blocks_per_sm) per SM, never more than units.
     const std::int64_t units = tiles * k_steps;
@@ -346,15 +350,20 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
   params.group_shift = gemm_layout::group_shift(args.k, args.group_size);
   if (plan.schedule == GemmSchedule::stream_k) {
     StreamKSchedule schedule{};
-    schedule.k_steps = static_cast<int>((args.k + block_k - 1) / block_k);
-    schedule.tiles_n = static_cast<int>((args.n + kernel->block_n - 1) / kernel->block_n);
-    schedule.units = schedule.tiles_n * ((args.m + kernel->block_m - 1) / kernel->block_m) *
-                     static_cast<std::int64_t>(schedule.k_steps);
-    schedule.blocks = plan.stream_k_blocks;
-    if (schedule.blocks < 1 || schedule.blocks > schedule.units) {
+    const std::int64_t k_steps = (args.k + block_k - 1) / block_k;
+    const std::int64_t tiles_n = (args.n + kernel->block_n - 1) / kernel->block_n;
+    const std::int64_t units = tiles_n * ((args.m + kernel->block_m - 1) / kernel->block_m) * k_steps;
+    if (plan.stream_k_blocks < 1 || plan.stream_k_blocks > units ||
+        units > std::numeric_limits<int>::max()) {
       return make_status(StatusCode::invalid_argument, "the plan's ", plan.stream_k_blocks,
-                         " stream-K blocks do not fit its ", schedule.units, " units");
+                         " stream-K blocks do not fit its ", units, " units");
     }
+    schedule.units = static_cast<int>(units);
+    schedule.blocks = plan.stream_k_blocks;
+    schedule.k_steps = static_cast<int>(k_steps);
+    schedule.tiles_n = static_cast<int>(tiles_n);
+    schedule.units_per_block = schedule.units / schedule.blocks;
+    schedule.remainder = schedule.units % schedule.blocks;
     params.partials = reinterpret_cast<float*>(bytes + layout.partials_offset);
     params.k_per_split = static_cast<int>(args.k);
     params.splits = 1;

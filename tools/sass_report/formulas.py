@@ -228,6 +228,24 @@ def w4a16_gemm(args: list[str], problem: dict) -> Work:
                 notes=[f"split-K {splits}"])
 
 
+def _stream_k_segments(tiles: int, k_steps: int, blocks: int) -> int:
+    """Segments of tiles that several CTAs share (mirror of StreamKSchedule: the first
+    units % blocks CTAs take one unit more)."""
+    units = tiles * k_steps
+    q, r = divmod(units, blocks)
+    long_units = r * (q + 1)
+
+    def block_of(unit: int) -> int:
+        return unit // (q + 1) if unit < long_units else r + (unit - long_units) // q
+
+    segments = 0
+    for t in range(tiles):
+        first, last = block_of(t * k_steps), block_of((t + 1) * k_steps - 1)
+        if first != last:
+            segments += last - first + 1
+    return segments
+
+
 @formula("w4a16_stream_k")
 def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     """w4a16_gemm_stream_k_kernel<T, Config, GroupSpan>: `sms` persistent CTAs share the
@@ -243,22 +261,15 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     k_steps = math.ceil(k / 64)
     units = tiles * k_steps
     blocks = min(sms, units)
-    starts = {b * units // blocks for b in range(blocks + 1)}
-    shared_tiles = len({u // k_steps for u in starts if u % k_steps != 0 and u < units})
     # a shared tile's segments: one per CTA touching it; each writes and the fixup reads a slot
-    segments = 0
-    for t in range(tiles):
-        first = ((t * k_steps + 1) * blocks - 1) // units
-        last = (((t + 1) * k_steps) * blocks - 1) // units
-        if first != last:
-            segments += last - first + 1
+    segments = _stream_k_segments(tiles, k_steps, blocks)
     partials = 2 * segments * min(m, block_m) * block_n * 4
     compulsory, text = _w4a16_bytes(m, n, k, group, zeros)
     return Work(threads=warps_m * warps_n * 32, ctas=blocks,
                 dram_bytes=compulsory + partials,
                 iterations=units, dynamic_smem=stage_bytes * stages,
                 bytes_formula=text + " + shared tiles' FP32 partials (written + read)",
-                notes=[f"stream-K {blocks} CTAs, {shared_tiles} shared tiles, "
+                notes=[f"stream-K {blocks} CTAs, {segments} shared-tile segments, "
                        f"partials {partials / (n * k / 2):.1%} of weights"])
 
 
@@ -271,14 +282,8 @@ def w4a16_stream_k_fixup(args: list[str], problem: dict) -> Work:
     sms = int(problem.get("sms", 132))
     tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
     k_steps = math.ceil(k / 64)
-    units = tiles * k_steps
-    blocks = min(sms, units)
-    segments = 0
-    for t in range(tiles):
-        first = ((t * k_steps + 1) * blocks - 1) // units
-        last = (((t + 1) * k_steps) * blocks - 1) // units
-        if first != last:
-            segments += last - first + 1
+    blocks = min(sms, tiles * k_steps)
+    segments = _stream_k_segments(tiles, k_steps, blocks)
     rows = min(m, block_m)
     return Work(threads=128, ctas=tiles, dram_bytes=segments * rows * block_n * 4 + m * n * 2,
                 iterations=max(1, tiles * math.ceil(block_m * block_n / 128)),

@@ -128,19 +128,24 @@ __global__ void __launch_bounds__(Config::threads) w4a16_gemm_kernel(const __gri
 /// `stream_k_fixup_kernel` adds in block order (deterministic). Only the shared tiles cost
 /// workspace traffic: at most 2 x blocks tiles of block_m x block_n, not splits x M x N.
 struct StreamKSchedule {
-  std::int64_t units;  ///< tiles * k_steps
+  int units;            ///< tiles * k_steps (< 2^31, checked by the plan)
   int blocks;
   int k_steps;
   int tiles_n;
-  SLIMSERVE_HOST_DEVICE std::int64_t first_unit(int block) const {
-    return static_cast<std::int64_t>(block) * units / blocks;
+  int units_per_block;  ///< units / blocks; the first `remainder` blocks take one more
+  int remainder;        ///< units % blocks
+  // 32-bit arithmetic only: a 64-bit division is a call with a stack frame on the GPU.
+  SLIMSERVE_HOST_DEVICE int first_unit(int block) const {
+    return block * units_per_block + (block < remainder ? block : remainder);
   }
   /// The block whose range holds `unit`.
-  SLIMSERVE_HOST_DEVICE int block_of(std::int64_t unit) const {
-    return static_cast<int>(((unit + 1) * blocks - 1) / units);
+  SLIMSERVE_HOST_DEVICE int block_of(int unit) const {
+    const int long_units = remainder * (units_per_block + 1);  // units of the longer blocks
+    return unit < long_units ? unit / (units_per_block + 1)
+                             : remainder + (unit - long_units) / units_per_block;
   }
   /// The partial slot of `block`'s segment of `tile`: 2b for its first tile, 2b + 1 for its last.
-  SLIMSERVE_HOST_DEVICE int slot(int block, std::int64_t tile) const {
+  SLIMSERVE_HOST_DEVICE int slot(int block, int tile) const {
     return first_unit(block) / k_steps == tile ? 2 * block : 2 * block + 1;
   }
 };
@@ -152,15 +157,14 @@ __global__ void __launch_bounds__(Config::threads) w4a16_gemm_stream_k_kernel(
   Storage& smem = rt::shared_storage<Storage>();
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int block = static_cast<int>(blockIdx.x);
-  const std::int64_t end = schedule.first_unit(block + 1);
-  constexpr std::int64_t tile_elements = Config::block_m * Config::block_n;
-  for (std::int64_t unit = schedule.first_unit(block); unit < end;) {
-    const std::int64_t tile = unit / schedule.k_steps;
-    const int step_begin = static_cast<int>(unit - tile * schedule.k_steps);
-    const int step_end = static_cast<int>(
-        end - unit < schedule.k_steps - step_begin ? step_begin + (end - unit) : schedule.k_steps);
-    const int m0 = static_cast<int>(tile / schedule.tiles_n) * Config::block_m;
-    const int n0 = static_cast<int>(tile % schedule.tiles_n) * Config::block_n;
+  const int end = schedule.first_unit(block + 1);
+  constexpr int tile_elements = Config::block_m * Config::block_n;
+  for (int unit = schedule.first_unit(block); unit < end;) {
+    const int tile = unit / schedule.k_steps;
+    const int step_begin = unit - tile * schedule.k_steps;
+    const int step_end = detail::min_int(schedule.k_steps, step_begin + (end - unit));
+    const int m0 = (tile / schedule.tiles_n) * Config::block_m;
+    const int n0 = (tile % schedule.tiles_n) * Config::block_n;
     const TileSources<Config> src = dense_tile_sources<Config>(
         p, m0, step_begin * Config::block_k, detail::min_int(p.k, step_end * Config::block_k));
     const DenseColumns columns{n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n};
@@ -169,7 +173,7 @@ __global__ void __launch_bounds__(Config::threads) w4a16_gemm_stream_k_kernel(
     w4a16_mainloop<T, Config, Span>(smem, src, columns, (warp / Config::warps_n) * Config::warp_m,
                                     (warp % Config::warps_n) * Config::warp_n, acc);
     const bool whole = step_begin == 0 && step_end == schedule.k_steps;
-    float* partial = p.partials + schedule.slot(block, tile) * tile_elements;  // [block_m, block_n]
+    float* partial = p.partials + static_cast<std::int64_t>(schedule.slot(block, tile)) * tile_elements;
     store_tile<T, Config>(p, acc, m0, n0, partial, Config::block_n, !whole);
     unit += step_end - step_begin;
   }
@@ -180,12 +184,12 @@ __global__ void __launch_bounds__(Config::threads) w4a16_gemm_stream_k_kernel(
 template <class T, int BlockM, int BlockN>
 __global__ void stream_k_fixup_kernel(const __grid_constant__ GemmParams p,
                                       const __grid_constant__ StreamKSchedule schedule) {
-  const std::int64_t tile = blockIdx.x;
+  const int tile = static_cast<int>(blockIdx.x);
   const int first = schedule.block_of(tile * schedule.k_steps);
   const int last = schedule.block_of((tile + 1) * schedule.k_steps - 1);
   if (first == last) return;  // written to C by its only block
-  const int m0 = static_cast<int>(tile / schedule.tiles_n) * BlockM;
-  const int n0 = static_cast<int>(tile % schedule.tiles_n) * BlockN;
+  const int m0 = (tile / schedule.tiles_n) * BlockM;
+  const int n0 = (tile % schedule.tiles_n) * BlockN;
   constexpr std::int64_t tile_elements = BlockM * BlockN;
   for (int i = static_cast<int>(threadIdx.x); i < BlockM * BlockN; i += static_cast<int>(blockDim.x)) {
     const int row = m0 + i / BlockN;
