@@ -370,12 +370,13 @@ TEST_CASE("MoE preflight: top_k > E, K not a group multiple, bad ids, short work
   REQUIRE(plan.ok());
   auto workspace = rt::DeviceBuffer<unsigned char>::create(plan->workspace_bytes());
   REQUIRE(workspace.ok());
-  Status status = run_moe_gemm(good, *plan, workspace->data(), plan->workspace_bytes() - 1, nullptr);
-  CHECK(status.code() == StatusCode::resource_exhausted);
+  const Status short_workspace =
+      run_moe_gemm(good, *plan, workspace->data(), plan->workspace_bytes() - 1, nullptr);
+  CHECK(short_workspace.code() == StatusCode::resource_exhausted);
 
   ids[4] = 7;  // token 2, slot 0
   REQUIRE(d_ids.upload(ids).ok());
-  status = run_moe_gemm(good, *plan, workspace->data(), workspace->size_bytes(), nullptr);
+  const Status status = run_moe_gemm(good, *plan, workspace->data(), workspace->size_bytes(), nullptr);
   INFO(status.to_string());
   CHECK(status.code() == StatusCode::out_of_range);
   CHECK(status.message().find("topk_ids[2, 0] = 7") != std::string_view::npos);
