@@ -228,8 +228,9 @@ def w4a16_gemm(args: list[str], problem: dict) -> Work:
                 notes=[f"split-K {splits}"])
 
 
-def _stream_k_segments(tiles: int, k_steps: int, blocks: int) -> int:
-    """Segments of tiles that several CTAs share (mirror of StreamKSchedule: the first
+def _stream_k_segments(tiles: int, k_steps: int, blocks: int, shared_only: bool = True) -> int:
+    """Segments of tiles that several CTAs share, or (shared_only=False) of all tiles: the
+    trips of the persistent loop, summed over CTAs (mirror of StreamKSchedule: the first
     units % blocks CTAs take one unit more)."""
     units = tiles * k_steps
     q, r = divmod(units, blocks)
@@ -241,7 +242,7 @@ def _stream_k_segments(tiles: int, k_steps: int, blocks: int) -> int:
     segments = 0
     for t in range(tiles):
         first, last = block_of(t * k_steps), block_of((t + 1) * k_steps - 1)
-        if first != last:
+        if first != last or not shared_only:
             segments += last - first + 1
     return segments
 
@@ -249,7 +250,8 @@ def _stream_k_segments(tiles: int, k_steps: int, blocks: int) -> int:
 @formula("w4a16_stream_k")
 def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     """w4a16_gemm_stream_k_kernel<T, Config, GroupSpan>: `sms` persistent CTAs share the
-    tiles x 64-row steps; main loop = one 64-row K step. Partials: the tiles CTAs share,
+    tiles x 64-row steps; the main loop is the persistent loop over a CTA's tile segments,
+    its nested loop the 64-row K steps (inner_trips = steps per segment, on average). Partials: the tiles CTAs share,
     at most 2 slots per CTA of min(m, BM) x BN FP32, written and read once (mirrors
     StreamKSchedule in gemm_kernel.cuh)."""
     tile, stage_bytes = _w4a16_stage_bytes(args)
@@ -265,9 +267,10 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     segments = _stream_k_segments(tiles, k_steps, blocks)
     partials = 2 * segments * min(m, block_m) * block_n * 4
     compulsory, text = _w4a16_bytes(m, n, k, group, zeros)
+    trips = _stream_k_segments(tiles, k_steps, blocks, shared_only=False)
     return Work(threads=warps_m * warps_n * 32, ctas=blocks,
                 dram_bytes=compulsory + partials,
-                iterations=units, dynamic_smem=stage_bytes * stages,
+                iterations=trips, inner_trips=units / trips, dynamic_smem=stage_bytes * stages,
                 bytes_formula=text + " + shared tiles' FP32 partials (written + read)",
                 notes=[f"stream-K {blocks} CTAs, {segments} shared-tile segments, "
                        f"partials {partials / (n * k / 2):.1%} of weights"])
