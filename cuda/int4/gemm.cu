@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "gemm_internal.hpp"
 #include "slimserve/int4/gemm.hpp"
@@ -14,8 +15,10 @@ SLIMSERVE_NAMESPACE_BEGIN
 namespace int4 {
 namespace {
 
-using DecodeTile = GemmTileConfig<16, 128, 1, 4, 4>;  // GemmTile::m16_n128
-using WideTile = GemmTileConfig<64, 128, 2, 2, 3>;    // GemmTile::m64_n128
+// The fused kernel's tiles. Decode reads every weight once per launch (one M tile), so its
+// weights are marked evict-first in L2; the wide tile's are re-read by the other M tiles.
+using DecodeTile = GemmTileConfig<16, 128, 1, 4, 4, true>;  // GemmTile::m16_n128
+using WideTile = GemmTileConfig<64, 128, 2, 2, 4, false>;   // GemmTile::m64_n128
 constexpr int block_k = DecodeTile::block_k;
 static_assert(WideTile::block_k == block_k, "split-K slices are sized by one block_k");
 
@@ -27,40 +30,75 @@ constexpr unsigned reduce_max_blocks = 16;  // emulated grids stay small; the lo
 constexpr unsigned reduce_threads = 256;
 constexpr int max_auto_splits = 16;
 
-/// One row of the dispatch table: a (type, tile) pair and its instantiated launcher.
+/// One row of the dispatch table: an (activation, tile, group span) key and its launcher.
 struct FusedKernel {
   ActivationType activation;
   GemmTile tile;
+  GroupSpan span;
   int block_m;
   int block_n;
   std::size_t shared_memory_bytes;
   Status (*launch)(const GemmParams& params, dim3 grid, cudaStream_t stream);
+  /// Stream-K: the persistent kernel, then the fixup of shared tiles.
+  Status (*launch_stream_k)(const GemmParams& params, const StreamKSchedule& schedule,
+                            cudaStream_t stream);
 };
 
-template <class T, class Config>
+template <class T, class Config, GroupSpan Span>
 Status launch_fused(const GemmParams& params, dim3 grid, cudaStream_t stream) {
-  return rt::launch(w4a16_gemm_kernel<T, Config>,
+  return rt::launch(w4a16_gemm_kernel<T, Config, Span>,
                     rt::LaunchConfig{grid, dim3(Config::threads),
-                                     sizeof(GemmSharedStorage<Config>), stream},
+                                     sizeof(GemmSharedStorage<Config, Span>), stream},
                     params);
 }
 
-template <class T, class Config>
-constexpr FusedKernel fused_kernel(ActivationType activation, GemmTile tile) {
-  return FusedKernel{activation,       tile, Config::block_m, Config::block_n,
-                     sizeof(GemmSharedStorage<Config>), &launch_fused<T, Config>};
+template <class T, class Config, GroupSpan Span>
+Status launch_stream_k(const GemmParams& params, const StreamKSchedule& schedule,
+                       cudaStream_t stream) {
+  SLIMSERVE_RETURN_IF_ERROR(rt::launch(
+      w4a16_gemm_stream_k_kernel<T, Config, Span>,
+      rt::LaunchConfig{dim3(static_cast<unsigned>(schedule.blocks)), dim3(Config::threads),
+                       sizeof(GemmSharedStorage<Config, Span>), stream},
+      params, schedule));
+  const auto tiles = static_cast<unsigned>(schedule.units / schedule.k_steps);
+  return rt::launch(stream_k_fixup_kernel<T, Config::block_m, Config::block_n>,
+                    rt::LaunchConfig{dim3(tiles), dim3(128), 0, stream}, params, schedule);
 }
 
-const std::array<FusedKernel, 4> fused_kernels = {{
-    fused_kernel<bf16, DecodeTile>(ActivationType::bf16, GemmTile::m16_n128),
-    fused_kernel<bf16, WideTile>(ActivationType::bf16, GemmTile::m64_n128),
-    fused_kernel<fp16, DecodeTile>(ActivationType::fp16, GemmTile::m16_n128),
-    fused_kernel<fp16, WideTile>(ActivationType::fp16, GemmTile::m64_n128),
-}};
+template <class T>
+constexpr ActivationType activation_of() {
+  return std::is_same_v<T, bf16> ? ActivationType::bf16 : ActivationType::fp16;
+}
 
-const FusedKernel* find_fused_kernel(ActivationType activation, GemmTile tile) {
+/// The rows of one (type, tile): one per group span.
+template <class T, class Config, GemmTile Tile, GroupSpan... Spans>
+constexpr std::array<FusedKernel, sizeof...(Spans)> fused_rows() {
+  return {{FusedKernel{activation_of<T>(), Tile, Spans, Config::block_m, Config::block_n,
+                       sizeof(GemmSharedStorage<Config, Spans>), &launch_fused<T, Config, Spans>,
+                       &launch_stream_k<T, Config, Spans>}...}};
+}
+
+template <class T, std::size_t A, std::size_t B>
+constexpr std::array<T, A + B> concat(const std::array<T, A>& a, const std::array<T, B>& b) {
+  std::array<T, A + B> out{};
+  for (std::size_t i = 0; i < A; ++i) out[i] = a[i];
+  for (std::size_t i = 0; i < B; ++i) out[A + i] = b[i];
+  return out;
+}
+
+/// The one list of supported fused kernels: {bf16, fp16} x {decode, wide tile} x group span
+/// {16, 32, >= 64 (incl. per-channel)}. Adding a span or a tile is an edit here.
+template <class T>
+constexpr auto fused_rows_for_type() {
+  return concat(
+      fused_rows<T, DecodeTile, GemmTile::m16_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>(),
+      fused_rows<T, WideTile, GemmTile::m64_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>());
+}
+const auto fused_kernels = concat(fused_rows_for_type<bf16>(), fused_rows_for_type<fp16>());
+
+const FusedKernel* find_fused_kernel(ActivationType activation, GemmTile tile, GroupSpan span) {
   for (const FusedKernel& kernel : fused_kernels) {
-    if (kernel.activation == activation && kernel.tile == tile) return &kernel;
+    if (kernel.activation == activation && kernel.tile == tile && kernel.span == span) return &kernel;
   }
   return nullptr;
 }
@@ -104,11 +142,11 @@ std::size_t align_up(std::size_t bytes, std::size_t alignment) {
 /// Automatic split-K. The busiest SM's work, in full-K tile units, is
 /// ceil(tiles * s / sm_count) / s; take the s (1..16) that minimizes it, the largest such s
 /// on ties (more blocks in flight hide memory latency), keeping each slice at least two K
-/// steps long and the FP32 partials at most 1/4 of the packed weight bytes
-/// (s * m * 4 <= k / 8). UNMEASURED: a model, not a tuning result.
+/// steps long and the FP32 partials' round trip (written and read: 8 * s * m * n bytes)
+/// within 2% of the packed weight bytes (k * n / 2): s * m <= k / 800. UNMEASURED: a model.
 int choose_split(std::int64_t tiles, int sm_count, int k_steps, std::int64_t m, std::int64_t k) {
   const std::int64_t most = std::clamp<std::int64_t>(
-      std::min<std::int64_t>({max_auto_splits, k_steps / 2, k / (32 * m)}), 1, max_auto_splits);
+      std::min<std::int64_t>({max_auto_splits, k_steps / 2, k / (800 * m)}), 1, max_auto_splits);
   int best = 1;
   double best_cost = std::numeric_limits<double>::max();
   for (std::int64_t s = 1; s <= most; ++s) {
@@ -126,14 +164,26 @@ int choose_split(std::int64_t tiles, int sm_count, int k_steps, std::int64_t m, 
 
 namespace detail {
 
-GemmWorkspaceLayout layout_workspace(const GemmArguments& args, GemmPath path, int splits) {
+GemmWorkspaceLayout layout_workspace(const GemmArguments& args, const GemmPlan& plan) {
   constexpr std::size_t alignment = 256;
   GemmWorkspaceLayout layout;
   std::size_t offset = 0;
-  if (path == GemmPath::fused && splits > 1) {
+  const GemmPath path = plan.path;
+  if (path == GemmPath::fused && plan.schedule == GemmSchedule::split_k && plan.splits > 1) {
     layout.partials_offset = offset;
-    layout.partials_bytes = static_cast<std::size_t>(splits) * static_cast<std::size_t>(args.m) *
-                            static_cast<std::size_t>(args.n) * sizeof(float);
+    layout.partials_bytes = static_cast<std::size_t>(plan.splits) *
+                            static_cast<std::size_t>(args.m) * static_cast<std::size_t>(args.n) *
+                            sizeof(float);
+    offset = align_up(offset + layout.partials_bytes, alignment);
+  }
+  if (path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k) {
+    const FusedKernel* kernel =
+        find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
+    const std::size_t tile_elements =
+        kernel == nullptr ? 0 : static_cast<std::size_t>(kernel->block_m * kernel->block_n);
+    layout.partials_offset = offset;
+    layout.partials_bytes =
+        2 * static_cast<std::size_t>(plan.stream_k_blocks) * tile_elements * sizeof(float);
     offset = align_up(offset + layout.partials_bytes, alignment);
   }
   if (path == GemmPath::expand) {
@@ -168,11 +218,9 @@ Status can_implement(const GemmArguments& args) {
     return make_status(StatusCode::unsupported, "k = ", args.k,
                        " must be a positive multiple of 16 (pad the weight's rows)");
   }
-  const bool per_channel = args.group_size == args.k;
-  if (!per_channel &&
-      (args.group_size <= 0 || args.group_size % 32 != 0 || args.k % args.group_size != 0)) {
+  if (!gemm_layout::supported_group_size(args.k, args.group_size)) {
     return make_status(StatusCode::unsupported, "group_size ", args.group_size, " with k = ",
-                       args.k, ": needs a multiple of 32 that divides k, or k itself");
+                       args.k, ": needs a power of two >= 16 that divides k, or k itself");
   }
   SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.a, "a", 16, true));
   SLIMSERVE_RETURN_IF_ERROR(check_pointer(args.b, "b (packed weights)", 16, true));
@@ -205,14 +253,41 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
     plan.path = args.m >= options.expand_min_m ? GemmPath::expand : GemmPath::fused;
   }
   plan.tile = args.m <= 16 ? GemmTile::m16_n128 : GemmTile::m64_n128;
-  const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile);
+  const FusedKernel* kernel =
+      find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
   if (kernel == nullptr) {
     return make_status(StatusCode::internal, "no fused kernel for ", to_string(args.activation));
   }
 
   const int k_steps = static_cast<int>((args.k + block_k - 1) / block_k);
+  const int sm_count = options.sm_count > 0 ? options.sm_count : device_sm_count();
+  const std::int64_t tiles = ((args.n + kernel->block_n - 1) / kernel->block_n) *
+                             ((args.m + kernel->block_m - 1) / kernel->block_m);
+  plan.schedule = options.schedule;
+  if (plan.schedule == GemmSchedule::automatic) {
+    plan.schedule = options.split_k > 0 ? GemmSchedule::split_k : GemmSchedule::stream_k;
+  }
+  if (plan.schedule == GemmSchedule::stream_k && options.split_k > 1) {
+    return make_status(StatusCode::invalid_argument, "split_k = ", options.split_k,
+                       " asks for slices, but the schedule is stream-K");
+  }
+  if (options.stream_k_blocks_per_sm < 0) {
+    return make_status(StatusCode::invalid_argument, "stream_k_blocks_per_sm = ",
+                       options.stream_k_blocks_per_sm, " (0: one per SM)");
+  }
   int splits = 1;
-  if (plan.path == GemmPath::fused) {
+  if (plan.path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k &&
+      tiles * k_steps > std::numeric_limits<int>::max()) {
+    plan.schedule = GemmSchedule::split_k;  // stream-K counts units in 32 bits
+  }
+  if (plan.path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k) {
+    // Persistent blocks: one (or stream_k_blocks_per_sm) per SM, never more than units.
+    const std::int64_t units = tiles * k_steps;
+    const std::int64_t wanted =
+        static_cast<std::int64_t>(sm_count) * std::max(1, options.stream_k_blocks_per_sm);
+    plan.stream_k_blocks = static_cast<int>(std::min(units, wanted));
+  } else if (plan.path == GemmPath::fused) {
+    plan.schedule = GemmSchedule::split_k;
     if (options.split_k > 0) {
       if (options.split_k > k_steps) {
         return make_status(StatusCode::invalid_argument, "split_k = ", options.split_k,
@@ -221,16 +296,13 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
       }
       splits = options.split_k;
     } else {
-      const int sm_count = options.sm_count > 0 ? options.sm_count : device_sm_count();
-      const std::int64_t tiles = ((args.n + kernel->block_n - 1) / kernel->block_n) *
-                                 ((args.m + kernel->block_m - 1) / kernel->block_m);
       splits = choose_split(tiles, sm_count, k_steps, args.m, args.k);
     }
   }
   const int steps_per_split = (k_steps + splits - 1) / splits;
   plan.k_per_split = steps_per_split * block_k;
   plan.splits = (k_steps + steps_per_split - 1) / steps_per_split;  // no empty slices
-  plan.workspace = detail::layout_workspace(args, plan.path, plan.splits);
+  plan.workspace = detail::layout_workspace(args, plan);
   return plan;
 }
 
@@ -244,7 +316,7 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
                        "; these arguments have m=", args.m, " n=", args.n, " k=", args.k,
                        " group_size=", args.group_size, " (plan again)");
   }
-  const GemmWorkspaceLayout layout = detail::layout_workspace(args, plan.path, plan.splits);
+  const GemmWorkspaceLayout layout = detail::layout_workspace(args, plan);
   if (layout.total_bytes != plan.workspace.total_bytes) {
     return make_status(StatusCode::invalid_argument,
                        "the plan was made for other arguments (workspace ",
@@ -271,15 +343,9 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
     return make_status(StatusCode::invalid_argument, "the plan is not a fused-path plan for k = ",
                        args.k, " (splits ", plan.splits, ", k_per_split ", plan.k_per_split, ")");
   }
-  const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile);
+  const FusedKernel* kernel =
+      find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
   if (kernel == nullptr) return make_status(StatusCode::internal, "no fused kernel");
-  constexpr std::int64_t max_grid_y = 65535;  // CUDA's limit on gridDim.y (M tiles)
-  if ((args.m + kernel->block_m - 1) / kernel->block_m > max_grid_y) {
-    return make_status(StatusCode::unsupported, "m = ", args.m, " needs more than ", max_grid_y,
-                       " row tiles of ", kernel->block_m, " on the fused path; use the "
-                       "expansion path for such M");
-  }
-
   GemmParams params{};
   params.a = static_cast<const std::uint16_t*>(args.a);
   params.b = args.b;
@@ -287,12 +353,40 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
   params.zeros = static_cast<const std::uint16_t*>(args.zeros);
   params.bias = static_cast<const std::uint16_t*>(args.bias);
   params.c = static_cast<std::uint16_t*>(args.c);
-  params.partials =
-      plan.splits > 1 ? reinterpret_cast<float*>(bytes + layout.partials_offset) : nullptr;
   params.m = static_cast<int>(args.m);
   params.n = static_cast<int>(args.n);
   params.k = static_cast<int>(args.k);
-  params.group_size = static_cast<int>(args.group_size);
+  params.group_shift = gemm_layout::group_shift(args.k, args.group_size);
+  if (plan.schedule == GemmSchedule::stream_k) {
+    StreamKSchedule schedule{};
+    const std::int64_t k_steps = (args.k + block_k - 1) / block_k;
+    const std::int64_t tiles_n = (args.n + kernel->block_n - 1) / kernel->block_n;
+    const std::int64_t units = tiles_n * ((args.m + kernel->block_m - 1) / kernel->block_m) * k_steps;
+    if (plan.stream_k_blocks < 1 || plan.stream_k_blocks > units ||
+        units > std::numeric_limits<int>::max()) {
+      return make_status(StatusCode::invalid_argument, "the plan's ", plan.stream_k_blocks,
+                         " stream-K blocks do not fit its ", units, " units");
+    }
+    schedule.units = static_cast<int>(units);
+    schedule.blocks = plan.stream_k_blocks;
+    schedule.k_steps = static_cast<int>(k_steps);
+    schedule.tiles_n = static_cast<int>(tiles_n);
+    schedule.units_per_block = schedule.units / schedule.blocks;
+    schedule.remainder = schedule.units % schedule.blocks;
+    params.partials = reinterpret_cast<float*>(bytes + layout.partials_offset);
+    params.k_per_split = static_cast<int>(args.k);
+    params.splits = 1;
+    return kernel->launch_stream_k(params, schedule, stream);
+  }
+  constexpr std::int64_t max_grid_y = 65535;  // CUDA's limit on gridDim.y (M tiles)
+  if ((args.m + kernel->block_m - 1) / kernel->block_m > max_grid_y) {
+    return make_status(StatusCode::unsupported, "m = ", args.m, " needs more than ", max_grid_y,
+                       " row tiles of ", kernel->block_m, " on the fused path; use the "
+                       "expansion path for such M");
+  }
+
+  params.partials =
+      plan.splits > 1 ? reinterpret_cast<float*>(bytes + layout.partials_offset) : nullptr;
   params.k_per_split = plan.k_per_split;
   params.splits = plan.splits;
   const dim3 grid(static_cast<unsigned>((args.n + kernel->block_n - 1) / kernel->block_n),
@@ -314,8 +408,13 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
 }
 
 std::size_t gemm_shared_memory_bytes(ActivationType activation, GemmTile tile) {
-  const FusedKernel* kernel = find_fused_kernel(activation, tile);
-  return kernel == nullptr ? 0 : kernel->shared_memory_bytes;
+  std::size_t most = 0;  // the largest over the group spans
+  for (const FusedKernel& kernel : fused_kernels) {
+    if (kernel.activation == activation && kernel.tile == tile) {
+      most = std::max(most, kernel.shared_memory_bytes);
+    }
+  }
+  return most;
 }
 
 }  // namespace int4

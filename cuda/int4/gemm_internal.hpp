@@ -9,7 +9,7 @@ SLIMSERVE_NAMESPACE_BEGIN
 namespace int4::detail {
 
 /// The one function that lays out the workspace: plan_gemm sizes it, run_gemm carves it.
-GemmWorkspaceLayout layout_workspace(const GemmArguments& args, GemmPath path, int splits);
+GemmWorkspaceLayout layout_workspace(const GemmArguments& args, const GemmPlan& plan);
 
 /// Dequantize-to-dense then dense GEMM (cuBLASLt on the GPU, a tiled kernel in the emulator).
 Status run_expansion_path(const GemmArguments& args, const GemmWorkspaceLayout& layout,

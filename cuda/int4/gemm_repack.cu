@@ -80,9 +80,9 @@ Status repack_for_gemm_on_device(const DeviceQuantizedMatrix& input, ActivationT
                        ": the GEMM layout needs k and n to be positive multiples of 16");
   }
   const std::int64_t group_size = input.group_size;
-  if (!(group_size == k || (group_size > 0 && group_size % 32 == 0 && k % group_size == 0))) {
+  if (!gemm_layout::supported_group_size(k, group_size)) {
     return make_status(StatusCode::unsupported, "group_size ", group_size, " with k = ", k,
-                       ": the GEMM needs a multiple of 32 that divides k, or k itself");
+                       ": the GEMM needs a power of two >= 16 that divides k, or k itself");
   }
   if (input.codes == nullptr || input.scales == nullptr || output.packed == nullptr ||
       output.scales == nullptr) {

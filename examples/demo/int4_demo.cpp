@@ -1,6 +1,7 @@
 // INT4 part of the demo: quantize a random BF16 weight, run the W4A16 GEMM (on the CPU
 // emulator in this build) and compare with the BF16 GEMM.
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -115,9 +116,12 @@ int demo_int4() {
     }
   }
   fmt::print(
-      "int4: W4A16 GEMM m={} n={} k={} (group {}, symmetric, {} path, {} split(s)): relative "
+      "int4: W4A16 GEMM m={} n={} k={} (group {}, symmetric, {} path, {}): relative "
       "error vs BF16 weights {:.4f}, max abs error {:.5f}\n",
-      m, n, k, group_size, plan->path == GemmPath::fused ? "fused" : "expansion", plan->splits,
+      m, n, k, group_size, plan->path == GemmPath::fused ? "fused" : "expansion",
+      plan->schedule == GemmSchedule::stream_k
+          ? fmt::format("stream-K over {} blocks", plan->stream_k_blocks)
+          : fmt::format("{} split(s)", plan->splits),
       std::sqrt(error_sq / reference_sq), max_error);
   return 0;
 }

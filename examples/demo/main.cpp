@@ -1,7 +1,7 @@
 // slimserve end-to-end demo, on the CPU kernel emulator (no GPU needed). Each section is one
 // component, in the order an engine meets them: numeric formats and KV capacity; tagged KV
 // pages (a stale page caught by the GPU tag check); an FP8 decode loop (append, tag check,
-// attention); and an INT4 W4A16 GEMM.
+// attention); an INT4 W4A16 GEMM and an INT4 mixture-of-experts layer.
 #include <fmt/core.h>
 
 #include "slimserve/version.hpp"
@@ -11,6 +11,7 @@ int demo_kv();
 int demo_attention();
 int demo_prefill();
 int demo_int4();
+int demo_int4_moe();
 
 int main() {
   fmt::print("slimserve {}.{}.{} demo (kernels run on the CPU emulator)\n\n",
@@ -25,6 +26,7 @@ int main() {
       {"FP8 paged KV cache: decode loop", demo_attention},
       {"FP8 paged KV cache: chunked prefill, then decode (tensor-core kernel)", demo_prefill},
       {"INT4 weights: W4A16 GEMM", demo_int4},
+      {"INT4 weights: mixture-of-experts layer", demo_int4_moe},
   };
   int failures = 0;
   for (const Section& section : sections) {

@@ -58,13 +58,10 @@ void pack_tile(const std::uint32_t* codes, std::int64_t n, std::int64_t tile_row
 }
 
 Status check_group_size(std::int64_t k, std::int64_t group_size) {
-  const bool per_channel = group_size == k;
-  const bool grouped = group_size % 32 == 0 && group_size > 0 &&
-                       group_size <= k && k % group_size == 0;
-  if (!per_channel && !grouped) {
+  if (!gemm_layout::supported_group_size(k, group_size)) {
     return make_status(StatusCode::unsupported, "group_size ", group_size,
                        " with k = ", k,
-                       ": the GEMM needs a multiple of 32 that divides k, or k itself "
+                       ": the GEMM needs a power of two >= 16 that divides k, or k itself "
                        "(per-channel)");
   }
   return {};

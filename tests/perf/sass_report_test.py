@@ -159,9 +159,13 @@ class Analyse(unittest.TestCase):
         fp8 = paged_decode(["fp8_e4m3", "bf16", "128"],
                            {"batch": 64, "context": 32768, "kv_heads": 8, "group": 8})
         self.assertEqual((fp8.threads, fp8.dynamic_smem, fp8.inner_trips), (128, 17152, 32))
-        gemm = w4a16_gemm(["bf16", "GemmTileConfig<16, 128, 1, 4, 4>"],
+        gemm = w4a16_gemm(["bf16", "GemmTileConfig<16, 128, 1, 4, 4, true>", "(GroupSpan)64"],
                           {"m": 16, "n": 28672, "k": 8192, "group": 128})
-        self.assertEqual((gemm.threads, gemm.dynamic_smem), (128, 28672))
+        self.assertEqual((gemm.threads, gemm.dynamic_smem), (128, 26624))
+        # group 16: four scale and zero rows per stage (GemmSharedStorage<Config, k16>)
+        wide = w4a16_gemm(["fp16", "GemmTileConfig<64, 128, 2, 2, 4, false>", "(GroupSpan)16"],
+                          {"m": 64, "n": 28672, "k": 8192, "group": 16})
+        self.assertEqual((wide.threads, wide.dynamic_smem), (128, 57344))
 
 
 class ManifestAndBudget(unittest.TestCase):

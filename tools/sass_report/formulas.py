@@ -213,8 +213,8 @@ def tag_scatter(args: list[str], problem: dict) -> Work:
 
 # ---- INT4 ------------------------------------------------------------------------------------
 def _choose_split(tiles: int, sm_count: int, k_steps: int, m: int, k: int) -> int:
-    """Mirror of choose_split in cuda/int4/gemm.cu."""
-    most = max(1, min(16, min(16, k_steps // 2, k // (32 * m))))
+    """Mirror of choose_split in cuda/int4/gemm.cu (partials within 2% of the weight bytes)."""
+    most = max(1, min(16, min(16, k_steps // 2, k // (800 * m))))
     best, best_cost = 1, float("inf")
     for s in range(1, most + 1):
         waves = (tiles * s + sm_count - 1) // sm_count
@@ -224,29 +224,136 @@ def _choose_split(tiles: int, sm_count: int, k_steps: int, m: int, k: int) -> in
     return best
 
 
+def _w4a16_stage_bytes(args: list[str]) -> tuple[list[int], int]:
+    """GemmSharedStorage<Config, Span>::Stage: A [BM, 64], B [4, BN/16, 32] words, scale and
+    zero rows (64 / span of them); 128-byte aligned. Returns the tile ints and the stage bytes."""
+    tile = ints(args[1])
+    span = ints(args[2])[0] if len(args) > 2 and ints(args[2]) else 64
+    block_m, block_n = tile[0], tile[1]
+    rows = 64 // span
+    stage = block_m * 64 * 2 + 4 * (block_n // 16) * 32 * 4 + 2 * rows * block_n * 2
+    return tile, -(-stage // 128) * 128
+
+
+def _w4a16_bytes(m: int, n: int, k: int, group: int, zeros: bool) -> tuple[int, str]:
+    weights = n * k // 2
+    scales = n * (k // group) * 2 * (2 if zeros else 1)
+    return weights + scales + m * k * 2 + m * n * 2, "W n·k/2 + scales (+zeros) + A m·k·2 + C m·n·2"
+
+
 @formula("w4a16_gemm")
 def w4a16_gemm(args: list[str], problem: dict) -> Work:
-    """w4a16_gemm_kernel<T, GemmTileConfig<BM, BN, WM, WN, Stages>>: one CTA per (BM x BN tile,
-    K split); main loop = one 64-row K step. Mirrors GemmSharedStorage and choose_split."""
-    block_m, block_n, warps_m, warps_n, stages = ints(args[1])
+    """w4a16_gemm_kernel<T, GemmTileConfig<BM, BN, WM, WN, Stages, EvictFirst>, GroupSpan>
+    (split-K schedule): one CTA per (BM x BN tile, K split); main loop = one 64-row K step.
+    Mirrors GemmSharedStorage and choose_split."""
+    tile, stage_bytes = _w4a16_stage_bytes(args)
+    block_m, block_n, warps_m, warps_n, stages = tile[:5]
     m, n, k, group = _need(problem, "m", "n", "k", "group")
     zeros = bool(problem.get("zeros", False))
     sms = int(problem.get("sms", 132))
-    stage_bytes = block_m * 64 * 2 + 4 * (block_n // 16) * 32 * 4 + 2 * 2 * block_n * 2
-    stage_bytes = -(-stage_bytes // 128) * 128
     tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
     k_steps = math.ceil(k / 64)
     splits = _choose_split(tiles, sms, k_steps, m, k)
-    weights = n * k // 2
-    scales = n * (k // group) * 2 * (2 if zeros else 1)
-    activations = m * k * 2
-    output = m * n * 2
+    compulsory, text = _w4a16_bytes(m, n, k, group, zeros)
     partials = 2 * splits * m * n * 4 if splits > 1 else 0
     return Work(threads=warps_m * warps_n * 32, ctas=tiles * splits,
-                dram_bytes=weights + scales + activations + output + partials,
+                dram_bytes=compulsory + partials,
                 iterations=tiles * k_steps, dynamic_smem=stage_bytes * stages,
-                bytes_formula="W n·k/2 + scales (+zeros) + A m·k·2 + C m·n·2 + split-K partials",
+                bytes_formula=text + " + split-K partials",
                 notes=[f"split-K {splits}"])
+
+
+def _stream_k_segments(tiles: int, k_steps: int, blocks: int, shared_only: bool = True) -> int:
+    """Segments of tiles that several CTAs share, or (shared_only=False) of all tiles: the
+    trips of the persistent loop, summed over CTAs (mirror of StreamKSchedule: the first
+    units % blocks CTAs take one unit more)."""
+    units = tiles * k_steps
+    q, r = divmod(units, blocks)
+    long_units = r * (q + 1)
+
+    def block_of(unit: int) -> int:
+        return unit // (q + 1) if unit < long_units else r + (unit - long_units) // q
+
+    segments = 0
+    for t in range(tiles):
+        first, last = block_of(t * k_steps), block_of((t + 1) * k_steps - 1)
+        if first != last or not shared_only:
+            segments += last - first + 1
+    return segments
+
+
+@formula("w4a16_stream_k")
+def w4a16_stream_k(args: list[str], problem: dict) -> Work:
+    """w4a16_gemm_stream_k_kernel<T, Config, GroupSpan>: `sms` persistent CTAs share the
+    tiles x 64-row steps; the main loop is the persistent loop over a CTA's tile segments,
+    its nested loop the 64-row K steps (inner_trips = steps per segment, on average). Partials: the tiles CTAs share,
+    at most 2 slots per CTA of min(m, BM) x BN FP32, written and read once (mirrors
+    StreamKSchedule in gemm_kernel.cuh)."""
+    tile, stage_bytes = _w4a16_stage_bytes(args)
+    block_m, block_n, warps_m, warps_n, stages = tile[:5]
+    m, n, k, group = _need(problem, "m", "n", "k", "group")
+    zeros = bool(problem.get("zeros", False))
+    sms = int(problem.get("sms", 132))
+    tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
+    k_steps = math.ceil(k / 64)
+    units = tiles * k_steps
+    blocks = min(sms, units)
+    # a shared tile's segments: one per CTA touching it; each writes and the fixup reads a slot
+    segments = _stream_k_segments(tiles, k_steps, blocks)
+    partials = 2 * segments * min(m, block_m) * block_n * 4
+    compulsory, text = _w4a16_bytes(m, n, k, group, zeros)
+    trips = _stream_k_segments(tiles, k_steps, blocks, shared_only=False)
+    return Work(threads=warps_m * warps_n * 32, ctas=blocks,
+                dram_bytes=compulsory + partials,
+                iterations=trips, inner_trips=units / trips, dynamic_smem=stage_bytes * stages,
+                bytes_formula=text + " + shared tiles' FP32 partials (written + read)",
+                notes=[f"stream-K {blocks} CTAs, {segments} shared-tile segments, "
+                       f"partials {partials / (n * k / 2):.1%} of weights"])
+
+
+@formula("w4a16_stream_k_fixup")
+def w4a16_stream_k_fixup(args: list[str], problem: dict) -> Work:
+    """stream_k_fixup_kernel<T, BM, BN>: one CTA (128 threads) per tile; a shared tile sums
+    its slots. Judged as one pass over the tile (loop-free per element)."""
+    block_m, block_n = ints(",".join(args[1:]))[:2]
+    m, n, k = _need(problem, "m", "n", "k")
+    sms = int(problem.get("sms", 132))
+    tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
+    k_steps = math.ceil(k / 64)
+    blocks = min(sms, tiles * k_steps)
+    segments = _stream_k_segments(tiles, k_steps, blocks)
+    rows = min(m, block_m)
+    return Work(threads=128, ctas=tiles, dram_bytes=segments * rows * block_n * 4 + m * n * 2,
+                iterations=max(1, tiles * math.ceil(block_m * block_n / 128)),
+                bytes_formula="shared tiles' slots read + C written",
+                notes=[f"{segments} partial segments"])
+
+
+@formula("moe_w4a16")
+def moe_w4a16(args: list[str], problem: dict) -> Work:
+    """moe_w4a16_kernel<T, Config, GroupSpan, Epilogue>: one CTA per (16-row tile of one
+    expert, column tile); main loop = one 64-row K step. Decode routing: `hit` experts get
+    tokens (expected distinct experts of T tokens x top_k of E, uniform), about one row tile
+    each. Bytes: the hit experts' weights and scales, the gathered A, the output
+    (gate_up: T·top_k·n/2 BF16; down: FP32 partials T·top_k·n)."""
+    tile, stage_bytes = _w4a16_stage_bytes(args)
+    block_m, block_n, warps_m, warps_n, stages = tile[:5]
+    gate_up = args[-1].strip().endswith("0")  # (MoeEpilogue)0 = gate_up_silu
+    tokens, top_k, experts, k, n, group = _need(problem, "tokens", "top_k", "experts", "k", "n",
+                                                "group")
+    pairs = tokens * top_k
+    hit = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+    row_tiles = max(hit, math.ceil(pairs / block_m))
+    column_tiles = math.ceil((n // 2) / (block_n // 2)) if gate_up else math.ceil(n / block_n)
+    k_steps = math.ceil(k / 64)
+    weights = hit * (n * k // 2 + n * (k // group) * 2)
+    a_bytes = (tokens if gate_up else pairs) * k * 2
+    out = pairs * (n // 2) * 2 if gate_up else pairs * n * 4
+    return Work(threads=warps_m * warps_n * 32, ctas=math.ceil(row_tiles) * column_tiles,
+                dram_bytes=weights + a_bytes + out,
+                iterations=row_tiles * column_tiles * k_steps, dynamic_smem=stage_bytes * stages,
+                bytes_formula="hit experts' W + scales + gathered A + output",
+                notes=[f"{hit:.0f} of {experts} experts hit, {row_tiles:.0f} row tiles"])
 
 
 @formula("splitk_reduce")

@@ -5,6 +5,7 @@
 ///
 ///   cp_async_16(dst, src);               // queue a copy
 ///   cp_async_16_zfill(dst, src, valid);  // ... or 16 zero bytes when !valid (src not read)
+///   cp_async_16_zfill_hint(dst, src, valid, policy);  // ... with an L2 cache policy
 ///   cp_async_commit();                   // close the current group
 ///   cp_async_wait<N>();                  // wait until at most N groups are pending
 ///
@@ -41,6 +42,23 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gm
                : "memory");
 }
 
+/// An L2 policy that marks lines read under it first in line for eviction: for data streamed
+/// once (INT4 weights in decode), so it does not push reused data (activations) out of L2.
+__device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ void cp_async_16_zfill_hint(void* smem_dst, const void* gmem_src,
+                                                       bool valid, std::uint64_t policy) {
+  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int source_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(gmem_src), "r"(source_bytes), "l"(policy)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -58,6 +76,13 @@ inline void cp_async_16(void* smem_dst, const void* gmem_src) {
 }
 inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
   emu::detail::async_copy_16(smem_dst, valid ? gmem_src : nullptr, !valid, "cp_async_16_zfill");
+}
+// The emulator has no L2: a policy is a token and the copy is the plain one.
+inline std::uint64_t l2_evict_first_policy() { return 0; }
+inline void cp_async_16_zfill_hint(void* smem_dst, const void* gmem_src, bool valid,
+                                   std::uint64_t /*policy*/) {
+  emu::detail::async_copy_16(smem_dst, valid ? gmem_src : nullptr, !valid,
+                             "cp_async_16_zfill_hint");
 }
 inline void cp_async_commit() { emu::detail::async_copy_commit(); }
 template <int N>

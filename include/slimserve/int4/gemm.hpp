@@ -38,6 +38,13 @@ enum class GemmTile : std::uint8_t {
   m64_n128,  ///< 64 x 128 per block, 2 x 2 warps, 3 stages
 };
 
+/// How the fused path spreads work over the SMs.
+enum class GemmSchedule : std::uint8_t {
+  automatic,  ///< stream-K, unless GemmOptions::split_k asks for a number of slices
+  stream_k,   ///< persistent blocks, equal shares of (tile, K step) units; shared tiles fixed up
+  split_k,    ///< grid (N tiles, M tiles, slices); FP32 partials of every slice, then a reduce
+};
+
 /// Everything is a device pointer; the element type of a, c, bias, scales and zeros is
 /// `activation`. All pointers must be 16-byte aligned (cp.async rows; cuBLASLt operands).
 struct GemmArguments {
@@ -45,7 +52,7 @@ struct GemmArguments {
   std::int64_t m = 0;
   std::int64_t n = 0;  ///< multiple of 16
   std::int64_t k = 0;  ///< multiple of 16
-  std::int64_t group_size = 0;  ///< multiple of 32 dividing k, or k (per-channel)
+  std::int64_t group_size = 0;  ///< power of two >= 16 dividing k, or k (per-channel)
   const void* a = nullptr;             ///< [m, k] row-major
   const std::uint32_t* b = nullptr;    ///< [k/16, n/16, 32] packed (gemm_layout.hpp)
   const void* scales = nullptr;        ///< [k/group_size, n]
@@ -56,8 +63,13 @@ struct GemmArguments {
 
 struct GemmOptions {
   GemmPath path = GemmPath::automatic;
-  /// 0: automatic (enough K slices to give every SM work); 1: no split; s: s slices.
+  GemmSchedule schedule = GemmSchedule::automatic;
+  /// Split-K only. 0: automatic (enough K slices to give every SM work while the FP32
+  /// partials stay within 2% of the weight bytes); 1: no split; s: s slices. A value > 0
+  /// selects the split-K schedule under GemmSchedule::automatic.
   int split_k = 0;
+  /// Stream-K only: persistent blocks per SM (0: 1).
+  int stream_k_blocks_per_sm = 0;
   /// Streaming multiprocessors to fill; 0: ask the device (the emulator reports 8).
   int sm_count = 0;
   /// Smallest M that takes the expansion path under GemmPath::automatic. UNMEASURED default:
@@ -69,7 +81,8 @@ struct GemmOptions {
 /// Byte ranges inside the caller's workspace; computed by one function for both the size
 /// query and the carving.
 struct GemmWorkspaceLayout {
-  std::size_t partials_offset = 0;  ///< FP32 [splits, m, n] (fused path, splits > 1)
+  std::size_t partials_offset = 0;  ///< FP32 [splits, m, n] (split-K, splits > 1) or
+                                    ///< [2 * blocks, block_m, block_n] (stream-K)
   std::size_t partials_bytes = 0;
   std::size_t dense_offset = 0;     ///< activation type [k, n] (expansion path)
   std::size_t dense_bytes = 0;
@@ -88,8 +101,10 @@ struct GemmPlan {
   std::int64_t group_size = 0;
   GemmPath path = GemmPath::fused;
   GemmTile tile = GemmTile::m16_n128;
-  int splits = 1;
+  GemmSchedule schedule = GemmSchedule::split_k;
+  int splits = 1;        ///< split-K slices (1 under stream-K)
   int k_per_split = 0;
+  int stream_k_blocks = 0;  ///< persistent blocks (stream-K)
   GemmWorkspaceLayout workspace;
   std::size_t workspace_bytes() const { return workspace.total_bytes; }
 };

@@ -105,6 +105,21 @@ SLIMSERVE_HOST_DEVICE constexpr std::int64_t scale_index(std::int64_t group, std
   return group * n + col;
 }
 
+/// Group sizes the GEMM runs: a power of two >= 16 that divides k (the group of row r is then
+/// r >> shift, no division), or k itself (per-channel).
+SLIMSERVE_HOST_DEVICE constexpr bool supported_group_size(std::int64_t k, std::int64_t group_size) {
+  if (group_size == k && k > 0) return true;
+  const bool power_of_two = group_size > 0 && (group_size & (group_size - 1)) == 0;
+  return power_of_two && group_size >= 16 && group_size <= k && k % group_size == 0;
+}
+/// The shift with group = row >> shift; per-channel: 31 (every row of k < 2^31 is group 0).
+SLIMSERVE_HOST_DEVICE constexpr int group_shift(std::int64_t k, std::int64_t group_size) {
+  if (group_size == k) return 31;
+  int shift = 0;
+  while ((std::int64_t{1} << shift) < group_size) ++shift;
+  return shift;
+}
+
 /// Where code (row, col) of a [k, n] matrix lives: word index and nibble.
 struct CodeAddress {
   std::int64_t word;
@@ -157,7 +172,7 @@ struct GemmWeights {
 };
 
 /// Checks that `matrix` is consistent and that the kernel supports its shape: k and n
-/// multiples of 16; group_size a multiple of 32 that divides k, or equal to k (per-channel);
+/// multiples of 16; group_size a power of two >= 16 that divides k, or k (per-channel);
 /// act-order groups with exactly group_size rows each.
 Status check_gemm_compatible(const QuantizedMatrix& matrix);
 

@@ -55,7 +55,8 @@ inline slimserve::int4::GemmPlan run_and_check(const GemmCase& test, std::mt1993
   const std::int64_t n = spec.n;
   const std::int64_t k = spec.k;
   CAPTURE(m, n, k, spec.group_size, spec.symmetric, spec.act_order, to_string(type), test.bias,
-          test.options.split_k, static_cast<int>(test.options.path));
+          test.options.split_k, static_cast<int>(test.options.path),
+          static_cast<int>(test.options.schedule), test.options.sm_count);
 
   const QuantizedMatrix matrix = random_quantized_matrix(spec, rng);
   Result<GemmWeights> packed = repack_for_gemm(matrix, type);
@@ -125,6 +126,9 @@ inline slimserve::int4::GemmPlan run_and_check(const GemmCase& test, std::mt1993
   }
   const int mantissa_bits = type == ActivationType::bf16 ? 7 : 10;
   const double min_normal = type == ActivationType::bf16 ? 1.1754943508222875e-38 : 6.103515625e-05;
+  // FP32 partial sums added after the mainloop: split-K slices or stream-K blocks sharing a tile.
+  const int partial_sums =
+      plan->schedule == GemmSchedule::stream_k ? plan->stream_k_blocks : plan->splits;
   int mismatches = 0;
   for (std::int64_t row = 0; row < m; ++row) {
     for (std::int64_t col = 0; col < n; ++col) {
@@ -138,7 +142,7 @@ inline slimserve::int4::GemmPlan run_and_check(const GemmCase& test, std::mt1993
       }
       const double got = activation_to_float(type, c[static_cast<std::size_t>(row * n + col)]);
       const double ulp = std::ldexp(1.0, std::ilogb(std::fmax(std::fabs(sum), min_normal)) - mantissa_bits);
-      const double tolerance = 2.0 * static_cast<double>(k + 2 * plan->splits + 2) * std::ldexp(magnitude, -24) + ulp;
+      const double tolerance = 2.0 * static_cast<double>(k + 2 * partial_sums + 2) * std::ldexp(magnitude, -24) + ulp;
       if (!(std::fabs(got - sum) <= tolerance) && ++mismatches <= 8) {
         UNSCOPED_INFO("C[" << row << ", " << col << "] = " << got << ", reference " << sum
                            << ", tolerance " << tolerance);

@@ -53,6 +53,22 @@ TEST_CASE("fused W4A16: every group size, symmetric and asymmetric, BF16 and FP1
   }
 }
 
+TEST_CASE("fused W4A16: groups 16 and 32 (constants remade inside a stage), both tiles, K tails") {
+  auto rng = slimserve_test::make_rng(29);
+  int index = 0;
+  for (ActivationType type : {ActivationType::bf16, ActivationType::fp16}) {
+    for (std::int64_t group : {std::int64_t{16}, std::int64_t{32}}) {
+      for (bool symmetric : {true, false}) {
+        // k = 224: 3 full stages and a 32-row tail; m = 1 (decode tile) or 21 (wide tile).
+        MatrixSpec spec{224, 144, group, symmetric, false, type};
+        GemmCase test{spec, index % 2 == 0 ? 1 : 21, index % 3 != 1, fused(1 + index % 3)};
+        slimserve_test::run_and_check(test, rng);
+        ++index;
+      }
+    }
+  }
+}
+
 TEST_CASE("fused W4A16: M = 1, 2, 7, 16, 33, 128, 1000 (M tails masked)") {
   auto rng = slimserve_test::make_rng(22);
   for (std::int64_t m : m_values) {
@@ -88,12 +104,44 @@ TEST_CASE("fused W4A16: K and N tails (K % 64 != 0, N % 128 != 0) with split-K")
 TEST_CASE("automatic split-K fills the SMs and stays exact") {
   auto rng = slimserve_test::make_rng(24);
   GemmOptions options;
-  options.sm_count = 8;  // 1 x 1 tiles -> 8 slices wanted, capped by k_steps / 2 = 4
-  GemmCase test{{512, 64, 128, false, false, ActivationType::bf16}, 3, true, options};
+  options.schedule = GemmSchedule::split_k;
+  options.sm_count = 8;  // 1 x 1 tiles -> 8 slices wanted, capped by the 2% partials rule:
+                         // s * m <= k / 800 = 4
+  GemmCase test{{3200, 64, 128, false, false, ActivationType::bf16}, 1, true, options};
   const GemmPlan plan = slimserve_test::run_and_check(test, rng);
   CHECK(plan.path == GemmPath::fused);
+  CHECK(plan.schedule == GemmSchedule::split_k);
   CHECK(plan.splits == 4);
-  CHECK(plan.k_per_split == 128);
+  CHECK(plan.k_per_split == 832);  // 13 of the 50 steps
+}
+
+TEST_CASE("stream-K: tiles shared by 1..many blocks, both tiles, every group span") {
+  auto rng = slimserve_test::make_rng(30);
+  // (m, n, k, group, SMs): units = tiles * k_steps dealt to `SMs` blocks. E.g. 3 tiles x 7
+  // steps over 5 blocks: blocks hold 4-5 units, so tiles start and end inside blocks; 1 tile
+  // x 7 steps over 6 blocks: one tile shared by 6 blocks (5 partial slots + the fixup).
+  struct Shape {
+    std::int64_t m, n, k, group;
+    int sms;
+  };
+  const std::array<Shape, 8> shapes = {{
+      {1, 272, 448, 64, 5},   {16, 272, 512, 128, 5}, {3, 48, 448, 32, 6},  {1, 400, 416, 16, 3},
+      {20, 144, 448, 64, 4},  {70, 144, 192, 0, 5},   {9, 128, 1024, 128, 64}, {1, 16, 64, 64, 1},
+  }};
+  int index = 0;
+  for (const Shape& shape : shapes) {
+    const ActivationType type = index % 2 == 0 ? ActivationType::bf16 : ActivationType::fp16;
+    GemmOptions options;
+    options.path = GemmPath::fused;
+    options.sm_count = shape.sms;
+    GemmCase test{{shape.k, shape.n, shape.group == 0 ? shape.k : shape.group, index % 3 == 0,
+                   false, type},
+                  shape.m, index % 2 == 1, options};
+    const GemmPlan plan = slimserve_test::run_and_check(test, rng);
+    CHECK(plan.schedule == GemmSchedule::stream_k);
+    CHECK(plan.stream_k_blocks >= 1);
+    ++index;
+  }
 }
 
 TEST_CASE("act-order weights run with A's columns in the packed order") {
@@ -132,9 +180,9 @@ TEST_CASE("the automatic path switches to expansion at expand_min_m") {
 TEST_CASE("random shapes, group sizes, types, splits and paths") {
   auto rng = slimserve_test::make_rng(28);
   std::uniform_int_distribution<int> pick(0, 1 << 20);
-  const std::array<std::int64_t, 4> group_sizes = {32, 64, 128, 0};
+  const std::array<std::int64_t, 5> group_sizes = {16, 32, 64, 128, 0};
   for (int trial = 0; trial < 6; ++trial) {
-    const std::int64_t group = group_sizes[static_cast<std::size_t>(pick(rng) % 4)];
+    const std::int64_t group = group_sizes[static_cast<std::size_t>(pick(rng) % 5)];
     const std::int64_t k = group == 0 ? 16 * (1 + pick(rng) % 20) : group * (1 + pick(rng) % (256 / group));
     const std::int64_t n = 16 * (1 + pick(rng) % 10);
     const std::int64_t m = 1 + pick(rng) % 40;

@@ -1,0 +1,402 @@
+#pragma once
+/// \file
+/// \brief The W4A16 mainloop shared by the dense GEMM and the grouped (MoE) GEMM: a
+/// multi-stage cp.async pipeline over 64-row K steps, B fragments read with ldmatrix, scales
+/// and zero points turned into dequantization constants once per group, mma.sync m16n8k16
+/// with FP32 accumulation.
+///
+/// What a kernel supplies is where its tile's data lives (`TileSources`): one pointer per A
+/// row (rows may be gathered, as MoE tokens are; null rows read as zeros), the weight
+/// matrix's base (an expert's, for MoE) and a column map (MoE gate+up interleaves the gate's
+/// and the up projection's 16-column tiles). Everything else is the same code.
+///
+/// Steady-state costs that this file is arranged around (per warp, per 64-row stage):
+/// - every address is computed once per tile; a step adds one stride per pointer;
+/// - one `ldmatrix.x4` gives a lane its packed words of all four 16-row tiles of one 16-column
+///   tile (row r of matrix q = 16 bytes of k-tile q: lane l receives word l of tile q, exactly
+///   its fragment word), so B costs one shared load per 16 columns per stage, not four;
+/// - the group is a shift (`group_shift`, no division), and the scale/zero constants are made
+///   only when a group starts: once per stage or less for groups >= 64, per 32 or 16 rows for
+///   groups 32 and 16 (the `GroupSpan` key, a compile-time dispatch key);
+/// - the K tail needs no skip: A past the slice end is zero-filled, and a zero times a finite
+///   weight adds nothing.
+
+#include <cstdint>
+#include <type_traits>
+
+#include "slimserve/arch/cp_async.cuh"
+#include "slimserve/arch/ldmatrix.cuh"
+#include "slimserve/arch/mma.cuh"
+#include "slimserve/formats/float_formats.hpp"
+#include "slimserve/int4/dequant.cuh"
+#include "slimserve/int4/gemm_layout.hpp"
+#include "slimserve/runtime/platform.hpp"
+#include "slimserve/runtime/shared_memory.cuh"
+
+// Fragment loops must be unrolled so the accumulators stay in registers (not in a stack
+// frame); the emulator's compiler needs no hint.
+#if defined(__CUDACC__)
+#define SLIMSERVE_INT4_UNROLL _Pragma("unroll")
+#else
+#define SLIMSERVE_INT4_UNROLL
+#endif
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace int4 {
+
+/// How many K rows one set of scale/zero constants covers inside a 64-row stage: groups of
+/// 16 and 32 change inside a stage; every larger power of two (and per-channel) at most once
+/// per stage. A compile-time key: the reload points are then static.
+enum class GroupSpan : std::uint8_t { k16 = 16, k32 = 32, stage = 64 };
+
+constexpr GroupSpan group_span_of(std::int64_t group_size) {
+  return group_size == 16 ? GroupSpan::k16 : group_size == 32 ? GroupSpan::k32 : GroupSpan::stage;
+}
+
+/// A thread-block tile shape. block_k is fixed at 64 (one stage).
+template <int BlockM, int BlockN, int WarpsM, int WarpsN, int Stages, bool EvictFirstB>
+struct GemmTileConfig {
+  static constexpr int block_m = BlockM;
+  static constexpr int block_n = BlockN;
+  static constexpr int block_k = 64;
+  static constexpr int warps_m = WarpsM;
+  static constexpr int warps_n = WarpsN;
+  static constexpr int stages = Stages;
+  /// Weights read once per launch (one M tile) are marked evict-first in L2.
+  static constexpr bool evict_first_b = EvictFirstB;
+  static constexpr int threads = WarpsM * WarpsN * 32;
+  static constexpr int warp_m = BlockM / WarpsM;
+  static constexpr int warp_n = BlockN / WarpsN;
+  static constexpr int m16_per_warp = warp_m / 16;
+  static constexpr int n16_per_warp = warp_n / 16;
+  static constexpr int k16_per_block = block_k / 16;
+  static constexpr int n16_per_block = block_n / 16;
+
+  static_assert(warp_m % 16 == 0 && warp_n % 16 == 0, "warp tiles are made of 16x16 tiles");
+  static_assert(Stages >= 2, "a pipeline needs at least two stages");
+  static_assert(k16_per_block == 4, "one ldmatrix.x4 reads the four k16 tiles of a stage");
+};
+
+template <GroupSpan Span>
+inline constexpr int scale_rows_per_stage = 64 / static_cast<int>(Span);
+
+/// Shared memory of one thread block; the launch asks for exactly sizeof of this.
+template <class Config, GroupSpan Span>
+struct GemmSharedStorage {
+  static constexpr int scale_rows = scale_rows_per_stage<Span>;
+  struct Stage {
+    // [block_m, block_k], 16-byte chunks XOR-swizzled by row % 8 so ldmatrix is conflict-free
+    alignas(128) std::uint16_t a[Config::block_m * Config::block_k];
+    // [block_k/16, block_n/16, 32]: the packed words, in the global order
+    alignas(128) std::uint32_t b[Config::k16_per_block * Config::n16_per_block * 32];
+    alignas(16) std::uint16_t scales[scale_rows * Config::block_n];  // [scale_rows, block_n]
+    alignas(16) std::uint16_t zeros[scale_rows * Config::block_n];   // [scale_rows, block_n]
+  };
+  Stage stages[Config::stages];
+};
+
+/// Where one tile's operands live; built once per tile by the kernel.
+template <class Config>
+struct TileSources {
+  static constexpr int a_chunks = Config::block_m * Config::block_k / 8;
+  static constexpr int a_per_thread = a_chunks / Config::threads;
+  static_assert(a_chunks % Config::threads == 0, "A chunks spread evenly over the threads");
+
+  /// A row `row` of the tile at column 0 of the matrix; null: the row is absent (zeros).
+  const std::uint16_t* a_row[a_per_thread];
+  const std::uint16_t* a_row_fallback;  ///< any readable row of A (the address of absent rows)
+  const std::uint32_t* b;       ///< the weight matrix's packed words [k/16, n/16, 32]
+  const std::uint16_t* scales;  ///< [k/group, n]
+  const std::uint16_t* zeros;   ///< [k/group, n] or null (z = 8)
+  int n;                        ///< the weight matrix's columns
+  int k_begin;                  ///< first row of this tile's K slice (a multiple of 64)
+  int k_end;                    ///< one past its last row
+  int group_shift;              ///< group = row >> group_shift (31: per-channel)
+};
+
+namespace detail {
+
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int min_int(int a, int b) { return a < b ? a : b; }
+
+template <class T>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void mma_16816(float (&acc)[4], const std::uint32_t (&a)[4],
+                                                      const std::uint32_t (&b)[2]) {
+  float out[4];
+  if constexpr (std::is_same_v<T, bf16>) {
+    arch::mma_m16n8k16_bf16(out, a, b, acc);
+  } else {
+    arch::mma_m16n8k16_fp16(out, a, b, acc);
+  }
+  SLIMSERVE_INT4_UNROLL
+  for (int i = 0; i < 4; ++i) acc[i] = out[i];
+}
+
+/// Element offset of (row, col) in a stage's swizzled A tile.
+template <class Config>
+SLIMSERVE_HOST_DEVICE constexpr int a_tile_offset(int row, int col) {
+  const int chunk = (col / 8) ^ (row % 8);
+  return row * Config::block_k + chunk * 8 + col % 8;
+}
+
+/// The thread's share of one stage's copies, with every address computed once per tile.
+/// `ColumnMap::tile(v)` maps the block's v-th 16-column tile to a tile of the weight matrix
+/// (identity for dense GEMMs), `ColumnMap::valid(v)` says whether it exists.
+template <class Config, GroupSpan Span>
+struct StageLoader {
+  using Sources = TileSources<Config>;
+  using Stage = typename GemmSharedStorage<Config, Span>::Stage;
+  static constexpr int a_per_thread = Sources::a_per_thread;
+  static constexpr int b_chunks_per_k16 = Config::n16_per_block * 8;  // 16-byte chunks
+  static constexpr int b_chunks = Config::k16_per_block * b_chunks_per_k16;
+  static constexpr int b_per_thread = b_chunks / Config::threads;
+  static_assert(b_chunks % Config::threads == 0, "B chunks spread evenly over the threads");
+  static constexpr int scale_rows = scale_rows_per_stage<Span>;
+  static constexpr int scale_chunks = scale_rows * Config::block_n / 8;  // per tensor
+  static_assert(2 * scale_chunks <= Config::threads, "one scale/zero chunk per thread at most");
+
+  const std::uint16_t* a_src[a_per_thread];  // next stage's source (any readable row if absent)
+  bool a_present[a_per_thread];
+  const std::uint32_t* b_src[b_per_thread];
+  bool b_valid[b_per_thread];
+  std::int64_t b_step;                       // words per 64 rows: 4 * n/16 * 32
+  const std::uint16_t* scale_src;            // this thread's scale/zero chunk at group 0, or null
+  std::int64_t scale_group_stride;           // n
+  const std::uint16_t* dummy_src;            // an address never read (zero-fill copies)
+  std::uint64_t policy;
+  int k_next;                                // row of the next stage to load
+  int k_begin;
+  int k_end;
+  int group_shift;
+  unsigned group_mask;
+
+  template <class ColumnMap>
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE StageLoader(const Sources& src, const ColumnMap& columns) {
+    const int tid = static_cast<int>(threadIdx.x);
+    SLIMSERVE_INT4_UNROLL
+    for (int i = 0; i < a_per_thread; ++i) {
+      // An absent row keeps a readable address so the step's increment needs no test; its
+      // copies zero-fill and never read.
+      const int col = (tid % 8) * 8;
+      a_present[i] = src.a_row[i] != nullptr;
+      a_src[i] = (a_present[i] ? src.a_row[i] : src.a_row_fallback) + src.k_begin + col;
+    }
+    const int n16_total = src.n / gemm_layout::tile_n;
+    SLIMSERVE_INT4_UNROLL
+    for (int i = 0; i < b_per_thread; ++i) {
+      const int chunk = tid + i * Config::threads;
+      const int k16 = chunk / b_chunks_per_k16;
+      const int v = (chunk % b_chunks_per_k16) / 8;  // the block's 16-column tile
+      const int word = (chunk % 8) * 4;
+      b_valid[i] = columns.valid(v);
+      const std::int64_t tile_row = src.k_begin / gemm_layout::tile_k + k16;
+      b_src[i] = src.b + (b_valid[i] ? gemm_layout::packed_word_index(tile_row, columns.tile(v),
+                                                                       word, src.n)
+                                     : 0);
+    }
+    b_step = static_cast<std::int64_t>(Config::k16_per_block) * n16_total * gemm_layout::words_per_tile;
+    scale_src = nullptr;
+    if (tid < 2 * scale_chunks) {
+      const bool is_zero = tid >= scale_chunks;
+      const int index = is_zero ? tid - scale_chunks : tid;
+      const int column = (index % (Config::block_n / 8)) * 8;  // within the block
+      const int v = column / 16;
+      const std::uint16_t* base = is_zero ? src.zeros : src.scales;
+      if (base != nullptr && columns.valid(v)) {
+        scale_src = base + columns.tile(v) * gemm_layout::tile_n + column % 16;
+      }
+    }
+    scale_group_stride = src.n;
+    dummy_src = src.scales;
+    policy = Config::evict_first_b ? arch::l2_evict_first_policy() : 0;
+    k_next = src.k_begin;
+    k_begin = src.k_begin;
+    k_end = src.k_end;
+    group_shift = src.group_shift;
+    group_mask = (1u << src.group_shift) - 1u;
+  }
+
+  /// Issues the copies of the next stage (rows k_next .. k_next + 63) into `stage`. Only
+  /// the last stage of a slice can be short; it takes the path that checks rows.
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load(Stage& stage) {
+    const int rows_left = k_end - k_next;  // > 0
+    if (rows_left >= Config::block_k) {
+      load_rows<false>(stage, rows_left);
+    } else {
+      load_rows<true>(stage, rows_left);
+    }
+    k_next += Config::block_k;
+  }
+
+  /// Whether the stage starting at row k0 needs scale rows: always for groups of 16 and 32;
+  /// for larger groups only where a group starts (and at the slice's first stage).
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE bool needs_scales(int k0) const {
+    if constexpr (Span != GroupSpan::stage) return true;
+    return k0 == k_begin || (static_cast<unsigned>(k0) & group_mask) == 0;
+  }
+
+ private:
+  template <bool Tail>
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load_rows(Stage& stage, int rows_left) {
+    const int tid = static_cast<int>(threadIdx.x);
+    SLIMSERVE_INT4_UNROLL
+    for (int i = 0; i < a_per_thread; ++i) {
+      const int row = (tid + i * Config::threads) / 8;
+      const int col = (tid % 8) * 8;
+      const bool valid = a_present[i] && (!Tail || col < rows_left);
+      arch::cp_async_16_zfill(&stage.a[a_tile_offset<Config>(row, col)], a_src[i], valid);
+      a_src[i] += Config::block_k;
+    }
+    SLIMSERVE_INT4_UNROLL
+    for (int i = 0; i < b_per_thread; ++i) {
+      const int chunk = tid + i * Config::threads;
+      const int k16 = chunk / b_chunks_per_k16;
+      const bool valid = b_valid[i] && (!Tail || k16 * gemm_layout::tile_k < rows_left);
+      std::uint32_t* dst = &stage.b[chunk * 4];  // the block's chunks in global order
+      if constexpr (Config::evict_first_b) {
+        arch::cp_async_16_zfill_hint(dst, b_src[i], valid, policy);
+      } else {
+        arch::cp_async_16_zfill(dst, b_src[i], valid);
+      }
+      b_src[i] += b_step;
+    }
+    if (tid < 2 * scale_chunks && needs_scales(k_next)) {
+      const bool is_zero = tid >= scale_chunks;
+      const int index = is_zero ? tid - scale_chunks : tid;
+      const int row = index / (Config::block_n / 8);
+      const int column = (index % (Config::block_n / 8)) * 8;
+      std::uint16_t* dst = (is_zero ? stage.zeros : stage.scales) + row * Config::block_n + column;
+      // The group of this stage's row `row * Span`; rows past k_end and absent columns read
+      // zeros (finite, and multiplied only by zero-filled A or never stored).
+      const int first_row = k_next + row * static_cast<int>(Span);
+      const bool valid = scale_src != nullptr && (!Tail || first_row < k_end);
+      const std::int64_t group = static_cast<std::int64_t>(first_row >> group_shift);
+      arch::cp_async_16_zfill(dst, valid ? scale_src + group * scale_group_stride : dummy_src,
+                              valid);
+    }
+  }
+};
+
+/// The lane's dequantization constants for one 16-column tile of its warp: (column g, g + 8).
+struct TileColumns {
+  DequantColumn first;
+  DequantColumn second;
+};
+
+template <class T, class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE TileColumns make_tile_columns(
+    const std::uint16_t* scale_row, const std::uint16_t* zero_row, bool has_zeros, int tile_col,
+    int lane) {
+  const int col_first = tile_col * 16 + lane / 4;
+  const std::uint16_t symmetric_zero = symmetric_zero_bits<T>();
+  TileColumns columns;
+  columns.first = make_dequant_column<T>(scale_row[col_first],
+                                         has_zeros ? zero_row[col_first] : symmetric_zero);
+  columns.second = make_dequant_column<T>(scale_row[col_first + 8],
+                                          has_zeros ? zero_row[col_first + 8] : symmetric_zero);
+  return columns;
+}
+
+}  // namespace detail
+
+/// acc[m16][n8][4]: the warp's mma accumulator fragments.
+template <class Config>
+using WarpAccumulators = float[Config::m16_per_warp][2 * Config::n16_per_warp][4];
+
+/// Runs the pipeline over the K slice of `src` and adds the products into `acc` (which the
+/// caller zeroes). `warp_row`, `warp_col`: the warp's offset inside the block tile.
+template <class T, class Config, GroupSpan Span, class ColumnMap>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
+    GemmSharedStorage<Config, Span>& smem, const TileSources<Config>& src,
+    const ColumnMap& columns, int warp_row, int warp_col, WarpAccumulators<Config>& acc) {
+  using Storage = GemmSharedStorage<Config, Span>;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int k_steps = (src.k_end - src.k_begin + Config::block_k - 1) / Config::block_k;
+  const bool has_zeros = src.zeros != nullptr;
+
+  detail::StageLoader<Config, Span> loader(src, columns);
+  SLIMSERVE_INT4_UNROLL
+  for (int s = 0; s < Config::stages - 1; ++s) {
+    if (s < k_steps) loader.load(smem.stages[s]);
+    arch::cp_async_commit();
+  }
+
+  // Per-lane byte offsets that do not change from stage to stage.
+  // ldmatrix row addresses for B: lane l points at row l % 8 (16 bytes) of k-tile l / 8.
+  const int b_lane_word = ((lane / 8) * Config::n16_per_block) * 32 + (lane % 8) * 4;
+
+  detail::TileColumns tile_columns[Config::n16_per_warp];
+  int k0 = src.k_begin;
+  for (int step = 0; step < k_steps; ++step, k0 += Config::block_k) {
+    arch::cp_async_wait<Config::stages - 2>();
+    __syncthreads();  // step's data visible; everyone is done with the stage refilled below
+    if (step + Config::stages - 1 < k_steps) {
+      loader.load(smem.stages[(step + Config::stages - 1) % Config::stages]);
+    }
+    arch::cp_async_commit();
+
+    const typename Storage::Stage& stage = smem.stages[step % Config::stages];
+    if constexpr (Span == GroupSpan::stage) {
+      if (loader.needs_scales(k0)) {  // a group starts here: new constants
+        SLIMSERVE_INT4_UNROLL
+        for (int j = 0; j < Config::n16_per_warp; ++j) {
+          tile_columns[j] = detail::make_tile_columns<T, Config>(
+              stage.scales, stage.zeros, has_zeros, warp_col / 16 + j, lane);
+        }
+      }
+    }
+
+    // The lane's packed words of this stage: words[j][k16].
+    std::uint32_t words[Config::n16_per_warp][4];
+    SLIMSERVE_INT4_UNROLL
+    for (int j = 0; j < Config::n16_per_warp; ++j) {
+      arch::ldmatrix_x4(words[j], &stage.b[b_lane_word + (warp_col / 16 + j) * 32]);
+    }
+
+    SLIMSERVE_INT4_UNROLL
+    for (int k16 = 0; k16 < Config::k16_per_block; ++k16) {
+      if constexpr (Span != GroupSpan::stage) {
+        constexpr int k16_per_group = static_cast<int>(Span) / 16;
+        if (k16 % k16_per_group == 0) {
+          const int row = k16 / k16_per_group;
+          SLIMSERVE_INT4_UNROLL
+          for (int j = 0; j < Config::n16_per_warp; ++j) {
+            tile_columns[j] = detail::make_tile_columns<T, Config>(
+                &stage.scales[row * Config::block_n], &stage.zeros[row * Config::block_n],
+                has_zeros, warp_col / 16 + j, lane);
+          }
+        }
+      }
+      std::uint32_t a_frag[Config::m16_per_warp][4];
+      SLIMSERVE_INT4_UNROLL
+      for (int i = 0; i < Config::m16_per_warp; ++i) {
+        const int row = warp_row + i * 16 + lane % 16;
+        const int col = k16 * 16 + (lane / 16) * 8;
+        arch::ldmatrix_x4(a_frag[i], &stage.a[detail::a_tile_offset<Config>(row, col)]);
+      }
+      SLIMSERVE_INT4_UNROLL
+      for (int j = 0; j < Config::n16_per_warp; ++j) {
+        std::uint32_t b[4];
+        dequantize_word<T>(words[j][k16], tile_columns[j].first, tile_columns[j].second, b);
+        const std::uint32_t b_first[2] = {b[0], b[1]};
+        const std::uint32_t b_second[2] = {b[2], b[3]};
+        SLIMSERVE_INT4_UNROLL
+        for (int i = 0; i < Config::m16_per_warp; ++i) {
+          detail::mma_16816<T>(acc[i][2 * j], a_frag[i], b_first);
+          detail::mma_16816<T>(acc[i][2 * j + 1], a_frag[i], b_second);
+        }
+      }
+    }
+  }
+  arch::cp_async_wait<0>();
+}
+
+/// The identity column map of a dense GEMM: the block's tile v is weight tile n0/16 + v.
+struct DenseColumns {
+  int first_tile;  ///< n0 / 16
+  int tiles;       ///< n / 16
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int tile(int v) const { return first_tile + v; }
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE bool valid(int v) const { return first_tile + v < tiles; }
+};
+
+}  // namespace int4
+SLIMSERVE_NAMESPACE_END
