@@ -120,6 +120,11 @@ def check_compressed_tensors(folder, config, tensors, reference):
             bad = (weight.float() != expected_weight.float()).nonzero()[0].tolist()
             raise AssertionError(f"{name}: compressed-tensors decompresses {weight[tuple(bad)]} at {bad}, "
                                  f"slimserve {expected_weight[tuple(bad)]}")
+    # A folder converted from a format package's fixture carries that package's own
+    # dequantization (F32 [K, N]): the converted layer must decompress to exactly it.
+    if "reference.dequantized" in tensors and "layer" in packed:
+        theirs = tensors["reference.dequantized"].t().to(linears["layer"].weight.dtype)
+        assert torch.equal(linears["layer"].weight.data, theirs), "converted layer differs from the source package"
     return len(packed)
 
 

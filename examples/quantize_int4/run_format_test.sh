@@ -36,4 +36,10 @@ quantize moe_gptq_v2_asym moe --format gptq-v2 --asym
 quantize moe_fp8_ct moe_fp8 --ignore model.layers.0.self_attn.o_proj
 quantize moe_fp8_gptq moe_fp8 --format gptq
 quantize requant_gptq_to_ct moe_fp8_gptq
+# An AutoAWQ checkpoint (the packed layer of the committed fixture, written by AutoAWQ itself).
+mkdir -p awq && cp "$here/../../tests/int4/fixtures/awq_g32.safetensors" awq/model.safetensors
+echo '{"model_type": "llama", "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 32,
+       "zero_point": true, "version": "gemm"}}' > awq/config.json
+quantize awq_to_ct awq --asym --group 32
+quantize awq_to_gptq_g64 awq --format gptq-v2 --asym --group 64
 "$python" "$here/check_formats.py" "${pairs[@]}"
