@@ -123,7 +123,7 @@ slimserve::Result<Plan> make_plan(const ModelFolder& model, const Options& optio
 
   // Tensors that belong to another one: block scales and the parts of packed INT4 modules.
   std::set<std::string> consumed;
-  std::map<std::string, std::string> packed_modules;  // module -> its main tensor
+  std::map<std::string, std::string> packed_modules;  // main tensor (qweight / weight_packed) -> module
   for (const std::string& name : model.tensor_names()) {
     const TensorRef& ref = *model.find(name);
     if (ref.entry->type == int4::ElementType::float8_e4m3 && model.find(name + "_scale_inv")) {
@@ -132,12 +132,12 @@ slimserve::Result<Plan> make_plan(const ModelFolder& model, const Options& optio
     const bool gptq_like = source.kind == SourceQuantization::Kind::gptq || source.kind == SourceQuantization::Kind::awq;
     if (gptq_like && ends_with(name, ".qweight")) {
       const std::string module = strip(name, ".qweight");
-      packed_modules[module] = name;
+      packed_modules[name] = module;
       for (const char* part : {".qzeros", ".scales", ".g_idx"}) consumed.insert(module + part);
     }
     if (source.kind == SourceQuantization::Kind::compressed_tensors && ends_with(name, ".weight_packed")) {
       const std::string module = strip(name, ".weight_packed");
-      packed_modules[module] = name;
+      packed_modules[name] = module;
       for (const char* part : {".weight_scale", ".weight_zero_point", ".weight_shape", ".weight_g_idx"}) {
         consumed.insert(module + part);
       }
@@ -187,10 +187,8 @@ slimserve::Result<Plan> make_plan(const ModelFolder& model, const Options& optio
     unit.source_bytes = bytes;
 
     // INT4 sources: every packed module is converted to the output format.
-    if (auto packed = std::find_if(packed_modules.begin(), packed_modules.end(),
-                                   [&](const auto& item) { return item.second == name; });
-        packed != packed_modules.end()) {
-      const std::string& module = packed->first;
+    if (auto packed = packed_modules.find(name); packed != packed_modules.end()) {
+      const std::string& module = packed->second;
       if (ignored_by_recipe(module)) {
         return make_status(StatusCode::unsupported, "module '", module,
                            "' is INT4 in the source; --ignore cannot turn it back into full precision");
