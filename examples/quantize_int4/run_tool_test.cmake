@@ -1,5 +1,7 @@
-# CTest driver: writes a small model-like .safetensors, quantizes it with the tool in several
-# settings and checks each output. Variables: TOOL, CHECK, WORK_DIR.
+# CTest driver for slimserve_quantize_int4: writes synthetic model folders with tool_check,
+# quantizes them in several settings, checks each output folder, and checks that bad input
+# gets a clear error and leaves nothing behind. Variables: TOOL, CHECK, WORK_DIR.
+file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -8,14 +10,72 @@ function(run)
     message(FATAL_ERROR "failed (${result}): ${ARGN}")
   endif()
 endfunction()
+# Runs the tool expecting failure with `expected` in its message and no output folder.
+function(refuse expected out_dir)
+  execute_process(COMMAND "${TOOL}" ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "refused as expected: ${err}")
+  if(result EQUAL 0)
+    message(FATAL_ERROR "succeeded, expected an error: ${ARGN}")
+  endif()
+  string(FIND "${err}" "${expected}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "error message lacks '${expected}': ${err}")
+  endif()
+  if(EXISTS "${out_dir}" OR EXISTS "${out_dir}.partial")
+    message(FATAL_ERROR "a failed run left ${out_dir} behind")
+  endif()
+endfunction()
 
-set(input "${WORK_DIR}/input.safetensors")
-run("${CHECK}" write "${input}")
-run("${TOOL}" "${input}" "${WORK_DIR}/ct_g32.safetensors" --format ct --group 32 --threads 2)
-run("${CHECK}" verify "${input}" "${WORK_DIR}/ct_g32.safetensors" ct 32)
-run("${TOOL}" "${input}" "${WORK_DIR}/ct_asym_g128.safetensors" --format ct --group 128 --asym)
-run("${CHECK}" verify "${input}" "${WORK_DIR}/ct_asym_g128.safetensors" ct 128)
-run("${TOOL}" "${input}" "${WORK_DIR}/gptq_g64.safetensors" --format gptq --group 64 --asym)
-run("${CHECK}" verify "${input}" "${WORK_DIR}/gptq_g64.safetensors" gptq 64)
-run("${TOOL}" "${input}" "${WORK_DIR}/gptq_v1_channel.safetensors" --format gptq-v1 --group channel)
-run("${CHECK}" verify "${input}" "${WORK_DIR}/gptq_v1_channel.safetensors" gptq -1)
+set(w "${WORK_DIR}")
+# MoE, BF16, sharded input (index), per-expert and stacked experts.
+run("${CHECK}" write-moe "${w}/moe" --shards 3 --seed 11)
+run("${TOOL}" "${w}/moe" "${w}/moe_ct_g64" --group 64 --jobs 2 --max-shard-size 300000 --progress lines)
+run("${CHECK}" verify "${w}/moe" "${w}/moe_ct_g64" --expect-quantized 28)
+if(NOT EXISTS "${w}/moe_ct_g64/model.safetensors.index.json")
+  message(FATAL_ERROR "expected a sharded output with an index")
+endif()
+run("${TOOL}" "${w}/moe" "${w}/moe_gptq_asym" --format gptq-v2 --asym --group 128)
+run("${CHECK}" verify "${w}/moe" "${w}/moe_gptq_asym" --expect-quantized 28)
+run("${TOOL}" "${w}/moe" "${w}/moe_clip" --clip 4 --measure-error)  # clipping moves elements past scale / 2
+# Recipes: only the experts, attention ignored by regex.
+run("${TOOL}" "${w}/moe" "${w}/moe_recipe" --targets "re:.*experts" --ignore "re:.*layers\\.1\\." --group channel)
+run("${CHECK}" verify "${w}/moe" "${w}/moe_recipe" --expect-quantized 12)
+
+# FP8 block-scaled (DeepSeek-style) -> INT4; one FP8 weight left unquantized -> BF16.
+run("${CHECK}" write-moe "${w}/moe_fp8" --dtype fp8 --seed 12)
+run("${TOOL}" "${w}/moe_fp8" "${w}/moe_fp8_ct" --ignore model.layers.0.self_attn.o_proj --jobs 3)
+run("${CHECK}" verify "${w}/moe_fp8" "${w}/moe_fp8_ct" --expect-quantized 27)
+run("${TOOL}" "${w}/moe_fp8" "${w}/moe_fp8_gptq" --format gptq --group 32)
+run("${CHECK}" verify "${w}/moe_fp8" "${w}/moe_fp8_gptq" --expect-quantized 28)
+
+# Re-quantization: GPTQ -> compressed-tensors (same scheme: lossless) and a new group size.
+run("${TOOL}" "${w}/moe_fp8_gptq" "${w}/requant_ct" --group 32)
+run("${CHECK}" verify "${w}/moe_fp8" "${w}/requant_ct" --expect-quantized 28)
+run("${TOOL}" "${w}/moe_ct_g64" "${w}/requant_gptq" --format gptq --group 128)
+
+# GPT-2 Conv1D weights [K, N] (layout detected from model_type), tied embeddings.
+run("${CHECK}" write-gpt2 "${w}/gpt2")
+run("${TOOL}" "${w}/gpt2" "${w}/gpt2_ct" --group 32)
+run("${CHECK}" verify "${w}/gpt2" "${w}/gpt2_ct" --layout kn --expect-quantized 4)
+
+# --help, and bad input: clear errors, nothing written.
+run("${TOOL}" --help)
+file(MAKE_DIRECTORY "${w}/empty")
+refuse("has no config.json" "${w}/out_missing_config" "${w}/empty" "${w}/out_missing_config")
+file(COPY "${w}/moe/" DESTINATION "${w}/moe_missing_shard")
+file(REMOVE "${w}/moe_missing_shard/model-00002-of-00003.safetensors")
+refuse("is missing" "${w}/out_missing_shard" "${w}/moe_missing_shard" "${w}/out_missing_shard")
+refuse("is not a multiple of the group size 96" "${w}/out_group" "${w}/moe" "${w}/out_group" --group 96)
+refuse("unknown option --bogus" "${w}/out_bogus" "${w}/moe" "${w}/out_bogus" --bogus)
+refuse("tied to the input embeddings" "${w}/out_tied" "${w}/gpt2" "${w}/out_tied" --quantize-lm-head)
+refuse("matches no weight" "${w}/out_nomatch" "${w}/moe" "${w}/out_nomatch" --targets re:nothing)
+refuse("exists" "${w}/gpt2_ct/x" "${w}/gpt2" "${w}/gpt2_ct")
+file(COPY "${w}/gpt2/" DESTINATION "${w}/gpt2_bad_dtype")
+execute_process(COMMAND python3 -c "
+import sys
+p = sys.argv[1]
+data = bytearray(open(p, 'rb').read())
+i = data.find(b'\"F32\"')
+data[i:i+5] = b'\"F39\"'
+open(p, 'wb').write(data)" "${w}/gpt2_bad_dtype/model.safetensors")
+refuse("unknown dtype 'F39'" "${w}/out_dtype" "${w}/gpt2_bad_dtype" "${w}/out_dtype")

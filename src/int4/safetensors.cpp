@@ -6,7 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -77,6 +81,63 @@ Status parse_entry(const std::string& name, const nlohmann::json& info, std::uin
   return Status::success();
 }
 
+
+/// Parses and checks a header: entries sorted by offset, covering the data section exactly.
+Status parse_header(std::string_view header, std::uint64_t data_bytes, std::vector<SafetensorsFile::Entry>& entries,
+                    std::map<std::string, std::string>& metadata) {
+  if (header.empty() || header.front() != '{') {
+    return make_status(StatusCode::data_loss, "safetensors header does not start with '{'");
+  }
+  // Duplicate top-level keys: nlohmann keeps the last silently, so watch the key events.
+  std::set<std::string> seen;
+  std::string duplicate;
+  const nlohmann::json::parser_callback_t on_event = [&](int depth, nlohmann::json::parse_event_t event,
+                                                         nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string()) {
+      if (!seen.insert(parsed.get<std::string>()).second && duplicate.empty()) duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  const nlohmann::json json = nlohmann::json::parse(header.begin(), header.end(), on_event, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return make_status(StatusCode::data_loss, "safetensors header is not a JSON object");
+  }
+  if (!duplicate.empty()) return make_status(StatusCode::data_loss, "safetensors header repeats the key '", duplicate, "'");
+
+  for (const auto& [name, info] : json.items()) {
+    if (name == "__metadata__") {
+      if (!info.is_object()) return make_status(StatusCode::data_loss, "safetensors __metadata__ is not an object");
+      for (const auto& [key, value] : info.items()) {
+        if (!value.is_string()) {
+          return make_status(StatusCode::data_loss, "safetensors __metadata__ value for '", key, "' is not a string");
+        }
+        metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    SafetensorsFile::Entry entry;
+    SLIMSERVE_RETURN_IF_ERROR(parse_entry(name, info, data_bytes, entry));
+    entries.push_back(std::move(entry));
+  }
+  std::sort(entries.begin(), entries.end(), [](const SafetensorsFile::Entry& a, const SafetensorsFile::Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t covered = 0;
+  for (const auto& entry : entries) {
+    if (entry.begin != covered) {
+      return make_status(StatusCode::data_loss, "safetensors tensor '", entry.name, "' starts at byte ", entry.begin,
+                         entry.begin < covered ? " inside the previous tensor" : " leaving a hole", " (expected ",
+                         covered, ")");
+    }
+    covered = entry.end;
+  }
+  if (covered != data_bytes) {
+    return make_status(StatusCode::data_loss, "safetensors data section has ", data_bytes, " bytes, tensors cover ",
+                       covered);
+  }
+  return Status::success();
+}
+
 }  // namespace
 
 Result<SafetensorsFile> SafetensorsFile::read(const std::string& path) {
@@ -105,61 +166,10 @@ Result<SafetensorsFile> SafetensorsFile::parse(std::vector<std::byte> file_bytes
                        file_bytes.size() - 8, " bytes after the length)");
   }
   const auto* header_begin = reinterpret_cast<const char*>(file_bytes.data() + 8);
-  const std::string_view header(header_begin, static_cast<std::size_t>(header_bytes));
-  if (header.empty() || header.front() != '{') {
-    return make_status(StatusCode::data_loss, "safetensors header does not start with '{'");
-  }
-
-  // Duplicate top-level keys: nlohmann keeps the last silently, so watch the key events.
-  std::set<std::string> seen;
-  std::string duplicate;
-  const nlohmann::json::parser_callback_t on_event = [&](int depth, nlohmann::json::parse_event_t event,
-                                                         nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-      if (!seen.insert(parsed.get<std::string>()).second && duplicate.empty()) duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  const nlohmann::json json = nlohmann::json::parse(header.begin(), header.end(), on_event, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
-    return make_status(StatusCode::data_loss, "safetensors header is not a JSON object");
-  }
-  if (!duplicate.empty()) return make_status(StatusCode::data_loss, "safetensors header repeats the key '", duplicate, "'");
-
   SafetensorsFile file;
   file.data_start_ = static_cast<std::size_t>(8 + header_bytes);
-  const std::uint64_t data_bytes = file_bytes.size() - file.data_start_;
-  for (const auto& [name, info] : json.items()) {
-    if (name == "__metadata__") {
-      if (!info.is_object()) return make_status(StatusCode::data_loss, "safetensors __metadata__ is not an object");
-      for (const auto& [key, value] : info.items()) {
-        if (!value.is_string()) {
-          return make_status(StatusCode::data_loss, "safetensors __metadata__ value for '", key, "' is not a string");
-        }
-        file.metadata_[key] = value.get<std::string>();
-      }
-      continue;
-    }
-    Entry entry;
-    SLIMSERVE_RETURN_IF_ERROR(parse_entry(name, info, data_bytes, entry));
-    file.entries_.push_back(std::move(entry));
-  }
-  std::sort(file.entries_.begin(), file.entries_.end(), [](const Entry& a, const Entry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  std::uint64_t covered = 0;
-  for (const Entry& entry : file.entries_) {
-    if (entry.begin != covered) {
-      return make_status(StatusCode::data_loss, "safetensors tensor '", entry.name, "' starts at byte ", entry.begin,
-                         entry.begin < covered ? " inside the previous tensor" : " leaving a hole", " (expected ",
-                         covered, ")");
-    }
-    covered = entry.end;
-  }
-  if (covered != data_bytes) {
-    return make_status(StatusCode::data_loss, "safetensors data section has ", data_bytes, " bytes, tensors cover ",
-                       covered);
-  }
+  SLIMSERVE_RETURN_IF_ERROR(parse_header(std::string_view(header_begin, static_cast<std::size_t>(header_bytes)),
+                                         file_bytes.size() - file.data_start_, file.entries_, file.metadata_));
   file.bytes_ = std::move(file_bytes);
   return file;
 }
@@ -229,6 +239,181 @@ Status SafetensorsWriter::write(const std::string& path) const {
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   out.close();
   if (!out) return make_status(StatusCode::io_error, "cannot write ", bytes.size(), " bytes to '", path, "'");
+  return Status::success();
+}
+
+
+// --- streaming reader / writer --------------------------------------------------------------
+
+/// An open file descriptor, closed when the last reader or writer sharing it goes away.
+struct SafetensorsReader::Descriptor {
+  int fd = -1;
+  ~Descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+struct SafetensorsStreamWriter::Descriptor {
+  int fd = -1;
+  ~Descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+namespace {
+
+/// pread until `out` is full (short reads are legal); false on error or end of file.
+bool read_fully(int fd, std::uint64_t offset, std::span<std::byte> out) {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t got = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    done += static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+bool write_fully(int fd, std::uint64_t offset, std::span<const std::byte> bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t put = ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return false;
+    done += static_cast<std::size_t>(put);
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
+  SafetensorsReader reader;
+  reader.path_ = path;
+  reader.file_ = std::make_shared<Descriptor>();
+  reader.file_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (reader.file_->fd < 0) return make_status(StatusCode::io_error, "cannot open '", path, "'");
+  const off_t size = ::lseek(reader.file_->fd, 0, SEEK_END);
+  if (size < 0) return make_status(StatusCode::io_error, "cannot size '", path, "'");
+  const auto file_bytes = static_cast<std::uint64_t>(size);
+  std::byte length[8];
+  if (file_bytes < 8 || !read_fully(reader.file_->fd, 0, length)) {
+    return make_status(StatusCode::data_loss, "'", path, "': safetensors file has ", file_bytes,
+                       " bytes, fewer than its 8-byte header length");
+  }
+  const std::uint64_t header_bytes = read_le64(length);
+  if (header_bytes > kMaxHeaderBytes || header_bytes > file_bytes - 8) {
+    return make_status(StatusCode::data_loss, "'", path, "': safetensors header length ", header_bytes,
+                       " exceeds the file (", file_bytes - 8, " bytes after the length)");
+  }
+  std::string header(static_cast<std::size_t>(header_bytes), '\0');
+  if (!read_fully(reader.file_->fd, 8, std::as_writable_bytes(std::span<char>(header)))) {
+    return make_status(StatusCode::io_error, "cannot read the header of '", path, "'");
+  }
+  reader.data_start_ = 8 + header_bytes;
+  if (Status status = parse_header(header, file_bytes - reader.data_start_, reader.entries_, reader.metadata_);
+      !status.ok()) {
+    return Status(status.code(), "'" + path + "': " + std::string(status.message()));
+  }
+  return reader;
+}
+
+const SafetensorsReader::Entry* SafetensorsReader::find(std::string_view name) const {
+  for (const Entry& entry : entries_) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+Status SafetensorsReader::read_bytes(const Entry& entry, std::uint64_t offset, std::span<std::byte> out) const {
+  const std::uint64_t size = entry.end - entry.begin;
+  if (offset > size || out.size() > size - offset) {
+    return make_status(StatusCode::out_of_range, "'", path_, "': bytes [", offset, ", ", offset + out.size(),
+                       ") outside tensor '", entry.name, "' (", size, " bytes)");
+  }
+  if (!read_fully(file_->fd, data_start_ + entry.begin + offset, out)) {
+    return make_status(StatusCode::io_error, "'", path_, "': cannot read tensor '", entry.name, "'");
+  }
+  return Status::success();
+}
+
+Result<Tensor> SafetensorsReader::read(const Entry& entry) const {
+  Tensor tensor(entry.type, entry.shape);
+  SLIMSERVE_RETURN_IF_ERROR(read_bytes(entry, 0, tensor.bytes));
+  return tensor;
+}
+
+Result<SafetensorsStreamWriter> SafetensorsStreamWriter::create(const std::string& path, std::vector<Planned> tensors,
+                                                                const std::map<std::string, std::string>& metadata) {
+  SafetensorsStreamWriter writer;
+  writer.path_ = path;
+  writer.mutex_ = std::make_shared<std::mutex>();
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (Planned& tensor : tensors) {
+    if (tensor.name.empty() || tensor.name == "__metadata__" || writer.index_.contains(tensor.name)) {
+      return make_status(StatusCode::invalid_argument, "tensor name '", tensor.name, "' is empty, reserved or repeated");
+    }
+    for (auto extent : tensor.shape) {
+      if (extent < 0) return make_status(StatusCode::invalid_argument, "tensor '", tensor.name, "' has a negative extent");
+    }
+    const std::uint64_t bytes = tensor.bytes();
+    header[tensor.name] = {{"dtype", std::string(safetensors_name(tensor.type))},
+                           {"shape", tensor.shape},
+                           {"data_offsets", {offset, offset + bytes}}};
+    writer.index_.emplace(tensor.name, writer.slots_.size());
+    writer.slots_.push_back({std::move(tensor), offset, 0});
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  writer.data_start_ = 8 + text.size();
+  writer.data_bytes_ = offset;
+
+  writer.file_ = std::make_shared<Descriptor>();
+  writer.file_->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (writer.file_->fd < 0) return make_status(StatusCode::io_error, "cannot create '", path, "'");
+  std::vector<std::byte> head(writer.data_start_);
+  const std::uint64_t length = text.size();
+  for (int i = 0; i < 8; ++i) head[static_cast<std::size_t>(i)] = static_cast<std::byte>((length >> (8 * i)) & 0xFFu);
+  std::memcpy(head.data() + 8, text.data(), text.size());
+  // Size the file now: tensors may then be written in any order.
+  if (!write_fully(writer.file_->fd, 0, head) ||
+      ::ftruncate(writer.file_->fd, static_cast<off_t>(writer.file_bytes())) != 0) {
+    return make_status(StatusCode::io_error, "cannot write the header of '", path, "'");
+  }
+  return writer;
+}
+
+Status SafetensorsStreamWriter::write(std::string_view name, std::span<const std::byte> bytes, std::uint64_t offset) {
+  const auto found = index_.find(name);
+  if (found == index_.end()) return make_status(StatusCode::invalid_argument, "'", path_, "' has no tensor '", name, "'");
+  Slot& slot = slots_[found->second];
+  const std::uint64_t size = slot.tensor.bytes();
+  if (offset > size || bytes.size() > size - offset) {
+    return make_status(StatusCode::invalid_argument, "bytes [", offset, ", ", offset + bytes.size(),
+                       ") outside tensor '", name, "' (", size, " bytes)");
+  }
+  if (!write_fully(file_->fd, data_start_ + slot.begin + offset, bytes)) {
+    return make_status(StatusCode::io_error, "cannot write tensor '", name, "' to '", path_, "'");
+  }
+  std::lock_guard lock(*mutex_);
+  slot.written += bytes.size();
+  return Status::success();
+}
+
+Status SafetensorsStreamWriter::finish() {
+  for (const Slot& slot : slots_) {
+    if (slot.written != slot.tensor.bytes()) {
+      return make_status(StatusCode::failed_precondition, "tensor '", slot.tensor.name, "' of '", path_, "' got ",
+                         slot.written, " of its ", slot.tensor.bytes(), " bytes");
+    }
+  }
+  if (file_ && file_->fd >= 0) {
+    const int fd = file_->fd;
+    file_->fd = -1;
+    if (::close(fd) != 0) return make_status(StatusCode::io_error, "cannot close '", path_, "'");
+  }
   return Status::success();
 }
 

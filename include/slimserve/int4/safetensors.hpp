@@ -14,6 +14,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <span>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,6 +80,80 @@ class SafetensorsWriter {
   };
   std::vector<Pending> tensors_;
   std::map<std::string, std::string> metadata_;
+};
+
+
+/// Reads only the header of a .safetensors file and the tensors asked for, with positioned
+/// reads (pread), so a checkpoint of any size streams through memory one tensor (or one part
+/// of a tensor, such as one expert of a stacked MoE weight) at a time. The header is checked
+/// exactly as `SafetensorsFile::parse` checks it. Safe to read from several threads at once.
+class SafetensorsReader {
+ public:
+  using Entry = SafetensorsFile::Entry;
+
+  /// io_error when the file cannot be opened; data_loss for anything the format forbids.
+  static Result<SafetensorsReader> open(const std::string& path);
+
+  const std::string& path() const noexcept { return path_; }
+  const std::vector<Entry>& entries() const noexcept { return entries_; }
+  const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  /// The entry with this name, or nullptr.
+  const Entry* find(std::string_view name) const;
+
+  /// The whole tensor, copied into memory.
+  Result<Tensor> read(const Entry& entry) const;
+  /// Bytes [offset, offset + out.size()) of the tensor into `out` (out_of_range past its end).
+  Status read_bytes(const Entry& entry, std::uint64_t offset, std::span<std::byte> out) const;
+
+ private:
+  struct Descriptor;
+  std::shared_ptr<Descriptor> file_;
+  std::string path_;
+  std::uint64_t data_start_ = 0;
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// Writes a .safetensors file whose tensors (names, dtypes, shapes) are known before any data:
+/// the header is written first, then each tensor's bytes go straight to their place in the
+/// file (pwrite), from any thread and in any order, so nothing is buffered beyond what the
+/// caller holds. `finish` checks that every byte was written exactly once and closes the file.
+class SafetensorsStreamWriter {
+ public:
+  struct Planned {
+    std::string name;
+    ElementType type = ElementType::float32;
+    std::vector<std::int64_t> shape;
+    std::uint64_t bytes() const { return static_cast<std::uint64_t>(element_count(shape)) * element_size(type); }
+  };
+
+  /// Creates (truncates) `path` and writes the header. invalid_argument for an empty,
+  /// reserved or repeated name or a negative extent; io_error when the file cannot be written.
+  static Result<SafetensorsStreamWriter> create(const std::string& path, std::vector<Planned> tensors,
+                                                const std::map<std::string, std::string>& metadata);
+
+  /// Writes `bytes` at `offset` inside the named tensor. invalid_argument for an unknown name
+  /// or a range past the tensor's end; io_error when the write fails.
+  Status write(std::string_view name, std::span<const std::byte> bytes, std::uint64_t offset = 0);
+  /// failed_precondition when some tensor is not completely written; io_error on close.
+  Status finish();
+
+  /// Total size of the file (header included).
+  std::uint64_t file_bytes() const noexcept { return data_start_ + data_bytes_; }
+
+ private:
+  struct Descriptor;
+  struct Slot {
+    Planned tensor;
+    std::uint64_t begin = 0;
+    std::uint64_t written = 0;
+  };
+  std::shared_ptr<Descriptor> file_;
+  std::string path_;
+  std::uint64_t data_start_ = 0, data_bytes_ = 0;
+  std::vector<Slot> slots_;
+  std::map<std::string, std::size_t, std::less<>> index_;
+  std::shared_ptr<std::mutex> mutex_;  ///< guards `written`
 };
 
 }  // namespace int4
