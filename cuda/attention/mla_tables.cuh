@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <span>
 
-#include "kernel_tables.cuh"
+// The kernels first: kernel_tables.cuh opens attention::detail, which would shadow the
+// formats' detail:: names that the fragment helpers use.
 #include "slimserve/attention/kernels/mla_cache_kernels.cuh"
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
+#include "kernel_tables.cuh"
 #include "slimserve/runtime/launch.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
