@@ -1,7 +1,8 @@
 // slimserve end-to-end demo, on the CPU kernel emulator (no GPU needed). Each section is one
 // component, in the order an engine meets them: numeric formats and KV capacity; tagged KV
 // pages (a stale page caught by the GPU tag check); an FP8 decode loop (append, tag check,
-// attention); and an INT4 W4A16 GEMM.
+// attention); an MLA latent cache (Kimi K2-like capacity and a decode step); and an INT4 W4A16
+// GEMM.
 #include <fmt/core.h>
 
 #include "slimserve/version.hpp"
@@ -9,6 +10,7 @@
 int demo_formats();
 int demo_kv();
 int demo_attention();
+int demo_mla();
 int demo_int4();
 
 int main() {
@@ -22,6 +24,7 @@ int main() {
       {"Numeric formats and KV capacity", demo_formats},
       {"Tagged KV pages", demo_kv},
       {"FP8 paged KV cache: decode loop", demo_attention},
+      {"MLA latent cache (Kimi K2-like): capacity and a decode step", demo_mla},
       {"INT4 weights: W4A16 GEMM", demo_int4},
   };
   int failures = 0;
