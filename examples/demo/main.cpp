@@ -10,6 +10,7 @@
 int demo_formats();
 int demo_kv();
 int demo_attention();
+int demo_prefill();
 int demo_mla();
 int demo_int4();
 
@@ -24,6 +25,7 @@ int main() {
       {"Numeric formats and KV capacity", demo_formats},
       {"Tagged KV pages", demo_kv},
       {"FP8 paged KV cache: decode loop", demo_attention},
+      {"FP8 paged KV cache: chunked prefill, then decode (tensor-core kernel)", demo_prefill},
       {"MLA latent cache (Kimi K2-like): capacity and a decode step", demo_mla},
       {"INT4 weights: W4A16 GEMM", demo_int4},
   };

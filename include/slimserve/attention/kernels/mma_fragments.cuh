@@ -82,13 +82,24 @@ template <class T>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t pack_pair(float lo, float hi) {
 #if defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<T, bf16>) {
-    return detail::hw::float2_to_bf16x2(lo, hi);
+    return slimserve::detail::hw::float2_to_bf16x2(lo, hi);
   } else {
-    return detail::hw::float2_to_fp16x2(lo, hi);
+    return slimserve::detail::hw::float2_to_fp16x2(lo, hi);
   }
 #else
   return static_cast<std::uint32_t>(from_float<T>(lo).bits) |
          static_cast<std::uint32_t>(from_float<T>(hi).bits) << 16;
+#endif
+}
+
+/// 2^x with one MUFU.EX2 (flush-to-zero; -inf gives +0): softmax weights below 2^-126 are 0.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
 #endif
 }
 

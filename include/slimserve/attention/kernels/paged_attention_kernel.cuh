@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const PagedAttenti
   const std::int32_t qo_begin = p.qo_indptr[b];
   const std::int32_t qo_len = p.qo_indptr[b + 1] - qo_begin;
   const std::int64_t kv_len = paged_request_length(p, b);
-  const bool aborted = kv_len < 0 || qo_len < 0 || qo_len > kv_len || !request_admitted(p, b);
+  const bool aborted = kv_len < 0 || kv_len > INT32_MAX || qo_len < 0 || qo_len > kv_len || !request_admitted(p, b);
 
   // Rows of this CTA: (query token, query head) of each packed row; invalid rows are padding.
   const std::int64_t tile_row0 = static_cast<std::int64_t>(row_tile) * p.cta_rows;
@@ -301,38 +301,45 @@ SLIMSERVE_ATTENTION_UNROLL
   const std::int64_t span = kv_end - kv_begin;
   const std::int64_t num_tiles = (span + Tile::stage_tokens - 1) / Tile::stage_tokens;
 
-  // Producer: every thread queues its chunks of K and V of tile `i` into stage `i % stages`.
+  // Element offset of (page, slot, kv_head, 0) = page * page_stride + slot * slot_stride +
+  // head_offset in both layouts.
+  const std::int64_t page_stride = static_cast<std::int64_t>(p.page_size) * p.num_kv_heads * HeadDim;
+  const std::int32_t slot_stride = p.layout == KvLayout::nhd ? p.num_kv_heads * HeadDim : HeadDim;
+  const std::int32_t head_offset = p.layout == KvLayout::nhd ? kv_head * HeadDim : kv_head * p.page_size * HeadDim;
+  const std::int32_t slot_mask = p.page_size - 1;
+  const std::int32_t* request_pages = p.indices + page_base;
+  const auto num_pages = static_cast<std::uint32_t>(p.num_pages);
+  const auto kv_end32 = static_cast<std::int32_t>(kv_end);
+
+  // Producer: every thread queues its chunks of K and V of tile `i` into stage `i % stages`
+  // (one page-id load per chunk; rows of consecutive lanes are consecutive 16-byte chunks).
   auto produce = [&](std::int64_t i) {
     auto& stage = smem.u.stages[i % Tile::stages];
-    const std::int64_t tile_begin = kv_begin + i * Tile::stage_tokens;
+    const auto tile_begin = static_cast<std::int32_t>(kv_begin + i * Tile::stage_tokens);
 SLIMSERVE_ATTENTION_UNROLL
     for (int j = 0; j < Tile::stage_chunks / Tile::threads; ++j) {
       const int chunk_id = tid + j * Tile::threads;
       const int token = chunk_id / Row::row_chunks;
       const int chunk = chunk_id % Row::row_chunks;
-      const std::int64_t position = tile_begin + token;
-      const std::int32_t page = position < kv_end ? page_of(position) : -1;
-      std::int64_t offset = 0;
-      if (page >= 0) {
-        offset = cache_offset(p.layout, p.page_size, p.num_kv_heads, HeadDim, page,
-                              static_cast<std::int32_t>(position & (p.page_size - 1)), kv_head,
-                              chunk * Row::chunk_elements);
-      }
+      const std::int32_t position = tile_begin + token;
+      const std::int32_t page = position < kv_end32 ? request_pages[position >> p.page_shift] : -1;
+      const bool ok = static_cast<std::uint32_t>(page) < num_pages;
+      const std::int64_t offset =
+          ok ? page * page_stride + ((position & slot_mask) * slot_stride + head_offset + chunk * Row::chunk_elements) : 0;
       const int dst = Row::byte_offset(token, chunk);
-      arch::cp_async_16_zfill(stage.k + dst, k_pages + offset, page >= 0);
-      arch::cp_async_16_zfill(stage.v + dst, v_pages + offset, page >= 0);
+      arch::cp_async_16_zfill(stage.k + dst, k_pages + offset, ok);
+      arch::cp_async_16_zfill(stage.v + dst, v_pages + offset, ok);
     }
     if (!all_pages_ok || per_token) {
       if (tid < Tile::stage_tokens) {
-        const std::int64_t position = tile_begin + tid;
-        const std::int32_t page = position < kv_end ? page_of(position) : -1;
+        const std::int32_t position = tile_begin + tid;
+        const std::int32_t page = position < kv_end32 ? page_of(position) : -1;
         stage.token_ok[tid] = page >= 0;
         if (per_token) {
           float ks = 0.0f, vs = 0.0f;
           if (page >= 0) {
             const std::int64_t s = cache_offset(p.layout, p.page_size, p.num_kv_heads, 1, page,
-                                                static_cast<std::int32_t>(position & (p.page_size - 1)),
-                                                kv_head, 0);
+                                                position & slot_mask, kv_head, 0);
             ks = p.k_token_scales[s];
             vs = p.v_token_scales[s] * per_token_p_headroom;
           }
@@ -367,70 +374,88 @@ SLIMSERVE_ATTENTION_UNROLL
         }
       }
 
-      // Scores in log2 units, masked; new row maxima.
-      float block_max[2] = {-INFINITY, -INFINITY};
-SLIMSERVE_ATTENTION_UNROLL
-      for (int n = 0; n < Tile::score_tiles; ++n) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int column = row0 + 8 * n + 2 * t + (e & 1);  // token row in the stage
-          const int half = e >> 1;
-          float x = s[n][e];
-          if (per_token) x *= stage.k_token_scale[column];
-          if (soft_capped) {
-            x = cap_out * tanhf(x * cap_in);
-          } else {
-            x *= score_scale;
-          }
-          if (needs_mask) {
-            const std::int64_t position = tile_begin + column;
-            bool visible = row_valid[half] && position < kv_end && (all_pages_ok || stage.token_ok[column] != 0);
-            if (p.causal) visible = visible && position <= query_position[half];
-            if (windowed) visible = visible && position >= query_position[half] - p.window_left;
-            if (!visible) x = -INFINITY;
-          }
-          s[n][e] = x;
-          block_max[half] = fmaxf(block_max[half], x);
-        }
-      }
-      bool rescale = false;
-      float alpha[2];
-      float base[2];
-SLIMSERVE_ATTENTION_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        float mx = block_max[half];
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max[half], mx);
-        base[half] = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: p = 0
-        alpha[half] = exp2f(row_max[half] - base[half]);       // 0 before the first token
-        rescale = rescale || new_max != row_max[half];
-        row_max[half] = new_max;
-        row_sum[half] *= alpha[half];
-      }
-      if (__any_sync(0xffffffffu, rescale)) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int n = 0; n < Tile::output_tiles; ++n) {
-          o_acc[n][0] *= alpha[0];
-          o_acc[n][1] *= alpha[0];
-          o_acc[n][2] *= alpha[1];
-          o_acc[n][3] *= alpha[1];
-        }
-      }
-      // P = exp2(s - max), summed in FP32, rounded to the mma type in A-fragment order.
+      // Softmax of the block, compiled once per (masked, soft-capped, per-token) so the common
+      // case (unmasked, no cap) has no per-element branches.
       std::uint32_t p_frag[Tile::warp_tokens / 16][4];
+      auto softmax = [&](auto masked_tag, auto capped_tag, auto per_token_tag) {
+        constexpr bool masked = decltype(masked_tag)::value;
+        constexpr bool capped = decltype(capped_tag)::value;
+        constexpr bool scaled_tokens = decltype(per_token_tag)::value;
+        // Scores in log2 units, masked; new row maxima.
+        float block_max[2] = {-INFINITY, -INFINITY};
 SLIMSERVE_ATTENTION_UNROLL
-      for (int n = 0; n < Tile::score_tiles; ++n) {
-        float pr[4];
+        for (int n = 0; n < Tile::score_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          pr[e] = exp2f(s[n][e] - base[e >> 1]);
-          row_sum[e >> 1] += pr[e];
-          if (per_token) pr[e] *= stage.v_token_scale[row0 + 8 * n + 2 * t + (e & 1)];
+          for (int e = 0; e < 4; ++e) {
+            const int column = row0 + 8 * n + 2 * t + (e & 1);  // token row in the stage
+            const int half = e >> 1;
+            float x = s[n][e];
+            if constexpr (scaled_tokens) x *= stage.k_token_scale[column];
+            if constexpr (capped) {
+              x = cap_out * tanhf(x * cap_in);
+            } else {
+              x *= score_scale;
+            }
+            if constexpr (masked) {
+              const std::int64_t position = tile_begin + column;
+              bool visible = row_valid[half] && position < kv_end && (all_pages_ok || stage.token_ok[column] != 0);
+              if (p.causal) visible = visible && position <= query_position[half];
+              if (windowed) visible = visible && position >= query_position[half] - p.window_left;
+              if (!visible) x = -INFINITY;
+            }
+            s[n][e] = x;
+            block_max[half] = fmaxf(block_max[half], x);
+          }
         }
-        // Score tile n = 2 k + j holds tokens 8 j.. of k step k: a[2j] (row g), a[2j + 1] (g + 8).
-        p_frag[n >> 1][2 * (n & 1)] = pack_pair<MmaT>(pr[0], pr[1]);
-        p_frag[n >> 1][2 * (n & 1) + 1] = pack_pair<MmaT>(pr[2], pr[3]);
+        bool rescale = false;
+        float alpha[2];
+        float base[2];
+SLIMSERVE_ATTENTION_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          float mx = block_max[half];
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float new_max = fmaxf(row_max[half], mx);
+          base[half] = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: p = 0
+          alpha[half] = fast_exp2(row_max[half] - base[half]);  // 0 before the first token
+          rescale = rescale || new_max != row_max[half];
+          row_max[half] = new_max;
+          row_sum[half] *= alpha[half];
+        }
+        if (__any_sync(0xffffffffu, rescale)) {
+SLIMSERVE_ATTENTION_UNROLL
+          for (int n = 0; n < Tile::output_tiles; ++n) {
+            o_acc[n][0] *= alpha[0];
+            o_acc[n][1] *= alpha[0];
+            o_acc[n][2] *= alpha[1];
+            o_acc[n][3] *= alpha[1];
+          }
+        }
+        // P = exp2(s - max), summed in FP32, rounded to the mma type in A-fragment order.
+SLIMSERVE_ATTENTION_UNROLL
+        for (int n = 0; n < Tile::score_tiles; ++n) {
+          float pr[4];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            pr[e] = fast_exp2(s[n][e] - base[e >> 1]);
+            row_sum[e >> 1] += pr[e];
+            if constexpr (scaled_tokens) pr[e] *= stage.v_token_scale[row0 + 8 * n + 2 * t + (e & 1)];
+          }
+          // Score tile n = 2 k + j holds tokens 8 j.. of k step k: a[2j] (row g), a[2j + 1] (g + 8).
+          p_frag[n >> 1][2 * (n & 1)] = pack_pair<MmaT>(pr[0], pr[1]);
+          p_frag[n >> 1][2 * (n & 1) + 1] = pack_pair<MmaT>(pr[2], pr[3]);
+        }
+      };
+      using yes = std::true_type;
+      using no = std::false_type;
+      if (needs_mask || soft_capped || per_token) {
+        if (soft_capped) {
+          if (per_token) softmax(yes{}, yes{}, yes{}); else softmax(yes{}, yes{}, no{});
+        } else {
+          if (per_token) softmax(yes{}, no{}, yes{}); else softmax(yes{}, no{}, no{});
+        }
+      } else {
+        softmax(no{}, no{}, no{});  // the steady state of plain decode and prefill
       }
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < Tile::warp_tokens / 16; ++k) {

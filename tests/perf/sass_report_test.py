@@ -1,0 +1,225 @@
+"""Self-test of scripts/sass-report (tools/sass_report) on hand-written SASS: loop finding,
+the steady-state path, classes, occupancy, manifest names and the budget messages.
+Run: PYTHONPATH=tools python3 -m unittest tests/perf/sass_report_test.py"""
+
+import tempfile
+import unittest
+from pathlib import Path
+
+from sass_report import budget, cfg, manifest, model, steady
+from sass_report.__main__ import compare
+from sass_report.classify import instruction_class
+from sass_report.formulas import Work, paged_decode, w4a16_gemm
+from sass_report.sass import parse_nvdisasm
+
+# A loop streaming 16 B per thread per iteration: an online-softmax-like rescale block that a
+# steady iteration skips, and the shared-memory work it must do.
+RESCALE_LOOP = """
+.text._Z6kernelv:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   FSETP.GT.AND P0, PT, R4, R5, PT ;
+        /*0030*/              @!P0 BRA `(.L_x_1) ;
+        /*0040*/                   MUFU.EX2 R6, R4 ;
+        /*0050*/                   FMUL R7, R6, R7 ;
+        /*0060*/                   FMUL R8, R6, R8 ;
+.L_x_1:
+        /*0070*/                   LDS.128 R8, [R9] ;
+        /*0080*/                   FFMA R10, R8, R9, R10 ;
+        /*0090*/                   ISETP.NE.AND P1, PT, R0, RZ, PT ;
+        /*00a0*/               @P1 BRA `(.L_x_0) ;
+        /*00b0*/                   EXIT ;
+"""
+
+# One loop body with two versions of a load: four 16-byte loads (unrolled) or one (remainder).
+VERSIONED_LOADS = """
+.text._Z6kernelv:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   ISETP.GT.AND P0, PT, R0, 0x3, PT ;
+        /*0020*/              @!P0 BRA `(.L_x_1) ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R1+0x10], desc[UR4][R2.64+0x10] ;
+        /*0050*/                   LDGSTS.E.BYPASS.128 [R1+0x20], desc[UR4][R2.64+0x20] ;
+        /*0060*/                   LDGSTS.E.BYPASS.128 [R1+0x30], desc[UR4][R2.64+0x30] ;
+        /*0070*/                   IADD3 R2, R2, 0x40, RZ ;
+        /*0080*/                   BRA `(.L_x_2) ;
+.L_x_1:
+        /*0090*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+.L_x_2:
+        /*00a0*/                   DEPBAR.LE SB0, 0x2 ;
+        /*00b0*/                   LDSM.16.M88.4 R4, [R5] ;
+        /*00c0*/                   HMMA.16816.F32.BF16 R8, R4, R6, R8 ;
+        /*00d0*/              @!PT LDS RZ, [RZ] ;
+        /*00e0*/               @P1 BRA `(.L_x_0) ;
+        /*00f0*/                   EXIT ;
+"""
+
+
+# A TMA + wgmma loop: one elected thread issues the bulk tensor copy, the warpgroup waits on the
+# mbarrier (a spin loop of its own) and issues HGMMA.
+TMA_LOOP = """
+.text._Z6kernelv:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   ELECT P0, URZ, PT ;
+        /*0020*/              @!P0 BRA `(.L_x_1) ;
+        /*0030*/                   UTMALDG.2D [UR8], [UR4] ;
+.L_x_1:
+        /*0040*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR6], R3 ;
+        /*0050*/              @!P1 BRA `(.L_x_1) ;
+        /*0060*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR12], R24 ;
+        /*0070*/                   ISETP.NE.AND P2, PT, R0, RZ, PT ;
+        /*0080*/               @P2 BRA `(.L_x_0) ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def analyse_text(text, traffic):
+    function = next(iter(parse_nvdisasm(text).values()))
+    blocks = cfg.build_blocks(function)
+    roots = cfg.find_loops(blocks)
+    main = cfg.choose_main_loop(function, blocks, roots)
+    result = steady.steady_weights(function, blocks, steady.loop_region(main), lambda _: 1.0,
+                                   traffic_per_thread=traffic)
+    opcodes = [i.opcode for b in sorted(result.weights)
+               for i in function.instructions[blocks[b].start:blocks[b].end]]
+    return function, main, result, opcodes
+
+
+class LoopsAndPaths(unittest.TestCase):
+    def test_main_loop_and_rare_block_skipped(self):
+        _, main, result, opcodes = analyse_text(RESCALE_LOOP, traffic=16)
+        self.assertIsNotNone(main)
+        self.assertTrue(result.covering)
+        self.assertIn("LDS", opcodes)
+        self.assertIn("LDG", opcodes)
+        self.assertNotIn("MUFU", opcodes)  # the rescale is not the steady state
+        self.assertEqual(len(opcodes), 7)
+
+    def test_cheapest_version_that_moves_the_bytes(self):
+        _, _, small, small_ops = analyse_text(VERSIONED_LOADS, traffic=16)
+        self.assertEqual(small_ops.count("LDGSTS"), 1)  # the remainder version suffices
+        _, _, big, big_ops = analyse_text(VERSIONED_LOADS, traffic=48)
+        self.assertEqual(big_ops.count("LDGSTS"), 4)  # needs the unrolled version
+        self.assertTrue(big.met_traffic)
+        _, _, too_much, _ = analyse_text(VERSIONED_LOADS, traffic=1000)
+        self.assertFalse(too_much.met_traffic)
+
+    def test_tma_loop(self):
+        _, main, result, opcodes = analyse_text(TMA_LOOP, traffic=4096)
+        self.assertEqual(len(main.children), 1)  # the mbarrier wait
+        self.assertIn("UTMALDG", opcodes)  # a bulk copy meets any per-thread demand
+        self.assertTrue(result.met_traffic)
+        self.assertIn("HGMMA", opcodes)
+        function = next(iter(parse_nvdisasm(TMA_LOOP).values()))
+        work = Work(threads=128, ctas=132, dram_bytes=132 * 100 * 32768, iterations=132 * 100)
+        row = model.analyse(function, None, work)
+        # HGMMA 64x128x16 per warpgroup: 32768 multiply-adds per warp at 2048 per clock.
+        self.assertAlmostEqual(row["tensor_cycles_per_16B"], 4 * 16 / (32768 / 16), places=3)
+        self.assertGreaterEqual(row["bytes_in_flight_per_sm"], 32768)
+
+    def test_classes(self):
+        function = next(iter(parse_nvdisasm(VERSIONED_LOADS).values()))
+        by_opcode = {i.opcode + (i.predicate or ""): instruction_class(i)
+                     for i in function.instructions}
+        self.assertEqual(by_opcode["LDGSTS"], "global_load")
+        self.assertEqual(by_opcode["LDSM"], "shared_load")
+        self.assertEqual(by_opcode["HMMA"], "tensor")
+        self.assertEqual(by_opcode["LDS!PT"], "control")  # never executes
+
+    def test_pipeline_depth_from_depbar(self):
+        function, main, result, _ = analyse_text(VERSIONED_LOADS, traffic=16)
+        blocks = cfg.build_blocks(function)
+        path = [i for b in result.weights for i in function.instructions[blocks[b].start:blocks[b].end]]
+        self.assertEqual(model._pipeline_depth(function, path), 3)
+
+
+class Analyse(unittest.TestCase):
+    def test_row_of_a_streaming_loop(self):
+        function = next(iter(parse_nvdisasm(RESCALE_LOOP).values()))
+        work = Work(threads=128, ctas=1024, dram_bytes=1024 * 100 * 128 * 16,
+                    iterations=1024 * 100)
+        row = model.analyse(function, None, work)
+        # 7 warp-instructions per warp-iteration; 4 warps; 128 threads x 16 B = 128 units.
+        self.assertAlmostEqual(row["warp_instr_per_16B"], 4 * 7 / 128, places=3)
+        self.assertAlmostEqual(row["instr_by_class"]["shared_load"], 4 / 128, places=3)
+        self.assertEqual(row["spills"], 0)
+
+    def test_occupancy(self):
+        occ = model.occupancy(114, 128, 17152)
+        self.assertEqual((occ.ctas_per_sm, occ.limiter), (4, "registers"))
+        occ = model.occupancy(16, 512, 0)
+        self.assertEqual((occ.ctas_per_sm, occ.limiter), (4, "warps"))
+        occ = model.occupancy(32, 128, 100 * 1024)
+        self.assertEqual((occ.ctas_per_sm, occ.limiter), (2, "shared memory"))
+
+    def test_formulas_mirror_the_kernels(self):
+        fp8 = paged_decode(["fp8_e4m3", "bf16", "128"],
+                           {"batch": 64, "context": 32768, "kv_heads": 8, "group": 8})
+        self.assertEqual((fp8.threads, fp8.dynamic_smem, fp8.inner_trips), (128, 17152, 32))
+        gemm = w4a16_gemm(["bf16", "GemmTileConfig<16, 128, 1, 4, 4>"],
+                          {"m": 16, "n": 28672, "k": 8192, "group": 128})
+        self.assertEqual((gemm.threads, gemm.dynamic_smem), (128, 28672))
+
+
+class ManifestAndBudget(unittest.TestCase):
+    def test_simplified_names(self):
+        name = manifest.simplify(
+            "void slimserve::v0_1::int4::w4a16_gemm_kernel<slimserve::v0_1::bf16, "
+            "slimserve::v0_1::int4::GemmTileConfig<16, 128, 1, 4, 4> >"
+            "(slimserve::v0_1::int4::GemmParams)")
+        self.assertEqual(name, "w4a16_gemm_kernel<bf16, GemmTileConfig<16, 128, 1, 4, 4>>")
+        self.assertEqual(manifest.template_args(name), ["bf16", "GemmTileConfig<16, 128, 1, 4, 4>"])
+
+    def test_unknown_formula_is_an_error(self):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / "m.toml"
+            path.write_text('[[entry]]\nkernel = "k"\nformula = "nope"\nproblem = { label = "x" }\n')
+            with self.assertRaises(manifest.ManifestError):
+                manifest.load(path)
+
+    def row(self, per16=2.0, spills=0, fraction=0.5, fp32=1.0):
+        return {"key": "k<1> @ p", "warp_instr_per_16B": per16, "spills": spills,
+                "predicted_copy_bw_fraction": fraction, "bound_by": "issue",
+                "instr_by_class": {"fp32": fp32, "integer": 1.0}}
+
+    def test_budget_passes_at_baseline_and_names_the_class_that_grew(self):
+        budgets = {"k<1> @ p": budget.budget_for(self.row())}
+        self.assertEqual(budget.check([self.row()], budgets), [])
+        failures = budget.check([self.row(per16=2.5, fp32=1.5)], budgets)
+        self.assertEqual(len(failures), 1)
+        self.assertIn("k<1> @ p", failures[0])
+        self.assertIn("fp32 1.00 -> 1.50", failures[0])
+        self.assertNotIn("integer", failures[0])
+
+    def test_spills_floor_and_vanished_rows_fail(self):
+        budgets = {"k<1> @ p": budget.budget_for(self.row())}
+        self.assertEqual(len(budget.check([self.row(spills=2)], budgets)), 1)
+        self.assertEqual(len(budget.check([self.row(fraction=0.4)], budgets)), 1)
+        gone = budget.check([], budgets)
+        self.assertEqual(len(gone), 1)
+        self.assertIn("renamed", gone[0])
+        self.assertIn("no budget", budget.check([self.row()], {})[0])
+
+    def test_compare_lists_moved_new_and_gone_rows(self):
+        before = [self.row(), dict(self.row(), key="gone @ p")]
+        after = [self.row(per16=3.0, fp32=2.0), dict(self.row(), key="new @ p")]
+        table = compare(before, after)
+        self.assertIn("| `k<1> @ p` | 2.00 | 3.00 |", table)
+        self.assertIn("fp32 1.00 -> 2.00", table)
+        self.assertIn("gone |", table)
+        self.assertIn("new |", table)
+        self.assertEqual(compare(after, after).count("\n"), 1)  # header only
+
+    def test_budget_file_round_trip(self):
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / "b.toml"
+            budgets = {'w<bf16, C<16, 128>> @ m1 "x"': budget.budget_for(self.row())}
+            budget.dump(path, budgets)
+            self.assertEqual(budget.load(path), budgets)
+
+
+if __name__ == "__main__":
+    unittest.main()

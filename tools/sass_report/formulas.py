@@ -1,0 +1,269 @@
+"""Named problem formulas: from a kernel's template arguments and a problem shape, the launch
+shape and the DRAM bytes the problem must move.
+
+A manifest entry names one of these. Each returns a `Work`; the report divides `dram_bytes` by
+`iterations` (main-loop iterations summed over all CTAs; CTAs when the kernel has no loop) to get
+the DRAM bytes of one CTA's main-loop iteration. Bytes count what DRAM must deliver or take at
+least once (compulsory traffic), never what L2 serves to a second reader.
+
+To add a formula: write a function taking (args, problem) and decorate it with @formula("name");
+document it in docs/perf/sass-report.md. Most new kernels fit an existing one (`streaming`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+DTYPE_BYTES = {"fp8_e4m3": 1, "fp8_e5m2": 1, "bf16": 2, "fp16": 2, "float": 4,
+               "fp32": 4, "int": 4}
+
+
+@dataclass
+class Work:
+    threads: int                 # per CTA
+    ctas: int                    # grid size for the problem
+    dram_bytes: float            # compulsory DRAM traffic of the whole problem
+    iterations: float            # main-loop iterations summed over CTAs (CTAs when loop-free)
+    dynamic_smem: int = 0        # bytes per CTA, as the launch asks
+    inner_trips: float | None = None  # per main iteration: trips of its heaviest nested loop
+    bytes_formula: str = ""      # how dram_bytes was computed, for the report
+    other_child_trips: float = 1.0  # trips of every other nested loop
+    stages_in_flight: int = 1    # TMA pipelines: iterations of loads in flight (tile bytes are
+                                 # in the tensor map, not in the SASS)
+    whole_kernel: bool = False   # one pass through the kernel is the iteration (its loops are
+                                 # searches or fix-ups, not the stream)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bytes_per_iteration(self) -> float:
+        return self.dram_bytes / self.iterations
+
+
+FORMULAS: dict[str, Callable[[list[str], dict], Work]] = {}
+
+
+def formula(name: str):
+    def register(function):
+        FORMULAS[name] = function
+        return function
+    return register
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"-?\d+", text)]
+
+
+def dtype_bytes(name: str) -> int:
+    try:
+        return DTYPE_BYTES[name]
+    except KeyError:
+        raise ValueError(f"unknown element type '{name}' (known: {', '.join(DTYPE_BYTES)})")
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _need(problem: dict, *keys: str) -> list:
+    missing = [k for k in keys if k not in problem]
+    if missing:
+        raise ValueError(f"problem lacks {', '.join(missing)}")
+    return [problem[k] for k in keys]
+
+
+# ---- attention -------------------------------------------------------------------------------
+@formula("paged_decode")
+def paged_decode(args: list[str], problem: dict) -> Work:
+    """decode_kernel<KvT, QT, HeadDim>: one CTA per (request, KV head), tiles of 8 KiB K + 8 KiB V.
+    Mirrors decode_block_shape (src/attention/decode_plan.cpp) and DecodeTile/DecodeSharedStorage."""
+    kv, q, head_dim = args[0], args[1], int(args[2])
+    batch, context, kv_heads, group = _need(problem, "batch", "context", "kv_heads", "group")
+    query_tokens = problem.get("query_tokens", 1)
+    page_size = problem.get("page_size", 16)
+    kv_b, q_b = dtype_bytes(kv), dtype_bytes(q)
+    elements = 16 // kv_b
+    lanes = head_dim // elements
+    rows = query_tokens * group
+    padded_rows = _pow2_ceil(rows)
+    base = lanes * padded_rows
+    token_groups = 1 if base >= 128 else 128 // base
+    threads = base * token_groups
+    tile_tokens = 8192 // (head_dim * kv_b)
+    chunks = tile_tokens * lanes
+    tile_bytes = 2 * chunks * 16
+    merge_bytes = (128 * elements + 2 * 128) * 4
+    smem = max(tile_bytes, merge_bytes) + 3 * 4 * tile_tokens
+    ctas = batch * kv_heads
+    tiles = math.ceil(context / tile_tokens)
+    kv_bytes = batch * kv_heads * context * head_dim * kv_b * 2
+    qo_bytes = batch * query_tokens * kv_heads * group * head_dim * q_b * 2
+    table_bytes = batch * math.ceil(context / page_size) * 4
+    return Work(threads=threads, ctas=ctas, dram_bytes=kv_bytes + qo_bytes + table_bytes,
+                iterations=ctas * tiles, dynamic_smem=smem,
+                inner_trips=tile_tokens / token_groups,
+                bytes_formula="K+V B·ctx·H_kv·D·bytes·2 + Q+O + page ids",
+                notes=[f"{threads} threads, tile {tile_tokens} tokens, {token_groups} token group(s)"])
+
+
+@formula("kv_append")
+def kv_append(args: list[str], problem: dict) -> Work:
+    """append_kernel<KvT, InT, HeadDim>: one CTA per (token, head block), 128 threads, no loop."""
+    kv, src, head_dim = args[0], args[1], int(args[2])
+    tokens, kv_heads = _need(problem, "tokens", "kv_heads")
+    threads = 128
+    heads_per_block = threads // (head_dim // 8)
+    ctas = tokens * math.ceil(kv_heads / heads_per_block)
+    in_bytes = tokens * kv_heads * head_dim * dtype_bytes(src) * 2
+    out_bytes = tokens * kv_heads * head_dim * dtype_bytes(kv) * 2
+    return Work(threads=threads, ctas=ctas, dram_bytes=in_bytes + out_bytes, iterations=ctas,
+                bytes_formula="K,V in (T·H·D·in) + K,V out (T·H·D·kv)", whole_kernel=True)
+
+
+@formula("merge_states")
+def merge_states(args: list[str], problem: dict) -> Work:
+    """merge_states_kernel<OutT>: one CTA per (request, row), head_dim threads, loop over splits."""
+    out = args[0]
+    batch, rows, head_dim, splits = _need(problem, "batch", "rows", "head_dim", "splits")
+    ctas = batch * rows
+    partial = ctas * splits * (head_dim * 4 + 4)
+    output = ctas * head_dim * dtype_bytes(out)
+    return Work(threads=head_dim, ctas=ctas, dram_bytes=partial + output, iterations=ctas,
+                whole_kernel=True, inner_trips=splits, other_child_trips=splits,
+                bytes_formula="partials B·rows·splits·(D·4 + 4) + out B·rows·D·out")
+
+
+@formula("dequantize_pages")
+def dequantize_pages(args: list[str], problem: dict) -> Work:
+    """dequantize_pages_kernel<KvT, HeadDim>: one CTA per (page, K or V), 128 threads striding
+    over the page's 16-byte vectors, BF16 out."""
+    kv, head_dim = args[0], int(args[1])
+    pages, page_size, kv_heads = _need(problem, "pages", "page_size", "kv_heads")
+    kv_b = dtype_bytes(kv)
+    vectors = page_size * kv_heads * head_dim * kv_b // 16
+    ctas = pages * 2
+    elements = ctas * page_size * kv_heads * head_dim
+    return Work(threads=128, ctas=ctas, dram_bytes=elements * (kv_b + 2),
+                iterations=ctas * math.ceil(vectors / 128),
+                bytes_formula="pages·2·P·H·D·(kv + 2)")
+
+
+# ---- KV tags ---------------------------------------------------------------------------------
+@formula("tag_check")
+def tag_check(args: list[str], problem: dict) -> Work:
+    """check_page_tags_kernel<Warps, Rows>: one warp per request, 32 entries per inner step.
+    Page tags are gathered at random: each costs a 32-byte DRAM sector."""
+    warps = int(args[0])
+    batch, pages = _need(problem, "batch", "pages_per_request")
+    ctas = math.ceil(batch / warps)
+    entries = batch * pages
+    table = entries * (4 + 4)           # page id + expected tag, streamed
+    gathered = entries * 32             # one sector per current tag
+    return Work(threads=warps * 32, ctas=ctas, dram_bytes=table + gathered + batch * 16,
+                iterations=ctas, inner_trips=math.ceil(pages / 32),
+                bytes_formula="entries·(4 + 4) + entries·32 (tag sector) + per request 16")
+
+
+@formula("tag_scatter")
+def tag_scatter(args: list[str], problem: dict) -> Work:
+    """scatter_page_tags_kernel<Threads>: one thread per changed entry (grid-stride)."""
+    threads = int(args[0])
+    updates = _need(problem, "updates")[0]
+    ctas = math.ceil(updates / threads)
+    return Work(threads=threads, ctas=ctas, dram_bytes=updates * (8 + 32),
+                iterations=ctas, bytes_formula="updates·(8 read + 32 sector written)")
+
+
+# ---- INT4 ------------------------------------------------------------------------------------
+def _choose_split(tiles: int, sm_count: int, k_steps: int, m: int, k: int) -> int:
+    """Mirror of choose_split in cuda/int4/gemm.cu."""
+    most = max(1, min(16, min(16, k_steps // 2, k // (32 * m))))
+    best, best_cost = 1, float("inf")
+    for s in range(1, most + 1):
+        waves = (tiles * s + sm_count - 1) // sm_count
+        cost = waves / s
+        if cost <= best_cost * (1.0 + 1e-9):
+            best_cost, best = cost, s
+    return best
+
+
+@formula("w4a16_gemm")
+def w4a16_gemm(args: list[str], problem: dict) -> Work:
+    """w4a16_gemm_kernel<T, GemmTileConfig<BM, BN, WM, WN, Stages>>: one CTA per (BM x BN tile,
+    K split); main loop = one 64-row K step. Mirrors GemmSharedStorage and choose_split."""
+    block_m, block_n, warps_m, warps_n, stages = ints(args[1])
+    m, n, k, group = _need(problem, "m", "n", "k", "group")
+    zeros = bool(problem.get("zeros", False))
+    sms = int(problem.get("sms", 132))
+    stage_bytes = block_m * 64 * 2 + 4 * (block_n // 16) * 32 * 4 + 2 * 2 * block_n * 2
+    stage_bytes = -(-stage_bytes // 128) * 128
+    tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
+    k_steps = math.ceil(k / 64)
+    splits = _choose_split(tiles, sms, k_steps, m, k)
+    weights = n * k // 2
+    scales = n * (k // group) * 2 * (2 if zeros else 1)
+    activations = m * k * 2
+    output = m * n * 2
+    partials = 2 * splits * m * n * 4 if splits > 1 else 0
+    return Work(threads=warps_m * warps_n * 32, ctas=tiles * splits,
+                dram_bytes=weights + scales + activations + output + partials,
+                iterations=tiles * k_steps, dynamic_smem=stage_bytes * stages,
+                bytes_formula="W n·k/2 + scales (+zeros) + A m·k·2 + C m·n·2 + split-K partials",
+                notes=[f"split-K {splits}"])
+
+
+@formula("splitk_reduce")
+def splitk_reduce(args: list[str], problem: dict) -> Work:
+    """splitk_reduce_kernel<T>: grid-stride over m·n, summing `splits` FP32 partials."""
+    m, n, splits = _need(problem, "m", "n", "splits")
+    threads = 256
+    count = m * n
+    ctas = min(2048, math.ceil(count / threads))
+    return Work(threads=threads, ctas=ctas, dram_bytes=count * (splits * 4 + 2),
+                iterations=math.ceil(count / threads), inner_trips=splits,
+                bytes_formula="m·n·(splits·4 + 2)")
+
+
+@formula("int4_dequantize_dense")
+def int4_dequantize_dense(args: list[str], problem: dict) -> Work:
+    """dequantize_to_dense_kernel<T>: one thread per packed word (8 codes), grid-stride."""
+    n, k, group = _need(problem, "n", "k", "group")
+    words = k // 8 * n
+    threads = 256
+    return Work(threads=threads, ctas=min(math.ceil(words / threads), 4096),
+                dram_bytes=words * 4 + n * (k // group) * 2 + k * n * 2,
+                iterations=math.ceil(words / threads),
+                bytes_formula="codes k·n/2 + scales + dense k·n·2")
+
+
+# ---- generic ---------------------------------------------------------------------------------
+@formula("streaming")
+def streaming(args: list[str], problem: dict) -> Work:
+    """Any kernel whose CTA-iteration moves threads x bytes_per_thread: problem gives
+    threads, elements (thread-iterations in all) and bytes_per_element (read + written)."""
+    threads, elements, per = _need(problem, "threads", "elements", "bytes_per_element")
+    return Work(threads=threads, ctas=int(problem.get("ctas", math.ceil(elements / threads))),
+                dram_bytes=elements * per, iterations=math.ceil(elements / threads),
+                dynamic_smem=int(problem.get("smem", 0)),
+                inner_trips=problem.get("inner_trips"),
+                stages_in_flight=int(problem.get("stages", 1)),
+                bytes_formula="elements·bytes_per_element")
+
+
+@formula("explicit")
+def explicit(args: list[str], problem: dict) -> Work:
+    """Escape hatch for a kernel no formula fits yet: the launch shape and bytes given as
+    numbers (threads, ctas, dram_bytes, iterations; optionally smem, inner_trips,
+    other_child_trips, whole_kernel, stages). Write the arithmetic in a comment beside the
+    entry, and prefer a named formula once a second kernel needs the same one."""
+    threads, ctas, dram_bytes, iterations = _need(problem, "threads", "ctas", "dram_bytes",
+                                                  "iterations")
+    return Work(threads=int(threads), ctas=int(ctas), dram_bytes=float(dram_bytes),
+                iterations=float(iterations), dynamic_smem=int(problem.get("smem", 0)),
+                inner_trips=problem.get("inner_trips"),
+                other_child_trips=float(problem.get("other_child_trips", 1.0)),
+                whole_kernel=bool(problem.get("whole_kernel", False)),
+                stages_in_flight=int(problem.get("stages", 1)),
+                bytes_formula="given in the manifest")
