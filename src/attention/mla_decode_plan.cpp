@@ -239,11 +239,13 @@ Result<std::size_t> mla_decode_workspace_bound(const MlaDecodeWorkspaceBound& bo
   const std::int32_t cta_rows = 16 * warps_m_for(p);
   const std::int64_t row_tiles = ceil_div(static_cast<std::int64_t>(p.num_heads) * p.query_tokens, cta_rows);
   const std::int64_t units = static_cast<std::int64_t>(p.batch_size) * row_tiles;
-  // A split plan has units < max_ctas and items <= max_ctas, except that every unit has at
-  // least one item: items <= max(units, max_ctas) whether split or not.
+  // Every unit has at least one item, and a split plan (units < max_ctas) has items <=
+  // max_ctas: items <= max(units, max_ctas). A smaller batch may split even when the largest
+  // does not, so the partials are sized for max_ctas items whenever one request's row tiles
+  // leave room to split.
   const std::int64_t max_ctas = static_cast<std::int64_t>(bound.num_sms) * bound.ctas_per_sm;
   const std::int64_t items = std::max(units, max_ctas);
-  const bool may_split = units < max_ctas;
+  const bool may_split = row_tiles < max_ctas;
   return layout_for(static_cast<std::size_t>(items), static_cast<std::size_t>(units),
                     static_cast<std::size_t>(p.batch_size), may_split, cta_rows)
       .total_bytes;

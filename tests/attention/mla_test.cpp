@@ -585,6 +585,34 @@ TEST_CASE("mla decode: bad problems are refused before launch") {
   a.cache.scale_mode = MlaScaleMode::per_token_group;
   const Status short_ws = run_mla_decode(a, *plan, ws, 8, nullptr);
   CHECK(short_ws.code() == StatusCode::resource_exhausted);
+  // A cache other than the plan's, and neither / both page-table forms.
+  MlaDecodeArguments other = a;
+  other.cache.dtype = KvDtype::bf16;
+  other.cache.scale_mode = MlaScaleMode::none;
+  CHECK_FALSE(run_mla_decode(other, *plan, ws, sizeof(ws), nullptr).ok());
+  const std::int32_t ids[1] = {0};
+  MlaDecodeArguments both = a;
+  both.table = {ids, ids, ids, nullptr, 1, 16};
+  both.block_table = {ids, nullptr, ids, 1, 1, 16};
+  CHECK_FALSE(run_mla_decode(both, *plan, ws, sizeof(ws), nullptr).ok());
+  CHECK_FALSE(run_mla_decode(a, *plan, ws, sizeof(ws), nullptr).ok());  // neither
+  // The graph-safe bound covers every smaller batch and any lengths.
+  MlaDecodeWorkspaceBound bound{{16, 128, 4, 64, KvDtype::fp8_e4m3, MlaScaleMode::per_token_group}, 132, 1};
+  auto limit = mla_decode_workspace_bound(bound);
+  REQUIRE(limit.ok());
+  for (const std::int32_t batch : {1, 3, 16}) {
+    for (const std::int32_t len : {1, 700, 40000}) {
+      std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
+      MlaDecodePlanArguments args;
+      args.problem = bound.problem;
+      args.problem.batch_size = batch;
+      args.seq_lens_host = lens;
+      args.num_sms = 132;
+      auto bytes = mla_decode_workspace_size(args);
+      REQUIRE(bytes.ok());
+      CHECK(*bytes <= *limit);
+    }
+  }
 }
 
 TEST_CASE("mla gather: cached prefix to BF16, aborted rows NaN") {
