@@ -82,8 +82,13 @@ struct MlaDecodeParams {
 /// Tile geometry of one instantiation.
 template <class KvT, int WarpsM>
 struct MlaDecodeTile {
-  using Latent = KvRowGeometry<KvT, mla_latent_dim>;  // a token's latent: one swizzled row
-  using Rope = KvRowGeometry<bf16, mla_rope_dim>;
+  /// A token's latent, and its rope, are stored in shared memory as 4 group sub-tiles, one per
+  /// warp column: group wn is a [tile_tokens, 128] tile (and [tile_tokens, 16] of rope) with its
+  /// own swizzle, so a warp addresses only its own columns and its fragments index from 0.
+  using Latent = KvRowGeometry<KvT, mla_latent_dim>;      // a whole latent row (16-byte chunks)
+  using Group = KvRowGeometry<KvT, mla_scale_group>;      // one group's 128 values
+  using Rope = KvRowGeometry<bf16, mla_rope_dim>;         // a whole rope row
+  using RopeGroup = KvRowGeometry<bf16, mla_rope_dim / 4>;  // one warp column's 16 rope values
   static constexpr bool fp8 = Latent::fp8;
   static constexpr int warps_m = WarpsM;
   static constexpr int warps = 4 * WarpsM;
@@ -92,7 +97,7 @@ struct MlaDecodeTile {
   static constexpr int tile_tokens = 32;
   static constexpr int stages = 3;
   static constexpr int groups = mla_scale_groups;                  // one per warp column
-  static constexpr int group_chunks = Latent::row_chunks / groups;  // 16-byte chunks of a group
+  static constexpr int group_chunks = Group::row_chunks;  // 16-byte chunks of a group
   static constexpr int latent_frags = 8;  // 16-wide k steps (16-bit) or chunks (FP8) per group
   static constexpr int output_tiles = mla_scale_group / 8;  // n8 tiles of a group's O
   static constexpr int threads_per_row = threads / rows;   // 8
@@ -105,8 +110,8 @@ template <class KvT, int WarpsM>
 struct MlaDecodeSharedStorage {
   using Tile = MlaDecodeTile<KvT, WarpsM>;
   struct Stage {
-    alignas(128) unsigned char latent[Tile::tile_tokens * Tile::Latent::row_bytes];  // swizzled rows
-    alignas(128) unsigned char rope[Tile::tile_tokens * Tile::Rope::row_bytes];
+    alignas(128) unsigned char latent[Tile::groups][Tile::tile_tokens * Tile::Group::row_bytes];
+    alignas(128) unsigned char rope[Tile::groups][Tile::tile_tokens * Tile::RopeGroup::row_bytes];
     alignas(16) float scales[Tile::tile_tokens][Tile::groups];  // per_token_group
     std::int32_t token_ok[Tile::tile_tokens];  // inside the range and on a valid page
   };
@@ -149,7 +154,9 @@ __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
     mla_decode_kernel(const MlaDecodeParams p) {
   using Tile = MlaDecodeTile<KvT, WarpsM>;
   using Latent = typename Tile::Latent;
+  using Group = typename Tile::Group;
   using Rope = typename Tile::Rope;
+  using RopeGroup = typename Tile::RopeGroup;
   using MmaT = mma_input_t<KvT>;
   using Smem = MlaDecodeSharedStorage<KvT, WarpsM>;
   constexpr bool fp8 = Tile::fp8;
@@ -288,10 +295,12 @@ SLIMSERVE_ATTENTION_UNROLL
                                      p.token_bytes
                                : 0);
       if (id < latent_chunks) {
-        arch::cp_async_16_zfill(stage.latent + Latent::byte_offset(token, chunk), record + 16 * chunk, page >= 0);
+        arch::cp_async_16_zfill(stage.latent[chunk / Group::row_chunks] + Group::byte_offset(token, chunk % Group::row_chunks),
+                                record + 16 * chunk, page >= 0);
       } else if (id < latent_chunks + rope_chunks) {
-        arch::cp_async_16_zfill(stage.rope + Rope::byte_offset(token, chunk), record + p.rope_offset + 16 * chunk,
-                                page >= 0);
+        arch::cp_async_16_zfill(stage.rope[chunk / RopeGroup::row_chunks] +
+                                    RopeGroup::byte_offset(token, chunk % RopeGroup::row_chunks),
+                                record + p.rope_offset + 16 * chunk, page >= 0);
       } else {
         arch::cp_async_16_zfill(&stage.scales[token][0], record + p.scales_offset, page >= 0);
       }
@@ -314,15 +323,13 @@ SLIMSERVE_ATTENTION_UNROLL
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
         r[n][0] = r[n][1] = r[n][2] = r[n][3] = 0.0f;
       }
-      const int first_chunk = wn * Tile::group_chunks;
 SLIMSERVE_ATTENTION_UNROLL
       for (int m = 0; m < 2; ++m) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int c = 0; c < Tile::group_chunks; c += 2) {
-          qk_chunk_pair<KvT, mla_latent_dim>(s[2 * m], s[2 * m + 1], stage.latent, 16 * m, first_chunk + c,
-                                             q_latent, lane, first_chunk);
+          qk_chunk_pair<KvT, mla_scale_group>(s[2 * m], s[2 * m + 1], stage.latent[wn], 16 * m, c, q_latent, lane);
         }
-        qk_chunk_pair<bf16, mla_rope_dim>(r[2 * m], r[2 * m + 1], stage.rope, 16 * m, 2 * wn, q_rope, lane, 2 * wn);
+        qk_chunk_pair<bf16, mla_rope_dim / 4>(r[2 * m], r[2 * m + 1], stage.rope[wn], 16 * m, 0, q_rope, lane);
       }
 SLIMSERVE_ATTENTION_UNROLL
       for (int n = 0; n < 4; ++n) {
@@ -385,7 +392,6 @@ SLIMSERVE_ATTENTION_UNROLL
         o_acc[n][2] *= alpha_hi;
         o_acc[n][3] *= alpha_hi;
       }
-      const int first_chunk = wn * Tile::group_chunks;
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < 2; ++k) {
         std::uint32_t a[4];
@@ -403,7 +409,7 @@ SLIMSERVE_ATTENTION_UNROLL
         }
 SLIMSERVE_ATTENTION_UNROLL
         for (int c = 0; c < Tile::group_chunks; c += 2) {
-          pv_chunk_pair<KvT, mla_latent_dim>(o_acc, stage.latent, 16 * k, first_chunk + c, a, lane, first_chunk);
+          pv_chunk_pair<KvT, mla_scale_group>(o_acc, stage.latent[wn], 16 * k, c, a, lane);
         }
       }
     }
@@ -444,7 +450,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int i = 0; i < 2; ++i) {
-          po[output_column<fp8>(wn * Tile::output_tiles + n, t, i)] = o_acc[n][2 * half + i] * norm;
+          po[mla_scale_group * wn + output_column<fp8>(n, t, i)] = o_acc[n][2 * half + i] * norm;
         }
       }
       continue;
@@ -457,7 +463,7 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 2; ++i) {
-        o[output_column<fp8>(wn * Tile::output_tiles + n, t, i)] = from_float<QT>(o_acc[n][2 * half + i] * norm);
+        o[mla_scale_group * wn + output_column<fp8>(n, t, i)] = from_float<QT>(o_acc[n][2 * half + i] * norm);
       }
     }
   }

@@ -130,13 +130,12 @@ SLIMSERVE_HOST_DEVICE constexpr int output_column(int tile, int t, int i) {
 
 /// B fragments of Q·K^T for 16 tokens (rows `row0`..`row0`+15 of the K tile) and the 16-byte
 /// chunks `chunk`, `chunk`+1, then the mma into the two score tiles. 16-bit: one k step
-/// (k_step = chunk / 2); FP8: two k steps (chunk and chunk + 1). `q` holds the fragments from
-/// chunk `first_chunk` on (0: the whole row; MLA passes one 128-value group's fragments).
+/// (k_step = chunk / 2); FP8: two k steps (chunk and chunk + 1).
 template <class KvT, int HeadDim>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void qk_chunk_pair(float (&s0)[4], float (&s1)[4],
                                                           const unsigned char* k_tile, int row0,
                                                           int chunk, const std::uint32_t (*q)[4],
-                                                          int lane, int first_chunk = 0) {
+                                                          int lane) {
   using Row = KvRowGeometry<KvT, HeadDim>;
   using T = mma_input_t<KvT>;
   const int matrix = lane >> 3;
@@ -149,28 +148,25 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void qk_chunk_pair(float (&s0)[4], float 
     const std::uint32_t b01[2] = {fp8_pair_to_f16x2<KvT>(r[1]), fp8_pair_to_f16x2<KvT>(r[1] >> 16)};
     const std::uint32_t b10[2] = {fp8_pair_to_f16x2<KvT>(r[2]), fp8_pair_to_f16x2<KvT>(r[2] >> 16)};
     const std::uint32_t b11[2] = {fp8_pair_to_f16x2<KvT>(r[3]), fp8_pair_to_f16x2<KvT>(r[3] >> 16)};
-    const int qc = chunk - first_chunk;
-    mma<T>(s0, q[qc], b00);
-    mma<T>(s0, q[qc + 1], b01);
-    mma<T>(s1, q[qc], b10);
-    mma<T>(s1, q[qc + 1], b11);
+    mma<T>(s0, q[chunk], b00);
+    mma<T>(s0, q[chunk + 1], b01);
+    mma<T>(s1, q[chunk], b10);
+    mma<T>(s1, q[chunk + 1], b11);
   } else {
     const std::uint32_t b0[2] = {r[0], r[1]};
     const std::uint32_t b1[2] = {r[2], r[3]};
-    mma<T>(s0, q[(chunk - first_chunk) >> 1], b0);
-    mma<T>(s1, q[(chunk - first_chunk) >> 1], b1);
+    mma<T>(s0, q[chunk >> 1], b0);
+    mma<T>(s1, q[chunk >> 1], b1);
   }
 }
 
 /// P·V for one k step (tokens `row0`..`row0`+15 of the V tile, P fragment `a`) over the chunks
 /// `chunk`, `chunk`+1: 16-bit updates output tiles chunk, chunk+1; FP8 updates 2 chunk ..
-/// 2 chunk + 3 (even / odd d of each chunk). `o` holds the output tiles from those of chunk
-/// `first_chunk` on (0: the whole row; MLA passes one 128-column group's tiles).
+/// 2 chunk + 3 (even / odd d of each chunk).
 template <class KvT, int HeadDim>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void pv_chunk_pair(float (*o)[4], const unsigned char* v_tile,
                                                           int row0, int chunk,
-                                                          const std::uint32_t (&a)[4], int lane,
-                                                          int first_chunk = 0) {
+                                                          const std::uint32_t (&a)[4], int lane) {
   using Row = KvRowGeometry<KvT, HeadDim>;
   using T = mma_input_t<KvT>;
   const int matrix = lane >> 3;
@@ -188,16 +184,15 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void pv_chunk_pair(float (*o)[4], const u
     const std::uint32_t odd0[2] = {fp8_pair_to_f16x2<KvT>(x0 >> 16), fp8_pair_to_f16x2<KvT>(x1 >> 16)};
     const std::uint32_t even1[2] = {fp8_pair_to_f16x2<KvT>(x2), fp8_pair_to_f16x2<KvT>(x3)};
     const std::uint32_t odd1[2] = {fp8_pair_to_f16x2<KvT>(x2 >> 16), fp8_pair_to_f16x2<KvT>(x3 >> 16)};
-    const int oc = 2 * (chunk - first_chunk);
-    mma<T>(o[oc], a, even0);
-    mma<T>(o[oc + 1], a, odd0);
-    mma<T>(o[oc + 2], a, even1);
-    mma<T>(o[oc + 3], a, odd1);
+    mma<T>(o[2 * chunk], a, even0);
+    mma<T>(o[2 * chunk + 1], a, odd0);
+    mma<T>(o[2 * chunk + 2], a, even1);
+    mma<T>(o[2 * chunk + 3], a, odd1);
   } else {
     const std::uint32_t b0[2] = {r[0], r[1]};
     const std::uint32_t b1[2] = {r[2], r[3]};
-    mma<T>(o[chunk - first_chunk], a, b0);
-    mma<T>(o[chunk - first_chunk + 1], a, b1);
+    mma<T>(o[chunk], a, b0);
+    mma<T>(o[chunk + 1], a, b1);
   }
 }
 
