@@ -6,7 +6,7 @@ from __future__ import annotations
 # ---- chip ------------------------------------------------------------------------------------
 SMS = 132                   # H200 SXM: 132 SMs (NVIDIA H200 datasheet; same die as H100 SXM5)
 SM_CLOCK_HZ = 1.98e9        # max boost clock, 1980 MHz (nvidia-smi -q "Max Clocks" on H100/H200 SXM)
-COPY_BANDWIDTH = 4.3e12     # B/s, device-to-device copy counting read + write, as achieved on an
+COPY_BANDWIDTH = 4.3e12     # B/s, device-to-device copy counting read + write, as reported for an
                             # H200 (≈90% of the 4.8 TB/s datasheet figure); replace with the
                             # figure scripts/gpu-check measures (calibration copy kernel)
 DRAM_LATENCY_S = 700e-9     # loaded DRAM latency, middle of 600–800 ns (unloaded ≈ 0.3 µs in
