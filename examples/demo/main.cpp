@@ -1,7 +1,8 @@
 // slimserve end-to-end demo, on the CPU kernel emulator (no GPU needed). Each section is one
 // component, in the order an engine meets them: numeric formats and KV capacity; tagged KV
 // pages (a stale page caught by the GPU tag check); an FP8 decode loop (append, tag check,
-// attention); an INT4 W4A16 GEMM and an INT4 mixture-of-experts layer.
+// attention); an MLA latent cache (Kimi K2-like capacity and a decode step); an INT4 W4A16
+// GEMM and an INT4 mixture-of-experts layer.
 #include <fmt/core.h>
 
 #include "slimserve/version.hpp"
@@ -10,6 +11,7 @@ int demo_formats();
 int demo_kv();
 int demo_attention();
 int demo_prefill();
+int demo_mla();
 int demo_int4();
 int demo_int4_moe();
 
@@ -25,6 +27,7 @@ int main() {
       {"Tagged KV pages", demo_kv},
       {"FP8 paged KV cache: decode loop", demo_attention},
       {"FP8 paged KV cache: chunked prefill, then decode (tensor-core kernel)", demo_prefill},
+      {"MLA latent cache (Kimi K2-like): capacity and a decode step", demo_mla},
       {"INT4 weights: W4A16 GEMM", demo_int4},
       {"INT4 weights: mixture-of-experts layer", demo_int4_moe},
   };

@@ -1,0 +1,484 @@
+#pragma once
+/// \file
+/// \brief Absorbed MLA decode on tensor cores over a paged latent cache (BF16, or FP8 e4m3
+/// with per-token group or per-tensor scales), with speculative query tokens and split-KV.
+///
+/// Rows. All heads of a request share one latent, so the mma's M dimension is the request's
+/// packed rows r = query_token * num_heads + head; a CTA owns `Tile::rows` = 16 * WarpsM of
+/// them (16 or 32). Every latent byte a CTA stages is used by all of its rows.
+///
+/// Warps. 4 * WarpsM warps: warp (wm, wn) owns m tile wm (16 rows) and latent group wn
+/// (values [128 wn, 128 wn + 128), the FP8 scale group) plus rope k step wn (values
+/// [16 wn, 16 wn + 16) of the 64). Per tile of `tile_tokens` tokens:
+///   1. partial scores S_wn = Q[rows, group wn] . latent[tokens, group wn]^T * group scale
+///      + Q[rows, rope wn] . rope[tokens, rope wn]^T (fragments straight from ldmatrix,
+///      FP8 converted once per fragment: mma_fragments.cuh), written to shared memory;
+///   2. 8 threads per row sum the 4 partials, mask, and run the exp2 online softmax (FP32);
+///      they publish P and the row's rescale factor;
+///   3. warp (wm, wn) accumulates O[rows, group wn] += P * scale_wn(token) * latent[tokens,
+///      group wn] — the latent is also V, so each warp reads the same 128 columns in both
+///      products. 128 columns x 16 rows = 64 FP32 accumulators per thread.
+/// The latent tile streams through `stages` shared-memory buffers with cp.async (zero-filled
+/// past the end and for bad page ids, which are also masked).
+///
+/// Per-token group scales multiply S (FP32) and P (before rounding, by scale * 2^8 to keep
+/// P * scale in the fp16 normal range; undone at the end); a per-tensor scale multiplies the
+/// latent part of S and the output.
+
+#include <cmath>
+#include <cstdint>
+
+#include "slimserve/arch/cp_async.cuh"
+#include "slimserve/attention/kernels/mma_fragments.cuh"
+#include "slimserve/attention/kernels/paged_attention_kernel.cuh"
+#include "slimserve/attention/kernels/vector_io.cuh"
+#include "slimserve/attention/mla_cache_view.hpp"
+#include "slimserve/kv/request_status.hpp"
+#include "slimserve/runtime/platform.hpp"
+#include "slimserve/runtime/shared_memory.cuh"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention::kernels {
+
+struct MlaDecodeParams {
+  // Cache: token records [num_pages, page_size, token_bytes].
+  const unsigned char* pages;
+  const float* latent_scale;  // per_tensor
+  std::int32_t num_pages;
+  std::int32_t page_size;
+  std::int32_t page_shift;  // log2(page_size)
+  std::int32_t token_bytes;
+  std::int32_t scales_offset;
+  std::int32_t rope_offset;
+  MlaScaleMode scale_mode;
+  // Page table: CSR (indptr != null) or block table.
+  const std::int32_t* indptr;         // [B + 1]
+  const std::int32_t* indices;        // [indptr[B]]
+  const std::int32_t* last_page_len;  // [B]
+  const std::int32_t* block_table;    // [B, block_table_stride]
+  std::int32_t block_table_stride;
+  const std::int32_t* seq_lens;     // [B]
+  const kv::RequestStatus* status;  // [B] or null
+  // Queries [B * query_tokens, H, 576] and outputs [B * query_tokens, H, 512] (+ lse [.., H]).
+  const void* q;
+  void* o;
+  float* lse;
+  std::int64_t q_token_stride, q_head_stride;
+  std::int64_t o_token_stride, o_head_stride;
+  std::int32_t num_heads;
+  std::int32_t query_tokens;
+  float score_scale;  // sm_scale * log2(e)
+  // Schedule (workspace, written by the plan).
+  const std::int32_t* work_request;
+  const std::int32_t* work_row_tile;
+  const std::int32_t* work_split;
+  const std::int32_t* work_num_splits;
+  std::int32_t chunk_tokens;
+  bool split_kv;
+  float* partial_o;    // [W, rows, 512]
+  float* partial_lse;  // [W, rows]
+};
+
+/// Tile geometry of one instantiation.
+template <class KvT, int WarpsM>
+struct MlaDecodeTile {
+  /// A token's latent, and its rope, are stored in shared memory as 4 group sub-tiles, one per
+  /// warp column: group wn is a [tile_tokens, 128] tile (and [tile_tokens, 16] of rope) with its
+  /// own swizzle, so a warp addresses only its own columns and its fragments index from 0.
+  using Latent = KvRowGeometry<KvT, mla_latent_dim>;      // a whole latent row (16-byte chunks)
+  using Group = KvRowGeometry<KvT, mla_scale_group>;      // one group's 128 values
+  using Rope = KvRowGeometry<bf16, mla_rope_dim>;         // a whole rope row
+  using RopeGroup = KvRowGeometry<bf16, mla_rope_dim / 4>;  // one warp column's 16 rope values
+  static constexpr bool fp8 = Latent::fp8;
+  static constexpr int warps_m = WarpsM;
+  static constexpr int warps = 4 * WarpsM;
+  static constexpr int threads = 32 * warps;
+  static constexpr int rows = 16 * WarpsM;
+  static constexpr int tile_tokens = 32;
+  static constexpr int stages = 3;
+  static constexpr int groups = mla_scale_groups;                  // one per warp column
+  static constexpr int group_chunks = Group::row_chunks;  // 16-byte chunks of a group
+  static constexpr int latent_frags = 8;  // 16-wide k steps (16-bit) or chunks (FP8) per group
+  static constexpr int output_tiles = mla_scale_group / 8;  // n8 tiles of a group's O
+  static constexpr int threads_per_row = threads / rows;   // 8
+  static constexpr int tokens_per_thread = tile_tokens / threads_per_row;  // 4
+  static_assert(groups == 4 && threads_per_row == 8 && tile_tokens == 32);
+  static_assert(group_chunks == (fp8 ? 8 : 16), "one group: 128 values");
+};
+
+template <class KvT, int WarpsM>
+struct MlaDecodeSharedStorage {
+  using Tile = MlaDecodeTile<KvT, WarpsM>;
+  struct Stage {
+    alignas(128) unsigned char latent[Tile::groups][Tile::tile_tokens * Tile::Group::row_bytes];
+    alignas(128) unsigned char rope[Tile::groups][Tile::tile_tokens * Tile::RopeGroup::row_bytes];
+    alignas(16) float scales[Tile::tile_tokens][Tile::groups];  // per_token_group
+    std::int32_t token_ok[Tile::tile_tokens];  // inside the range and on a valid page
+  };
+  Stage stages[Tile::stages];
+  float s_partial[Tile::groups][Tile::rows][Tile::tile_tokens];  // log2-unscaled partial scores
+  float p[Tile::rows][Tile::tile_tokens];                         // softmax weights (FP32)
+  float alpha[Tile::rows];                                        // rescale of O this tile
+  float row_max[Tile::rows];  // final running max (log2 units)
+  float row_sum[Tile::rows];  // final running sum
+};
+
+/// Tokens of request b per the device page table; -1 when the table is inconsistent.
+SLIMSERVE_DEVICE inline std::int64_t mla_request_length(const MlaDecodeParams& p, std::int32_t b) {
+  if (p.indptr != nullptr) {
+    const std::int32_t pages = p.indptr[b + 1] - p.indptr[b];
+    if (pages == 0) return 0;
+    const std::int32_t last = p.last_page_len[b];
+    if (pages < 0 || last < 1 || last > p.page_size) return -1;
+    return (static_cast<std::int64_t>(pages - 1) << p.page_shift) + last;
+  }
+  const std::int32_t len = p.seq_lens[b];
+  if (len < 0 || static_cast<std::int64_t>(len) > (static_cast<std::int64_t>(p.block_table_stride) << p.page_shift)) {
+    return -1;
+  }
+  return len;
+}
+
+/// Page id of the request's `page_index`-th page, or -1 when outside the cache.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::int32_t mla_page(const MlaDecodeParams& p, std::int32_t b,
+                                                             std::int64_t page_index) {
+  const std::int32_t page =
+      p.indptr != nullptr
+          ? p.indices[p.indptr[b] + static_cast<std::int32_t>(page_index)]
+          : p.block_table[static_cast<std::int64_t>(b) * p.block_table_stride + page_index];
+  return (page >= 0 && page < p.num_pages) ? page : -1;
+}
+
+template <class KvT, class QT, int WarpsM>
+__global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
+    mla_decode_kernel(const MlaDecodeParams p) {
+  using Tile = MlaDecodeTile<KvT, WarpsM>;
+  using Latent = typename Tile::Latent;
+  using Group = typename Tile::Group;
+  using Rope = typename Tile::Rope;
+  using RopeGroup = typename Tile::RopeGroup;
+  using MmaT = mma_input_t<KvT>;
+  using Smem = MlaDecodeSharedStorage<KvT, WarpsM>;
+  constexpr bool fp8 = Tile::fp8;
+  auto& smem = rt::shared_storage<Smem>();
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int wm = warp % WarpsM;  // m tile
+  const int wn = warp / WarpsM;  // latent group / rope k step
+
+  const std::int32_t work = static_cast<std::int32_t>(blockIdx.x);
+  const std::int32_t b = p.work_request[work];
+  const std::int32_t row_tile = p.work_row_tile[work];
+  const std::int32_t split = p.work_split[work];
+  const std::int32_t num_splits = p.work_num_splits[work];
+
+  const std::int64_t kv_len = mla_request_length(p, b);
+  const bool aborted = kv_len < 0 || !(p.status == nullptr || kv::request_ok(p.status[b]));
+  const std::int64_t valid_rows = static_cast<std::int64_t>(p.query_tokens) * p.num_heads;
+  const std::int64_t tile_row0 = static_cast<std::int64_t>(row_tile) * Tile::rows;
+  const std::int64_t first_token = static_cast<std::int64_t>(b) * p.query_tokens;
+  auto partial_row = [&](int r) { return static_cast<std::int64_t>(work) * Tile::rows + r; };
+
+  if (aborted) {
+    // Nothing of the request is read. Unsplit: NaN rows, lse -inf; split: partial lse NaN,
+    // which the merge turns into the same marked rows.
+    for (int r = tid; r < Tile::rows; r += Tile::threads) {
+      const std::int64_t packed = tile_row0 + r;
+      if (p.split_kv) {
+        p.partial_lse[partial_row(r)] = NAN;
+        continue;
+      }
+      if (packed >= valid_rows) continue;
+      const std::int64_t token = first_token + packed / p.num_heads;
+      const std::int64_t head = packed % p.num_heads;
+      QT* o = static_cast<QT*>(p.o) + token * p.o_token_stride + head * p.o_head_stride;
+      for (int d = 0; d < mla_latent_dim; ++d) o[d] = from_float<QT>(NAN);
+      if (p.lse != nullptr) p.lse[token * p.num_heads + head] = -INFINITY;
+    }
+    return;
+  }
+
+  // This split's KV range, cut at what the last query token of the tile can see.
+  const std::int64_t last_row = (tile_row0 + Tile::rows < valid_rows ? tile_row0 + Tile::rows : valid_rows) - 1;
+  const std::int64_t max_query = kv_len - p.query_tokens + last_row / p.num_heads;
+  const std::int64_t kv_begin = static_cast<std::int64_t>(split) * p.chunk_tokens;
+  std::int64_t kv_end = split == num_splits - 1 ? kv_len : kv_begin + p.chunk_tokens;
+  if (kv_end > kv_len) kv_end = kv_len;
+  if (kv_end > max_query + 1) kv_end = max_query + 1;
+  if (kv_end < kv_begin) kv_end = kv_begin;
+  const std::int64_t num_tiles = (kv_end - kv_begin + Tile::tile_tokens - 1) / Tile::tile_tokens;
+
+  // Q fragments of m tile wm: latent group wn (8 k steps) and rope k step wn.
+  std::uint32_t q_latent[Tile::latent_frags][4];
+  std::uint32_t q_rope[1][4];
+  {
+    const QT* q = static_cast<const QT*>(p.q);
+SLIMSERVE_ATTENTION_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t packed = tile_row0 + wm * 16 + g + half * 8;
+      const bool valid = packed < valid_rows;
+      const std::int64_t base = valid ? (first_token + packed / p.num_heads) * p.q_token_stride +
+                                            (packed % p.num_heads) * p.q_head_stride
+                                      : 0;
+SLIMSERVE_ATTENTION_UNROLL
+      for (int s = 0; s < Tile::latent_frags; ++s) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (valid) {
+SLIMSERVE_ATTENTION_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            float x = activation_to_float<QT>(q, base + 16 * (8 * wn + s) + q_fragment_column<fp8>(t, e));
+            if constexpr (!std::is_same_v<QT, MmaT>) {
+              x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+            }
+            v[e] = x;
+          }
+        }
+        q_latent[s][half] = pack_pair<MmaT>(v[0], v[1]);
+        q_latent[s][2 + half] = pack_pair<MmaT>(v[2], v[3]);
+      }
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (valid) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          v[e] = activation_to_float<QT>(q, base + mla_latent_dim + 16 * wn + q_fragment_column<false>(t, e));
+        }
+      }
+      q_rope[0][half] = pack_pair<bf16>(v[0], v[1]);
+      q_rope[0][2 + half] = pack_pair<bf16>(v[2], v[3]);
+    }
+  }
+
+  const bool group_scales = p.scale_mode == MlaScaleMode::per_token_group;
+  const float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
+
+  float o_acc[Tile::output_tiles][4];
+SLIMSERVE_ATTENTION_UNROLL
+  for (int n = 0; n < Tile::output_tiles; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
+
+  // Softmax role: 8 threads per row, 4 tokens each; running state kept by all 8.
+  const int soft_row = tid / Tile::threads_per_row;
+  const int soft_seg = tid % Tile::threads_per_row;
+  const std::int64_t soft_packed = tile_row0 + soft_row;
+  const bool soft_valid = soft_packed < valid_rows;
+  const std::int64_t soft_query = kv_len - p.query_tokens + soft_packed / p.num_heads;  // position
+  float run_max = -INFINITY;
+  float run_sum = 0.0f;
+
+  // Producer: every thread queues its 16-byte chunks of tile i into stage i % stages.
+  auto produce = [&](std::int64_t i) {
+    auto& stage = smem.stages[i % Tile::stages];
+    const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
+    constexpr int latent_chunks = Tile::tile_tokens * Latent::row_chunks;
+    constexpr int rope_chunks = Tile::tile_tokens * Rope::row_chunks;
+    constexpr int scale_chunks = Tile::tile_tokens;
+    for (int id = tid; id < latent_chunks + rope_chunks + scale_chunks; id += Tile::threads) {
+      int token, chunk;
+      if (id < latent_chunks) {
+        token = id / Latent::row_chunks;
+        chunk = id % Latent::row_chunks;
+      } else if (id < latent_chunks + rope_chunks) {
+        token = (id - latent_chunks) / Rope::row_chunks;
+        chunk = (id - latent_chunks) % Rope::row_chunks;
+      } else {
+        token = id - latent_chunks - rope_chunks;
+        chunk = 0;
+        if (!group_scales) continue;
+      }
+      const std::int64_t position = tile_begin + token;
+      const std::int32_t page = position < kv_end ? mla_page(p, b, position >> p.page_shift) : -1;
+      const unsigned char* record =
+          p.pages + (page >= 0 ? (static_cast<std::int64_t>(page) * p.page_size + (position & (p.page_size - 1))) *
+                                     p.token_bytes
+                               : 0);
+      if (id < latent_chunks) {
+        arch::cp_async_16_zfill(stage.latent[chunk / Group::row_chunks] + Group::byte_offset(token, chunk % Group::row_chunks),
+                                record + 16 * chunk, page >= 0);
+      } else if (id < latent_chunks + rope_chunks) {
+        arch::cp_async_16_zfill(stage.rope[chunk / RopeGroup::row_chunks] +
+                                    RopeGroup::byte_offset(token, chunk % RopeGroup::row_chunks),
+                                record + p.rope_offset + 16 * chunk, page >= 0);
+      } else {
+        arch::cp_async_16_zfill(&stage.scales[token][0], record + p.scales_offset, page >= 0);
+      }
+    }
+    if (tid < Tile::tile_tokens) {
+      const std::int64_t position = tile_begin + tid;
+      stage.token_ok[tid] = position < kv_end && mla_page(p, b, position >> p.page_shift) >= 0;
+    }
+  };
+
+  auto consume = [&](std::int64_t i) {
+    const auto& stage = smem.stages[i % Tile::stages];
+    const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
+    // 1. Partial scores of group wn for m tile wm, all 32 tokens.
+    {
+      float s[4][4];
+      float r[4][4];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < 4; ++n) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        r[n][0] = r[n][1] = r[n][2] = r[n][3] = 0.0f;
+      }
+SLIMSERVE_ATTENTION_UNROLL
+      for (int m = 0; m < 2; ++m) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int c = 0; c < Tile::group_chunks; c += 2) {
+          qk_chunk_pair<KvT, mla_scale_group>(s[2 * m], s[2 * m + 1], stage.latent[wn], 16 * m, c, q_latent, lane);
+        }
+        qk_chunk_pair<bf16, mla_rope_dim / 4>(r[2 * m], r[2 * m + 1], stage.rope[wn], 16 * m, 0, q_rope, lane);
+      }
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < 4; ++n) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int token = 8 * n + 2 * t + (e & 1);
+          const int row = wm * 16 + g + 8 * (e >> 1);
+          const float scale = group_scales ? stage.scales[token][wn] : static_scale;
+          smem.s_partial[wn][row][token] = fmaf(s[n][e], scale, r[n][e]);
+        }
+      }
+    }
+    __syncthreads();
+    // 2. Online softmax: row soft_row, tokens [4 soft_seg, 4 soft_seg + 4).
+    {
+      float x[Tile::tokens_per_thread];
+      float tile_max = -INFINITY;
+SLIMSERVE_ATTENTION_UNROLL
+      for (int j = 0; j < Tile::tokens_per_thread; ++j) {
+        const int token = soft_seg * Tile::tokens_per_thread + j;
+        const std::int64_t position = tile_begin + token;
+        float v = (smem.s_partial[0][soft_row][token] + smem.s_partial[1][soft_row][token]) +
+                  (smem.s_partial[2][soft_row][token] + smem.s_partial[3][soft_row][token]);
+        v *= p.score_scale;
+        const bool visible = soft_valid && stage.token_ok[token] != 0 && position <= soft_query;
+        x[j] = visible ? v : -INFINITY;
+        tile_max = fmaxf(tile_max, x[j]);
+      }
+SLIMSERVE_ATTENTION_UNROLL
+      for (int offset = 1; offset < Tile::threads_per_row; offset *= 2) {
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
+      }
+      const float new_max = fmaxf(run_max, tile_max);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: p = 0
+      const float alpha = exp2f(run_max - base);                 // 0 before the first token
+      float sum = 0.0f;
+SLIMSERVE_ATTENTION_UNROLL
+      for (int j = 0; j < Tile::tokens_per_thread; ++j) {
+        const float w = exp2f(x[j] - base);
+        sum += w;
+        smem.p[soft_row][soft_seg * Tile::tokens_per_thread + j] = w;
+      }
+SLIMSERVE_ATTENTION_UNROLL
+      for (int offset = 1; offset < Tile::threads_per_row; offset *= 2) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      }
+      run_sum = run_sum * alpha + sum;
+      run_max = new_max;
+      if (soft_seg == 0) smem.alpha[soft_row] = alpha;
+    }
+    __syncthreads();
+    // 3. O[rows of wm, group wn] = alpha O + (P * scale_wn) latent.
+    {
+      const float alpha_lo = smem.alpha[wm * 16 + g];
+      const float alpha_hi = smem.alpha[wm * 16 + g + 8];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < Tile::output_tiles; ++n) {
+        o_acc[n][0] *= alpha_lo;
+        o_acc[n][1] *= alpha_lo;
+        o_acc[n][2] *= alpha_hi;
+        o_acc[n][3] *= alpha_hi;
+      }
+SLIMSERVE_ATTENTION_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        std::uint32_t a[4];
+SLIMSERVE_ATTENTION_UNROLL
+        for (int j = 0; j < 2; ++j) {  // tokens 16 k + 8 j + 2 t, + 1
+          const int token = 16 * k + 8 * j + 2 * t;
+          float v0 = 1.0f, v1 = 1.0f;
+          if (group_scales) {
+            v0 = stage.scales[token][wn] * per_token_p_headroom;
+            v1 = stage.scales[token + 1][wn] * per_token_p_headroom;
+          }
+          const int row = wm * 16 + g;
+          a[2 * j] = pack_pair<MmaT>(smem.p[row][token] * v0, smem.p[row][token + 1] * v1);
+          a[2 * j + 1] = pack_pair<MmaT>(smem.p[row + 8][token] * v0, smem.p[row + 8][token + 1] * v1);
+        }
+SLIMSERVE_ATTENTION_UNROLL
+        for (int c = 0; c < Tile::group_chunks; c += 2) {
+          pv_chunk_pair<KvT, mla_scale_group>(o_acc, stage.latent[wn], 16 * k, c, a, lane);
+        }
+      }
+    }
+  };
+
+  // Pipeline: stages - 1 tiles in flight ahead of the one being consumed.
+SLIMSERVE_ATTENTION_UNROLL
+  for (int i = 0; i < Tile::stages - 1; ++i) {
+    if (i < num_tiles) produce(i);
+    arch::cp_async_commit();
+  }
+  for (std::int64_t i = 0; i < num_tiles; ++i) {
+    arch::cp_async_wait<Tile::stages - 2>();
+    __syncthreads();  // tile i visible to all; tile i - 1 (and its P) consumed by all
+    if (i + Tile::stages - 1 < num_tiles) produce(i + Tile::stages - 1);
+    arch::cp_async_commit();
+    consume(i);
+  }
+  arch::cp_async_wait<0>();
+
+  // Epilogue: row statistics from the softmax threads, outputs from the accumulators.
+  if (soft_seg == 0) {
+    smem.row_max[soft_row] = run_max;
+    smem.row_sum[soft_row] = run_sum;
+  }
+  __syncthreads();
+  const float out_scale = group_scales ? 1.0f / per_token_p_headroom : static_scale;
+SLIMSERVE_ATTENTION_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    const int r = wm * 16 + g + 8 * half;
+    const std::int64_t packed = tile_row0 + r;
+    const float sum = smem.row_sum[r];
+    const bool empty = !(sum > 0.0f);
+    const float norm = empty ? 0.0f : out_scale / sum;
+    if (p.split_kv) {
+      float* po = p.partial_o + partial_row(r) * mla_latent_dim;
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < Tile::output_tiles; ++n) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          po[mla_scale_group * wn + output_column<fp8>(n, t, i)] = o_acc[n][2 * half + i] * norm;
+        }
+      }
+      continue;
+    }
+    if (packed >= valid_rows) continue;
+    const std::int64_t token = first_token + packed / p.num_heads;
+    const std::int64_t head = packed % p.num_heads;
+    QT* o = static_cast<QT*>(p.o) + token * p.o_token_stride + head * p.o_head_stride;
+SLIMSERVE_ATTENTION_UNROLL
+    for (int n = 0; n < Tile::output_tiles; ++n) {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        o[mla_scale_group * wn + output_column<fp8>(n, t, i)] = from_float<QT>(o_acc[n][2 * half + i] * norm);
+      }
+    }
+  }
+  // LSE (natural log): one thread per row.
+  if (soft_seg == 0) {
+    const bool empty = !(run_sum > 0.0f);
+    const float lse = empty ? -INFINITY : (run_max + log2f(run_sum)) * paged_ln_2;
+    if (p.split_kv) {
+      p.partial_lse[partial_row(soft_row)] = soft_valid ? lse : -INFINITY;
+    } else if (soft_valid && p.lse != nullptr) {
+      const std::int64_t token = first_token + soft_packed / p.num_heads;
+      p.lse[token * p.num_heads + soft_packed % p.num_heads] = lse;
+    }
+  }
+}
+
+}  // namespace attention::kernels
+SLIMSERVE_NAMESPACE_END

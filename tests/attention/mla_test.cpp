@@ -1,0 +1,671 @@
+// MLA attention over a paged latent cache, against FP64 references built from the stored
+// (already quantized) records: append (every byte), absorbed decode (every element and LSE)
+// over ragged lengths, shuffled pages with holes, heads 8/16/64/128, query tokens 1/2/4, BF16
+// and FP8 e4m3 (per-token group and per-tensor scales), split vs unsplit, CSR vs block table,
+// aborted requests; the prefix gather; preflight errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "attention_test_support.hpp"
+#include "slimserve/attention/mla.hpp"
+
+using namespace attn_test;
+
+namespace {
+
+constexpr int latent_dim = mla_latent_dim;
+constexpr int rope_dim = mla_rope_dim;
+constexpr int qk_dim = mla_qk_dim;
+
+/// Host image of the latent cache; every byte starts as 0xFF (NaN in every field).
+struct HostMlaCache {
+  KvDtype dtype;
+  MlaScaleMode mode;
+  std::int32_t num_pages, page_size;
+  MlaTokenLayout layout;
+  float static_scale = 1.0f;
+  std::vector<unsigned char> bytes;
+
+  HostMlaCache(KvDtype d, MlaScaleMode m, std::int32_t pages, std::int32_t page)
+      : dtype(d), mode(m), num_pages(pages), page_size(page), layout(mla_token_layout(d, m)) {
+    bytes.assign(static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) *
+                     static_cast<std::size_t>(layout.token_bytes), 0xFF);
+  }
+  unsigned char* record(int page, int slot) {
+    return bytes.data() + (static_cast<std::size_t>(page) * static_cast<std::size_t>(page_size) +
+                           static_cast<std::size_t>(slot)) * static_cast<std::size_t>(layout.token_bytes);
+  }
+  const unsigned char* record(int page, int slot) const {
+    return const_cast<HostMlaCache*>(this)->record(page, slot);
+  }
+  /// The append semantics: latent / scale quantized (RNE, saturating), rope to BF16.
+  void store(int page, int slot, const float* latent, const float* rope) {
+    unsigned char* r = record(page, slot);
+    for (int grp = 0; grp < mla_scale_groups; ++grp) {
+      float scale = 1.0f;
+      if (mode == MlaScaleMode::per_tensor) scale = static_scale;
+      if (mode == MlaScaleMode::per_token_group) {
+        float amax = 0.0f;
+        for (int d = 0; d < mla_scale_group; ++d) amax = std::max(amax, std::fabs(latent[grp * mla_scale_group + d]));
+        scale = amax / format_max(dtype);
+        if (!(scale > 0.0f) || !std::isfinite(scale)) scale = 1.0f;
+        std::memcpy(r + layout.scales_offset + 4 * grp, &scale, 4);
+      }
+      for (int d = grp * mla_scale_group; d < (grp + 1) * mla_scale_group; ++d) {
+        const std::uint16_t b = quantize(dtype, latent[d] / scale);
+        std::memcpy(r + d * element_bytes(dtype), &b, static_cast<std::size_t>(element_bytes(dtype)));
+      }
+    }
+    for (int d = 0; d < rope_dim; ++d) {
+      const std::uint16_t b = quantize(KvDtype::bf16, rope[d]);
+      std::memcpy(r + layout.rope_offset + 2 * d, &b, 2);
+    }
+  }
+  /// Real value of element d (< 576) of the cached (latent | rope) row.
+  double real(int page, int slot, int d) const {
+    const unsigned char* r = record(page, slot);
+    std::uint16_t b = 0;
+    if (d >= latent_dim) {
+      std::memcpy(&b, r + layout.rope_offset + 2 * (d - latent_dim), 2);
+      return dequantize(KvDtype::bf16, b);
+    }
+    std::memcpy(&b, r + d * element_bytes(dtype), static_cast<std::size_t>(element_bytes(dtype)));
+    double scale = 1.0;
+    if (mode == MlaScaleMode::per_tensor) scale = static_scale;
+    if (mode == MlaScaleMode::per_token_group) {
+      float s = 0.0f;
+      std::memcpy(&s, r + layout.scales_offset + 4 * (d / mla_scale_group), 4);
+      scale = s;
+    }
+    return static_cast<double>(dequantize(dtype, b)) * scale;
+  }
+};
+
+struct DeviceMlaCache {
+  rt::DeviceBuffer<unsigned char> pages;
+  rt::DeviceBuffer<float> scale;
+  MlaCacheView view;
+  explicit DeviceMlaCache(const HostMlaCache& host) {
+    pages = upload(host.bytes);
+    scale = upload(std::vector<float>{host.static_scale});
+    view.pages = pages.data();
+    view.latent_scale = scale.data();
+    view.num_pages = host.num_pages;
+    view.page_size = host.page_size;
+    view.dtype = host.dtype;
+    view.scale_mode = host.mode;
+  }
+};
+
+/// A latent row like a real model's: N(0, 1) with outlier channels, some tokens louder.
+void latent_row(std::mt19937_64& rng, float* latent, float* rope, float loud) {
+  realistic_row(rng, latent_dim, latent, loud);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int d = 0; d < rope_dim; ++d) rope[d] = normal(rng) * 2.0f;
+}
+
+std::vector<std::int64_t> ragged_lengths(int page_size, std::size_t count) {
+  const std::vector<std::int64_t> pattern = {page_size + 1, std::max(3 * page_size + 7, 150), 1, page_size - 1, page_size, 2};
+  std::vector<std::int64_t> lengths;
+  for (std::size_t i = 0; i < count; ++i) lengths.push_back(pattern[i % pattern.size()]);
+  return lengths;
+}
+
+struct DecodeCase {
+  KvDtype dtype;
+  MlaScaleMode mode;
+  int heads;
+  int query_tokens;
+  int page_size;
+  std::size_t batch;
+};
+
+struct DecodeFixture {
+  DecodeCase c;
+  HostPageTable table;
+  HostMlaCache cache;
+  std::vector<float> q_values;  // [B * qt, H, 576] as the kernel reads them (bf16-rounded)
+  std::vector<std::uint16_t> q_bits;
+  std::vector<double> v_max;    // per request: largest |latent| it holds
+
+  DecodeFixture(const DecodeCase& dc, std::mt19937_64& rng)
+      : c(dc), table(make_page_table(ragged_lengths(dc.page_size, dc.batch), dc.page_size, rng, dc.batch > 2)),
+        cache(dc.dtype, dc.mode, table.num_pages, dc.page_size) {
+    cache.static_scale = 0.05f;  // per_tensor: amax of ~22 maps to 448
+    std::vector<float> latent(latent_dim), rope(rope_dim);
+    v_max.assign(c.batch, 0.0);
+    std::vector<char> written(static_cast<std::size_t>(table.num_pages) * static_cast<std::size_t>(c.page_size), 0);
+    for (std::size_t b = 0; b < c.batch; ++b) {
+      const auto pages = table.pages_of(b);
+      for (std::int64_t pos = 0; pos < table.length(b); ++pos) {
+        const int page = pages[static_cast<std::size_t>(pos / c.page_size)];
+        const int slot = static_cast<int>(pos % c.page_size);
+        const std::size_t id = static_cast<std::size_t>(page) * static_cast<std::size_t>(c.page_size) + static_cast<std::size_t>(slot);
+        if (!written[id]) {  // a shared prefix page keeps its first writer's values
+          latent_row(rng, latent.data(), rope.data(), pos % 37 == 5 ? 4.0f : 1.0f);
+          cache.store(page, slot, latent.data(), rope.data());
+          written[id] = 1;
+        }
+      }
+    }
+    for (std::size_t b = 0; b < c.batch; ++b) {
+      const auto pages = table.pages_of(b);
+      for (std::int64_t pos = 0; pos < table.length(b); ++pos) {
+        for (int d = 0; d < latent_dim; ++d) {
+          v_max[b] = std::max(v_max[b], std::fabs(cache.real(pages[static_cast<std::size_t>(pos / c.page_size)],
+                                                              static_cast<int>(pos % c.page_size), d)));
+        }
+      }
+    }
+    const std::size_t q_count = c.batch * static_cast<std::size_t>(c.query_tokens * c.heads * qk_dim);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    q_bits.resize(q_count);
+    q_values.resize(q_count);
+    for (std::size_t i = 0; i < q_count; ++i) {
+      q_bits[i] = from_float<bf16>(normal(rng)).bits;
+      q_values[i] = to_float(bf16::from_bits(q_bits[i]));
+    }
+  }
+
+  Reference reference(double sm_scale) const {
+    Reference ref;
+    const std::size_t rows = c.batch * static_cast<std::size_t>(c.query_tokens * c.heads);
+    ref.o.assign(rows * latent_dim, 0.0);
+    ref.lse.assign(rows, -INFINITY);
+    for (std::size_t b = 0; b < c.batch; ++b) {
+      const auto pages = table.pages_of(b);
+      const std::int64_t len = table.length(b);
+      for (int t = 0; t < c.query_tokens; ++t) {
+        const std::int64_t visible = std::max<std::int64_t>(0, len - c.query_tokens + t + 1);
+        for (int h = 0; h < c.heads; ++h) {
+          const std::size_t row = (b * static_cast<std::size_t>(c.query_tokens) + static_cast<std::size_t>(t)) *
+                                      static_cast<std::size_t>(c.heads) + static_cast<std::size_t>(h);
+          if (visible == 0) continue;
+          std::vector<double> s(static_cast<std::size_t>(visible));
+          double m = -INFINITY;
+          for (std::int64_t p = 0; p < visible; ++p) {
+            const int page = pages[static_cast<std::size_t>(p / c.page_size)];
+            const int slot = static_cast<int>(p % c.page_size);
+            double dot = 0.0;
+            for (int d = 0; d < qk_dim; ++d) dot += q_values[row * qk_dim + static_cast<std::size_t>(d)] * cache.real(page, slot, d);
+            s[static_cast<std::size_t>(p)] = dot * sm_scale;
+            m = std::max(m, s[static_cast<std::size_t>(p)]);
+          }
+          double sum = 0.0;
+          for (std::int64_t p = 0; p < visible; ++p) {
+            const double w = std::exp(s[static_cast<std::size_t>(p)] - m);
+            sum += w;
+            const int page = pages[static_cast<std::size_t>(p / c.page_size)];
+            const int slot = static_cast<int>(p % c.page_size);
+            for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] += w * cache.real(page, slot, d);
+          }
+          for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] /= sum;
+          ref.lse[row] = m + std::log(sum);
+        }
+      }
+    }
+    return ref;
+  }
+};
+
+struct RunOptions {
+  bool split = false;
+  bool block_table = false;
+  std::vector<kv::RequestStatus> status;  // empty: no tag check
+};
+
+/// Plans and runs one decode step; returns o (as floats) and lse. Outputs are poisoned first.
+std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFixture& f, const RunOptions& opt,
+                                                                  float sm_scale, MlaDecodePlan* plan_out = nullptr) {
+  const DecodeCase& c = f.c;
+  DeviceMlaCache cache(f.cache);
+  auto indptr = upload(f.table.indptr);
+  auto indices = upload(f.table.indices);
+  auto last = upload(f.table.last_page_len);
+  std::vector<std::int32_t> seq_lens;
+  std::int32_t max_pages = 1;
+  for (std::size_t b = 0; b < c.batch; ++b) {
+    seq_lens.push_back(static_cast<std::int32_t>(f.table.length(b)));
+    max_pages = std::max(max_pages, f.table.indptr[b + 1] - f.table.indptr[b]);
+  }
+  ++max_pages;  // a spare column of -1: ids past the length are never read
+  std::vector<std::int32_t> block(c.batch * static_cast<std::size_t>(max_pages), -1);
+  for (std::size_t b = 0; b < c.batch; ++b) {
+    for (std::int32_t i = f.table.indptr[b]; i < f.table.indptr[b + 1]; ++i) {
+      block[b * static_cast<std::size_t>(max_pages) + static_cast<std::size_t>(i - f.table.indptr[b])] = f.table.indices[static_cast<std::size_t>(i)];
+    }
+  }
+  auto block_dev = upload(block);
+  auto seq_dev = upload(seq_lens);
+
+  MlaDecodePlanArguments pa;
+  pa.problem = {static_cast<std::int32_t>(c.batch), c.heads, c.query_tokens, c.page_size, c.dtype, c.mode};
+  if (opt.block_table) {
+    pa.seq_lens_host = seq_lens;
+  } else {
+    pa.kv_indptr_host = f.table.indptr;
+    pa.last_page_len_host = f.table.last_page_len;
+  }
+  pa.num_sms = opt.split ? 64 : 1;
+  pa.min_chunk_tokens = 1;
+  pa.allow_split = opt.split;
+  auto bytes = mla_decode_workspace_size(pa);
+  REQUIRE(bytes.ok());
+  MlaDecodeWorkspaceBound bound{pa.problem, pa.num_sms, pa.ctas_per_sm};
+  auto bound_bytes = mla_decode_workspace_bound(bound);
+  REQUIRE(bound_bytes.ok());
+  CHECK(*bound_bytes >= *bytes);
+  auto workspace = rt::DeviceBuffer<unsigned char>::create(*bytes);
+  REQUIRE(workspace.ok());
+  auto plan = plan_mla_decode(pa, workspace->data(), *bytes, nullptr);
+  REQUIRE(plan.ok());
+  if (opt.split) CHECK(plan->split_kv);
+  if (!opt.split) CHECK_FALSE(plan->split_kv);
+  if (plan_out != nullptr) *plan_out = *plan;
+
+  const std::size_t rows = c.batch * static_cast<std::size_t>(c.query_tokens * c.heads);
+  auto q = upload(f.q_bits);
+  auto o = upload(std::vector<std::uint16_t>(rows * latent_dim, from_float<bf16>(12345.0f).bits));  // poison
+  auto lse = upload(std::vector<float>(rows, 777.0f));
+  rt::DeviceBuffer<kv::RequestStatus> status;
+  if (!opt.status.empty()) status = upload(opt.status);
+
+  MlaDecodeArguments a;
+  a.cache = cache.view;
+  if (opt.block_table) {
+    a.block_table.block_table = block_dev.data();
+    a.block_table.seq_lens = seq_dev.data();
+    a.block_table.batch_size = static_cast<std::int32_t>(c.batch);
+    a.block_table.max_pages_per_request = max_pages;
+    a.block_table.page_size = c.page_size;
+  } else {
+    a.table.indptr = indptr.data();
+    a.table.indices = indices.data();
+    a.table.last_page_len = last.data();
+    a.table.batch_size = static_cast<std::int32_t>(c.batch);
+    a.table.page_size = c.page_size;
+  }
+  a.request_status = opt.status.empty() ? nullptr : status.data();
+  a.q = q.data();
+  a.o = o.data();
+  a.lse = lse.data();
+  a.sm_scale = sm_scale;
+  REQUIRE(run_mla_decode(a, *plan, workspace->data(), *bytes, nullptr).ok());
+  const auto o_bits = download(o, rows * latent_dim);
+  std::vector<float> o_values(o_bits.size());
+  for (std::size_t i = 0; i < o_bits.size(); ++i) o_values[i] = to_float(bf16::from_bits(o_bits[i]));
+  return {o_values, download(lse, rows)};
+}
+
+void check_decode(const DecodeFixture& f, const std::vector<float>& o, const std::vector<float>& lse,
+                  const Reference& ref, const std::vector<kv::RequestStatus>& status) {
+  const DecodeCase& c = f.c;
+  // P is rounded to the mma type (BF16: 2^-9 relative; FP8 path: fp16, 2^-11) and o to BF16.
+  const double tol_v = c.dtype == KvDtype::bf16 ? 6e-3 : 3e-3;
+  std::size_t bad = 0;
+  for (std::size_t b = 0; b < c.batch; ++b) {
+    const bool aborted = !status.empty() && !kv::request_ok(status[b]);
+    for (int t = 0; t < c.query_tokens; ++t) {
+      for (int h = 0; h < c.heads; ++h) {
+        const std::size_t row = (b * static_cast<std::size_t>(c.query_tokens) + static_cast<std::size_t>(t)) *
+                                    static_cast<std::size_t>(c.heads) + static_cast<std::size_t>(h);
+        if (aborted) {
+          if (!(lse[row] == -INFINITY)) ++bad;
+          for (int d = 0; d < latent_dim; ++d) if (!std::isnan(o[row * latent_dim + static_cast<std::size_t>(d)])) ++bad;
+          continue;
+        }
+        if (ref.lse[row] == -INFINITY) {
+          if (!(lse[row] == -INFINITY)) ++bad;
+        } else if (!(std::fabs(lse[row] - ref.lse[row]) <= 2e-3 + 1e-4 * std::fabs(ref.lse[row]))) {
+          if (bad++ < 5) std::printf("lse row %zu: %f vs %f\n", row, static_cast<double>(lse[row]), ref.lse[row]);
+        }
+        for (int d = 0; d < latent_dim; ++d) {
+          const double want = ref.o[row * latent_dim + static_cast<std::size_t>(d)];
+          const double got = o[row * latent_dim + static_cast<std::size_t>(d)];
+          if (!(std::fabs(got - want) <= tol_v * f.v_max[b] + 8e-3 * std::fabs(want) + 1e-6)) {
+            if (bad++ < 5) std::printf("o row %zu d %d: %f vs %f (vmax %f)\n", row, d, got, want, f.v_max[b]);
+          }
+        }
+      }
+    }
+  }
+  CHECK(bad == 0);
+}
+
+std::string describe(const DecodeCase& c) {
+  return std::string(to_string(c.dtype)) + "/" + std::string(to_string(c.mode)) + " heads " + std::to_string(c.heads) +
+         " qt " + std::to_string(c.query_tokens) + " page " + std::to_string(c.page_size);
+}
+
+}  // namespace
+
+TEST_CASE("mla cache view: record layout, capacity, validation") {
+  CHECK(mla_bytes_per_token(KvDtype::fp8_e4m3, MlaScaleMode::per_token_group) == 656);
+  CHECK(mla_bytes_per_token(KvDtype::fp8_e4m3, MlaScaleMode::per_tensor) == 640);
+  CHECK(mla_bytes_per_token(KvDtype::bf16, MlaScaleMode::none) == 1152);
+  CHECK(mla_tokens_in(std::int64_t{1} << 30, KvDtype::bf16, MlaScaleMode::none, 64) == 932032);  // 14,563 whole pages of 64 x 1152 B
+  alignas(16) static unsigned char storage[16];
+  MlaCacheView v;
+  v.pages = storage;
+  v.num_pages = 1;
+  v.page_size = 64;
+  CHECK(validate_mla_cache_view(v).ok());
+  v.dtype = KvDtype::fp8_e4m3;
+  CHECK(validate_mla_cache_view(v).code() == StatusCode::invalid_argument);  // FP8 without scales
+  v.scale_mode = MlaScaleMode::per_tensor;
+  CHECK_FALSE(validate_mla_cache_view(v).ok());  // per_tensor without the scale pointer
+  v.scale_mode = MlaScaleMode::per_token_group;
+  CHECK(validate_mla_cache_view(v).ok());
+  v.rope_dim = 32;
+  CHECK(validate_mla_cache_view(v).code() == StatusCode::unsupported);
+  v.rope_dim = 64;
+  v.latent_dim = 256;
+  CHECK(validate_mla_cache_view(v).code() == StatusCode::unsupported);
+  v.latent_dim = 512;
+  v.page_size = 8;
+  CHECK_FALSE(validate_mla_cache_view(v).ok());
+  v.page_size = 16;
+  v.dtype = KvDtype::fp8_e5m2;
+  CHECK(validate_mla_cache_view(v).code() == StatusCode::unsupported);
+}
+
+TEST_CASE("mla append: every byte of every record, aborted requests untouched") {
+  auto rng = slimserve_test::make_rng(1401);
+  struct AppendCase { KvDtype dtype; MlaScaleMode mode; int page_size; ActivationDtype input; bool explicit_form; };
+  const AppendCase cases[] = {
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, ActivationDtype::bf16, false},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_tensor, 16, ActivationDtype::fp16, true},
+      {KvDtype::bf16, MlaScaleMode::none, 32, ActivationDtype::bf16, true},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 128, ActivationDtype::fp16, true},
+  };
+  for (const AppendCase& ac : cases) {
+    SECTION(std::string(to_string(ac.dtype)) + "/" + std::string(to_string(ac.mode)) + " page " + std::to_string(ac.page_size)) {
+      const std::size_t batch = 5;
+      const auto lengths = ragged_lengths(ac.page_size, batch);
+      HostPageTable table = make_page_table(lengths, ac.page_size, rng, false);
+      HostMlaCache expected(ac.dtype, ac.mode, table.num_pages, ac.page_size);
+      expected.static_scale = 0.04f;
+      HostMlaCache before = expected;
+      // New tokens: each request's last min(len, 3) tokens (chunk form), or the same as explicit
+      // destinations in shuffled order.
+      std::vector<std::int32_t> append_indptr{0}, token_request, token_position;
+      for (std::size_t b = 0; b < batch; ++b) {
+        const std::int64_t n = std::min<std::int64_t>(lengths[b], 3);
+        for (std::int64_t i = 0; i < n; ++i) {
+          token_request.push_back(static_cast<std::int32_t>(b));
+          token_position.push_back(static_cast<std::int32_t>(lengths[b] - n + i));
+        }
+        append_indptr.push_back(static_cast<std::int32_t>(token_request.size()));
+      }
+      const std::size_t tokens = token_request.size();
+      std::vector<float> latent(tokens * latent_dim), rope(tokens * rope_dim);
+      std::vector<std::uint16_t> latent_bits(latent.size()), rope_bits(rope.size());
+      for (std::size_t t = 0; t < tokens; ++t) latent_row(rng, &latent[t * latent_dim], &rope[t * rope_dim], t % 4 == 1 ? 6.0f : 1.0f);
+      latent[3] = 0.0f;  // an exact zero and, in one token, an all-zero group (scale 1)
+      for (int d = 0; d < mla_scale_group; ++d) latent[latent_dim + 128 + static_cast<std::size_t>(d)] = 0.0f;
+      for (std::size_t i = 0; i < latent.size(); ++i) {
+        latent_bits[i] = to_activation(ac.input, latent[i]);
+        latent[i] = from_activation(ac.input, latent_bits[i]);
+      }
+      for (std::size_t i = 0; i < rope.size(); ++i) {
+        rope_bits[i] = to_activation(ac.input, rope[i]);
+        rope[i] = from_activation(ac.input, rope_bits[i]);
+      }
+      std::vector<kv::RequestStatus> status(batch, kv::RequestStatus{kv::RequestState::ok, -1});
+      status[2] = {kv::RequestState::stale_tag, 0};
+      for (std::size_t t = 0; t < tokens; ++t) {
+        const auto b = static_cast<std::size_t>(token_request[t]);
+        if (!kv::request_ok(status[b])) continue;
+        const auto pages = table.pages_of(b);
+        const std::int32_t pos = token_position[t];
+        expected.store(pages[static_cast<std::size_t>(pos / ac.page_size)], pos % ac.page_size, &latent[t * latent_dim],
+                       &rope[t * rope_dim]);
+      }
+      if (ac.explicit_form) {  // shuffled order
+        std::vector<std::size_t> perm(tokens);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        auto permute = [&](auto& v, std::size_t width) {
+          auto copy = v;
+          for (std::size_t i = 0; i < tokens; ++i) std::copy_n(&copy[perm[i] * width], width, &v[i * width]);
+        };
+        permute(token_request, 1);
+        permute(token_position, 1);
+        permute(latent_bits, latent_dim);
+        permute(rope_bits, rope_dim);
+      }
+      DeviceMlaCache cache(before);
+      auto indptr = upload(table.indptr);
+      auto indices = upload(table.indices);
+      auto last = upload(table.last_page_len);
+      auto request = upload(token_request);
+      auto position = upload(token_position);
+      auto chunk = upload(append_indptr);
+      auto latent_dev = upload(latent_bits);
+      auto rope_dev = upload(rope_bits);
+      auto status_dev = upload(status);
+      MlaAppendArguments a;
+      a.cache = cache.view;
+      a.table = {indptr.data(), indices.data(), last.data(), nullptr, static_cast<std::int32_t>(batch), ac.page_size};
+      a.request_status = status_dev.data();
+      a.latent_new = latent_dev.data();
+      a.rope_new = rope_dev.data();
+      a.input_dtype = ac.input;
+      a.num_tokens = static_cast<std::int32_t>(tokens);
+      if (ac.explicit_form) {
+        a.token_request = request.data();
+        a.token_position = position.data();
+      } else {
+        a.append_indptr = chunk.data();
+      }
+      REQUIRE(append_mla(a, nullptr).ok());
+      const auto got = download(cache.pages, expected.bytes.size());
+      std::size_t mismatches = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != expected.bytes[i] && mismatches++ < 5) std::printf("byte %zu: %u vs %u\n", i, got[i], expected.bytes[i]);
+      }
+      CHECK(mismatches == 0);
+
+      // Preflight: both destination forms, a misaligned input.
+      MlaAppendArguments both = a;
+      both.append_indptr = chunk.data();
+      both.token_request = request.data();
+      both.token_position = position.data();
+      CHECK_FALSE(append_mla(both, nullptr).ok());
+      MlaAppendArguments misaligned = a;
+      misaligned.latent_new = static_cast<const unsigned char*>(a.latent_new) + 2;
+      CHECK_FALSE(append_mla(misaligned, nullptr).ok());
+    }
+  }
+}
+
+TEST_CASE("mla decode: every element and lse against FP64, split vs unsplit, CSR vs block table") {
+  const DecodeCase cases[] = {
+      {KvDtype::bf16, MlaScaleMode::none, 8, 1, 16, 6},
+      {KvDtype::bf16, MlaScaleMode::none, 16, 2, 32, 5},
+      {KvDtype::bf16, MlaScaleMode::none, 64, 1, 64, 4},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 8, 4, 16, 6},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 16, 1, 64, 5},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, 2, 16, 4},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 128, 1, 32, 3},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_tensor, 16, 4, 128, 3},
+      {KvDtype::bf16, MlaScaleMode::none, 128, 1, 16, 3},
+  };
+  const float sm_scale = 1.0f / std::sqrt(192.0f);
+  for (std::size_t i = 0; i < std::size(cases); ++i) {
+    const DecodeCase& c = cases[i];
+    SECTION(describe(c)) {
+      auto rng = slimserve_test::make_rng(1410 + i);
+      DecodeFixture f(c, rng);
+      const Reference ref = f.reference(sm_scale);
+      {
+        INFO("unsplit, CSR");
+        auto [o, lse] = run_decode_case(f, RunOptions{}, sm_scale);
+        check_decode(f, o, lse, ref, {});
+      }
+      {
+        INFO("split, block table, one request aborted");
+        RunOptions opt;
+        opt.split = true;
+        opt.block_table = (i % 2) == 0;
+        opt.status.assign(c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
+        opt.status[1] = {kv::RequestState::stale_tag, 0};
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, opt.status);
+      }
+    }
+  }
+}
+
+TEST_CASE("mla decode: bad problems are refused before launch") {
+  MlaDecodePlanArguments pa;
+  const std::vector<std::int32_t> indptr{0, 1}, last{5};
+  pa.kv_indptr_host = indptr;
+  pa.last_page_len_host = last;
+  pa.num_sms = 4;
+  pa.problem = {1, 64, 1, 16, KvDtype::fp8_e4m3, MlaScaleMode::per_token_group};
+  CHECK(make_mla_decode_plan(pa).ok());
+  auto expect = [&](MlaDecodeProblem p, StatusCode code) {
+    MlaDecodePlanArguments bad = pa;
+    bad.problem = p;
+    const auto plan = make_mla_decode_plan(bad);
+    REQUIRE_FALSE(plan.ok());
+    CHECK(plan.status().code() == code);
+    INFO(plan.status().message());
+    CHECK_FALSE(plan.status().message().empty());
+  };
+  MlaDecodeProblem p = pa.problem;
+  p.num_heads = 12;
+  expect(p, StatusCode::unsupported);
+  p = pa.problem;
+  p.num_heads = 256;
+  expect(p, StatusCode::unsupported);
+  p = pa.problem;
+  p.rope_dim = 128;
+  expect(p, StatusCode::unsupported);
+  p = pa.problem;
+  p.latent_dim = 256;
+  expect(p, StatusCode::unsupported);
+  p = pa.problem;
+  p.scale_mode = MlaScaleMode::none;  // FP8 without scales
+  expect(p, StatusCode::invalid_argument);
+  p = pa.problem;
+  p.query_tokens = 9;
+  expect(p, StatusCode::unsupported);
+  p = pa.problem;
+  p.kv_dtype = KvDtype::bf16;  // bf16 with group scales
+  expect(p, StatusCode::invalid_argument);
+  // Bad host table.
+  MlaDecodePlanArguments bad = pa;
+  const std::vector<std::int32_t> bad_last{17};
+  bad.last_page_len_host = bad_last;
+  CHECK_FALSE(make_mla_decode_plan(bad).ok());
+  // Run: a short workspace, missing scales in the view, a cache that differs from the plan.
+  auto plan = make_mla_decode_plan(pa);
+  REQUIRE(plan.ok());
+  alignas(16) static unsigned char ws[64];
+  alignas(16) static unsigned char pages[16];
+  alignas(16) static unsigned char q[16];
+  MlaDecodeArguments a;
+  a.cache.pages = pages;
+  a.cache.num_pages = 1;
+  a.cache.page_size = 16;
+  a.cache.dtype = KvDtype::fp8_e4m3;
+  a.cache.scale_mode = MlaScaleMode::per_tensor;  // no latent_scale pointer
+  a.q = q;
+  a.o = q;
+  a.sm_scale = 0.1f;
+  CHECK_FALSE(run_mla_decode(a, *plan, ws, sizeof(ws), nullptr).ok());
+  a.cache.scale_mode = MlaScaleMode::per_token_group;
+  const Status short_ws = run_mla_decode(a, *plan, ws, 8, nullptr);
+  CHECK(short_ws.code() == StatusCode::resource_exhausted);
+  // A cache other than the plan's, and neither / both page-table forms.
+  MlaDecodeArguments other = a;
+  other.cache.dtype = KvDtype::bf16;
+  other.cache.scale_mode = MlaScaleMode::none;
+  CHECK_FALSE(run_mla_decode(other, *plan, ws, sizeof(ws), nullptr).ok());
+  const std::int32_t ids[1] = {0};
+  MlaDecodeArguments both = a;
+  both.table = {ids, ids, ids, nullptr, 1, 16};
+  both.block_table = {ids, nullptr, ids, 1, 1, 16};
+  CHECK_FALSE(run_mla_decode(both, *plan, ws, sizeof(ws), nullptr).ok());
+  CHECK_FALSE(run_mla_decode(a, *plan, ws, sizeof(ws), nullptr).ok());  // neither
+  // The graph-safe bound covers every smaller batch and any lengths.
+  MlaDecodeWorkspaceBound bound{{16, 128, 4, 64, KvDtype::fp8_e4m3, MlaScaleMode::per_token_group}, 132, 1};
+  auto limit = mla_decode_workspace_bound(bound);
+  REQUIRE(limit.ok());
+  for (const std::int32_t batch : {1, 3, 16}) {
+    for (const std::int32_t len : {1, 700, 40000}) {
+      std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), len);
+      MlaDecodePlanArguments args;
+      args.problem = bound.problem;
+      args.problem.batch_size = batch;
+      args.seq_lens_host = lens;
+      args.num_sms = 132;
+      auto bytes = mla_decode_workspace_size(args);
+      REQUIRE(bytes.ok());
+      CHECK(*bytes <= *limit);
+    }
+  }
+}
+
+TEST_CASE("mla gather: cached prefix to BF16, aborted rows NaN") {
+  for (const auto& [dtype, mode] : {std::pair{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group},
+                                    std::pair{KvDtype::bf16, MlaScaleMode::none},
+                                    std::pair{KvDtype::fp8_e4m3, MlaScaleMode::per_tensor}}) {
+    auto rng = slimserve_test::make_rng(1420 + static_cast<int>(mode));
+    const DecodeCase c{dtype, mode, 8, 1, 32, 5};
+    DecodeFixture f(c, rng);
+    std::vector<std::int32_t> token_indptr{0};
+    for (std::size_t b = 0; b < c.batch; ++b) token_indptr.push_back(token_indptr.back() + static_cast<std::int32_t>(f.table.length(b)));
+    std::vector<kv::RequestStatus> status(c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
+    status[3] = {kv::RequestState::page_out_of_range, 0};
+    const auto rows = static_cast<std::size_t>(token_indptr.back());
+    const std::int64_t stride = 584;  // a strided output
+    DeviceMlaCache cache(f.cache);
+    auto indptr = upload(f.table.indptr);
+    auto indices = upload(f.table.indices);
+    auto last = upload(f.table.last_page_len);
+    auto tok = upload(token_indptr);
+    auto st = upload(status);
+    auto out = upload(std::vector<std::uint16_t>((rows + 2) * static_cast<std::size_t>(stride), 0x7777));
+    MlaGatherArguments a;
+    a.cache = cache.view;
+    a.table = {indptr.data(), indices.data(), last.data(), nullptr, static_cast<std::int32_t>(c.batch), c.page_size};
+    a.request_status = st.data();
+    a.token_indptr = tok.data();
+    a.out = out.data();
+    a.out_stride = stride;
+    a.num_rows = static_cast<std::int32_t>(rows + 2);  // an upper bound: the extra rows stay
+    REQUIRE(gather_mla_latent(a, nullptr).ok());
+    const auto got = download(out, (rows + 2) * static_cast<std::size_t>(stride));
+    std::size_t bad = 0;
+    for (std::size_t b = 0; b < c.batch; ++b) {
+      const auto pages = f.table.pages_of(b);
+      for (std::int64_t pos = 0; pos < f.table.length(b); ++pos) {
+        const std::size_t row = static_cast<std::size_t>(token_indptr[b] + pos);
+        for (int d = 0; d < qk_dim; ++d) {
+          const float v = to_float(bf16::from_bits(got[row * static_cast<std::size_t>(stride) + static_cast<std::size_t>(d)]));
+          if (!kv::request_ok(status[b])) {
+            if (!std::isnan(v)) ++bad;
+            continue;
+          }
+          const float want = to_float(from_float<bf16>(static_cast<float>(
+              f.cache.real(pages[static_cast<std::size_t>(pos / c.page_size)], static_cast<int>(pos % c.page_size), d))));
+          if (!(v == want) && bad++ < 5) std::printf("row %zu d %d: %f vs %f\n", row, d, static_cast<double>(v), static_cast<double>(want));
+        }
+        for (std::int64_t d = qk_dim; d < stride; ++d) {
+          if (got[row * static_cast<std::size_t>(stride) + static_cast<std::size_t>(d)] != 0x7777) ++bad;
+        }
+      }
+    }
+    for (std::size_t i = rows * static_cast<std::size_t>(stride); i < got.size(); ++i) if (got[i] != 0x7777) ++bad;
+    CHECK(bad == 0);
+  }
+}
