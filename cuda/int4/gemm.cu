@@ -253,6 +253,9 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
     plan.path = args.m >= options.expand_min_m ? GemmPath::expand : GemmPath::fused;
   }
   plan.tile = args.m <= 16 ? GemmTile::m16_n128 : GemmTile::m64_n128;
+  plan.scaling = plan.path == GemmPath::fused && plan.tile == GemmTile::m16_n128
+                     ? decode_tile_group_scaling(args.group_size)
+                     : GroupScaling::per_weight;
   const FusedKernel* kernel =
       find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
   if (kernel == nullptr) {

@@ -28,6 +28,11 @@ SLIMSERVE_HOST_DEVICE constexpr std::uint32_t splat(std::uint16_t bits) {
   return static_cast<std::uint32_t>(bits) * 0x00010001u;
 }
 
+/// Both halves set to the low 16 bits of a run-time value: one byte permute on the GPU.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t splat_low_half(std::uint32_t bits) {
+  return arch::prmt(bits, 0u, 0x1010u);
+}
+
 /// Per-type constants (bit patterns of one 16-bit value).
 template <class T>
 struct DequantTraits;
@@ -93,7 +98,7 @@ template <class T>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE DequantColumn make_dequant_column(std::uint16_t scale_bits,
                                                                          std::uint16_t zero_bits) {
   using Traits = detail::DequantTraits<T>;
-  const std::uint32_t zero = detail::splat(zero_bits);
+  const std::uint32_t zero = detail::splat_low_half(zero_bits);
   const std::uint32_t minus_one = detail::splat(Traits::minus_one);
   DequantColumn column{};
   column.scale = detail::splat(scale_bits);
@@ -148,6 +153,39 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void dequantize_word(std::uint32_t word,
   b[1] = detail::fma2<T>(shifted[1], first.scale, minus_zero);
   b[2] = detail::fma2<T>(shifted[2], second.scale, minus_zero);
   b[3] = detail::fma2<T>(shifted[3], second.scale, minus_zero);
+}
+
+/// One packed word -> the lane's four mma B registers holding q - z (exact small integers in
+/// T), for kernels that multiply the group's FP32 sums by the scale instead of every weight
+/// (`GroupScaling::per_group_sum`). Same registers as `dequantize_word`, without its scale FMA.
+template <class T>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void dequantize_word_unscaled(std::uint32_t word,
+                                                                     const DequantColumn& first,
+                                                                     const DequantColumn& second,
+                                                                     std::uint32_t (&b)[4]) {
+  using Traits = detail::DequantTraits<T>;
+  constexpr std::uint8_t and_or = 0xEA;  // (a & b) | c
+  const std::uint32_t magic = detail::splat(Traits::magic);
+  const std::uint32_t one = detail::splat(Traits::one);
+  if constexpr (std::is_same_v<T, fp16>) {
+    const std::uint32_t upper = word >> 8;
+    const std::uint32_t sixteenth = detail::splat(Traits::one_sixteenth);
+    b[0] = detail::fma2<T>(arch::lop3<and_or>(word, 0x000F000Fu, magic), one, first.minus_base);
+    b[1] = detail::fma2<T>(arch::lop3<and_or>(word, 0x00F000F0u, magic), sixteenth,
+                           first.minus_base_div16);
+    b[2] = detail::fma2<T>(arch::lop3<and_or>(upper, 0x000F000Fu, magic), one, second.minus_base);
+    b[3] = detail::fma2<T>(arch::lop3<and_or>(upper, 0x00F000F0u, magic), sixteenth,
+                           second.minus_base_div16);
+  } else {
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+    for (int reg = 0; reg < 4; ++reg) {
+      const DequantColumn& column = reg < 2 ? first : second;
+      b[reg] = detail::fma2<T>(arch::lop3<and_or>(word >> (4 * reg), 0x000F000Fu, magic), one,
+                               column.minus_base);
+    }
+  }
 }
 
 /// Zero point z of symmetric weights, as T bits.
