@@ -19,6 +19,9 @@ namespace {
 // weights are marked evict-first in L2; the wide tile's are re-read by the other M tiles.
 using DecodeTile = GemmTileConfig<16, 128, 1, 4, 4, true>;  // GemmTile::m16_n128
 using WideTile = GemmTileConfig<64, 128, 2, 2, 4, false>;   // GemmTile::m64_n128
+// Groups spanning whole stages: 256 columns per block, 64 per warp, so a warp's fixed costs
+// per stage (loop, barrier, A fragments, group start) are spread over twice the weights.
+using DecodeStageTile = GemmTileConfig<16, 256, 1, 4, 4, true>;  // GemmTile::m16_n128
 constexpr int block_k = DecodeTile::block_k;
 static_assert(WideTile::block_k == block_k, "split-K slices are sized by one block_k");
 
@@ -91,7 +94,8 @@ constexpr std::array<T, A + B> concat(const std::array<T, A>& a, const std::arra
 template <class T>
 constexpr auto fused_rows_for_type() {
   return concat(
-      fused_rows<T, DecodeTile, GemmTile::m16_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>(),
+      concat(fused_rows<T, DecodeTile, GemmTile::m16_n128, GroupSpan::k16, GroupSpan::k32>(),
+             fused_rows<T, DecodeStageTile, GemmTile::m16_n128, GroupSpan::stage>()),
       fused_rows<T, WideTile, GemmTile::m64_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>());
 }
 const auto fused_kernels = concat(fused_rows_for_type<bf16>(), fused_rows_for_type<fp16>());
