@@ -201,8 +201,9 @@ TEST_CASE("fused W4A16: 256-column decode tile (groups >= 64) across several col
   int index = 0;
   for (ActivationType type : {ActivationType::bf16, ActivationType::fp16}) {
     for (std::int64_t group : {std::int64_t{64}, std::int64_t{128}}) {
-      // n = 400: one full 256-column tile and one of 144; k = 320: groups end mid-slice.
-      MatrixSpec spec{320, 400, group, index % 2 == 0, false, type};
+      // n = 400: one full 256-column tile and one of 144; k = 384: stream-K and split-K
+      // slices begin and end inside groups.
+      MatrixSpec spec{384, 400, group, index % 2 == 0, false, type};
       slimserve::int4::GemmOptions options;
       options.path = slimserve::int4::GemmPath::fused;
       options.schedule = index % 2 == 0 ? slimserve::int4::GemmSchedule::stream_k
