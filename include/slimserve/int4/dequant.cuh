@@ -28,11 +28,6 @@ SLIMSERVE_HOST_DEVICE constexpr std::uint32_t splat(std::uint16_t bits) {
   return static_cast<std::uint32_t>(bits) * 0x00010001u;
 }
 
-/// Both halves set to the low 16 bits of a run-time value: one byte permute on the GPU.
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t splat_low_half(std::uint32_t bits) {
-  return arch::prmt(bits, 0u, 0x1010u);
-}
-
 /// Per-type constants (bit patterns of one 16-bit value).
 template <class T>
 struct DequantTraits;
@@ -98,7 +93,7 @@ template <class T>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE DequantColumn make_dequant_column(std::uint16_t scale_bits,
                                                                          std::uint16_t zero_bits) {
   using Traits = detail::DequantTraits<T>;
-  const std::uint32_t zero = detail::splat_low_half(zero_bits);
+  const std::uint32_t zero = detail::splat(zero_bits);
   const std::uint32_t minus_one = detail::splat(Traits::minus_one);
   DequantColumn column{};
   column.scale = detail::splat(scale_bits);
