@@ -27,6 +27,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
@@ -102,7 +103,11 @@ struct MlaDecodeTile {
   static constexpr int output_tiles = mla_scale_group / 8;  // n8 tiles of a group's O
   static constexpr int threads_per_row = threads / rows;   // 8
   static constexpr int tokens_per_thread = tile_tokens / threads_per_row;  // 4
+  static constexpr int p_row_words = tile_tokens / 2 + 4;  // 16 words of pairs + 4 of padding
+  static constexpr int threads_per_token = threads / tile_tokens;           // producer: 4 or 8
+  static constexpr int chunk_lanes_per_thread = 8 / threads_per_token;     // of the 8 chunk lanes
   static_assert(groups == 4 && threads_per_row == 8 && tile_tokens == 32);
+  static_assert(8 % threads_per_token == 0 && Group::row_chunks % 8 == 0 && Rope::row_chunks == 8);
   static_assert(group_chunks == (fp8 ? 8 : 16), "one group: 128 values");
 };
 
@@ -116,8 +121,11 @@ struct MlaDecodeSharedStorage {
     std::int32_t token_ok[Tile::tile_tokens];  // inside the range and on a valid page
   };
   Stage stages[Tile::stages];
-  float s_partial[Tile::groups][Tile::rows][Tile::tile_tokens];  // log2-unscaled partial scores
-  float p[Tile::rows][Tile::tile_tokens];                         // softmax weights (FP32)
+  alignas(16) float s_partial[Tile::groups][Tile::rows][Tile::tile_tokens];  // log2-unscaled partial scores
+  /// P as packed mma-input pairs, the A operand of P.V read with ldmatrix: one copy per latent
+  /// group, multiplied by that group's per-token scale (per-token-group FP8), else copy 0 only.
+  /// Rows padded to 80 bytes so the 8 rows of an ldmatrix phase hit 8 bank groups.
+  alignas(16) std::uint32_t p_pairs[Tile::groups][Tile::rows][Tile::p_row_words];
   float alpha[Tile::rows];                                        // rescale of O this tile
   float row_max[Tile::rows];  // final running max (log2 units)
   float row_sum[Tile::rows];  // final running sum
@@ -153,9 +161,7 @@ template <class KvT, class QT, int WarpsM>
 __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
     mla_decode_kernel(const MlaDecodeParams p) {
   using Tile = MlaDecodeTile<KvT, WarpsM>;
-  using Latent = typename Tile::Latent;
   using Group = typename Tile::Group;
-  using Rope = typename Tile::Rope;
   using RopeGroup = typename Tile::RopeGroup;
   using MmaT = mma_input_t<KvT>;
   using Smem = MlaDecodeSharedStorage<KvT, WarpsM>;
@@ -268,94 +274,104 @@ SLIMSERVE_ATTENTION_UNROLL
   float run_max = -INFINITY;
   float run_sum = 0.0f;
 
-  // Producer: every thread queues its 16-byte chunks of tile i into stage i % stages.
+  // Producer: threads_per_token threads share a token's record. The page lookup and the
+  // record address are computed once per thread and tile; thread `sub` copies the chunks whose
+  // logical index within a group is congruent to `sub` (mod threads_per_token), so the swizzled
+  // shared-memory offsets differ from one per-thread base by constants only.
+  const int producer_token = tid / Tile::threads_per_token;
+  const int producer_sub = tid % Tile::threads_per_token;
   auto produce = [&](std::int64_t i) {
     auto& stage = smem.stages[i % Tile::stages];
-    const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
-    constexpr int latent_chunks = Tile::tile_tokens * Latent::row_chunks;
-    constexpr int rope_chunks = Tile::tile_tokens * Rope::row_chunks;
-    constexpr int scale_chunks = Tile::tile_tokens;
-    for (int id = tid; id < latent_chunks + rope_chunks + scale_chunks; id += Tile::threads) {
-      int token, chunk;
-      if (id < latent_chunks) {
-        token = id / Latent::row_chunks;
-        chunk = id % Latent::row_chunks;
-      } else if (id < latent_chunks + rope_chunks) {
-        token = (id - latent_chunks) / Rope::row_chunks;
-        chunk = (id - latent_chunks) % Rope::row_chunks;
-      } else {
-        token = id - latent_chunks - rope_chunks;
-        chunk = 0;
-        if (!group_scales) continue;
+    const std::int64_t position = kv_begin + i * Tile::tile_tokens + producer_token;
+    const std::int32_t page = position < kv_end ? mla_page(p, b, position >> p.page_shift) : -1;
+    const bool ok = page >= 0;
+    const unsigned char* record =
+        p.pages + (ok ? (static_cast<std::int64_t>(page) * p.page_size + (position & (p.page_size - 1))) * p.token_bytes
+                      : 0);
+SLIMSERVE_ATTENTION_UNROLL
+    for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
+      const int lane_chunk = producer_sub + Tile::threads_per_token * k;  // 0..7
+      unsigned char* latent_dst = &stage.latent[0][0] + Group::byte_offset(producer_token, lane_chunk);
+      const unsigned char* latent_src = record + 16 * lane_chunk;
+SLIMSERVE_ATTENTION_UNROLL
+      for (int group = 0; group < Tile::groups; ++group) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int h = 0; h < Group::row_chunks / 8; ++h) {
+          arch::cp_async_16_zfill(latent_dst + group * sizeof(stage.latent[0]) + 128 * h,
+                                  latent_src + group * Group::row_bytes + 128 * h, ok);
+        }
       }
-      const std::int64_t position = tile_begin + token;
-      const std::int32_t page = position < kv_end ? mla_page(p, b, position >> p.page_shift) : -1;
-      const unsigned char* record =
-          p.pages + (page >= 0 ? (static_cast<std::int64_t>(page) * p.page_size + (position & (p.page_size - 1))) *
-                                     p.token_bytes
-                               : 0);
-      if (id < latent_chunks) {
-        arch::cp_async_16_zfill(stage.latent[chunk / Group::row_chunks] + Group::byte_offset(token, chunk % Group::row_chunks),
-                                record + 16 * chunk, page >= 0);
-      } else if (id < latent_chunks + rope_chunks) {
-        arch::cp_async_16_zfill(stage.rope[chunk / RopeGroup::row_chunks] +
-                                    RopeGroup::byte_offset(token, chunk % RopeGroup::row_chunks),
-                                record + p.rope_offset + 16 * chunk, page >= 0);
-      } else {
-        arch::cp_async_16_zfill(&stage.scales[token][0], record + p.scales_offset, page >= 0);
-      }
+      // Rope chunk `lane_chunk` (of 8) is chunk lane_chunk % 2 of warp column lane_chunk / 2.
+      arch::cp_async_16_zfill(stage.rope[lane_chunk / RopeGroup::row_chunks] +
+                                  RopeGroup::byte_offset(producer_token, lane_chunk % RopeGroup::row_chunks),
+                              record + p.rope_offset + 16 * lane_chunk, ok);
     }
-    if (tid < Tile::tile_tokens) {
-      const std::int64_t position = tile_begin + tid;
-      stage.token_ok[tid] = position < kv_end && mla_page(p, b, position >> p.page_shift) >= 0;
+    if (producer_sub == 0) {
+      if (group_scales) arch::cp_async_16_zfill(&stage.scales[producer_token][0], record + p.scales_offset, ok);
+      stage.token_ok[producer_token] = ok;
     }
   };
 
   auto consume = [&](std::int64_t i) {
     const auto& stage = smem.stages[i % Tile::stages];
     const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
-    // 1. Partial scores of group wn for m tile wm, all 32 tokens.
-    {
-      float s[4][4];
-      float r[4][4];
+    // 1. Partial scores of group wn for m tile wm: 16 tokens at a time (fewer live registers).
 SLIMSERVE_ATTENTION_UNROLL
-      for (int n = 0; n < 4; ++n) {
+    for (int m = 0; m < 2; ++m) {
+      float s[2][4];
+      float r[2][4];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < 2; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
         r[n][0] = r[n][1] = r[n][2] = r[n][3] = 0.0f;
       }
 SLIMSERVE_ATTENTION_UNROLL
-      for (int m = 0; m < 2; ++m) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int c = 0; c < Tile::group_chunks; c += 2) {
-          qk_chunk_pair<KvT, mla_scale_group>(s[2 * m], s[2 * m + 1], stage.latent[wn], 16 * m, c, q_latent, lane);
-        }
-        qk_chunk_pair<bf16, mla_rope_dim / 4>(r[2 * m], r[2 * m + 1], stage.rope[wn], 16 * m, 0, q_rope, lane);
+      for (int c = 0; c < Tile::group_chunks; c += 2) {
+        qk_chunk_pair<KvT, mla_scale_group>(s[0], s[1], stage.latent[wn], 16 * m, c, q_latent, lane);
       }
+      qk_chunk_pair<bf16, mla_rope_dim / 4>(r[0], r[1], stage.rope[wn], 16 * m, 0, q_rope, lane);
 SLIMSERVE_ATTENTION_UNROLL
-      for (int n = 0; n < 4; ++n) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int token = 8 * n + 2 * t + (e & 1);
-          const int row = wm * 16 + g + 8 * (e >> 1);
-          const float scale = group_scales ? stage.scales[token][wn] : static_scale;
-          smem.s_partial[wn][row][token] = fmaf(s[n][e], scale, r[n][e]);
+      for (int n = 0; n < 2; ++n) {
+        const int token = 16 * m + 8 * n + 2 * t;  // and token + 1
+        float scale0 = static_scale;
+        float scale1 = static_scale;
+        if (group_scales) {
+          scale0 = stage.scales[token][wn];
+          scale1 = stage.scales[token + 1][wn];
         }
+        const int row = wm * 16 + g;
+        const float lo[2] = {fmaf(s[n][0], scale0, r[n][0]), fmaf(s[n][1], scale1, r[n][1])};
+        const float hi[2] = {fmaf(s[n][2], scale0, r[n][2]), fmaf(s[n][3], scale1, r[n][3])};
+        store_packed(&smem.s_partial[wn][row][token], lo);
+        store_packed(&smem.s_partial[wn][row + 8][token], hi);
       }
     }
     __syncthreads();
-    // 2. Online softmax: row soft_row, tokens [4 soft_seg, 4 soft_seg + 4).
+    // 2. Online softmax: row soft_row, tokens [4 soft_seg, 4 soft_seg + 4). P goes to shared
+    // memory as mma pairs, scaled per latent group when the cache has group scales.
     {
-      float x[Tile::tokens_per_thread];
+      constexpr int tokens = Tile::tokens_per_thread;
+      static_assert(tokens == 4, "one 16-byte partial-score load per group");
+      const int token0 = soft_seg * tokens;
+      float x[tokens];
+      {
+        float partial[Tile::groups][tokens];
+SLIMSERVE_ATTENTION_UNROLL
+        for (int group = 0; group < Tile::groups; ++group) {
+          const Vec16 v = load16(&smem.s_partial[group][soft_row][token0]);
+          std::memcpy(partial[group], &v, sizeof(v));
+        }
+SLIMSERVE_ATTENTION_UNROLL
+        for (int j = 0; j < tokens; ++j) {
+          x[j] = ((partial[0][j] + partial[1][j]) + (partial[2][j] + partial[3][j])) * p.score_scale;
+        }
+      }
       float tile_max = -INFINITY;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int j = 0; j < Tile::tokens_per_thread; ++j) {
-        const int token = soft_seg * Tile::tokens_per_thread + j;
-        const std::int64_t position = tile_begin + token;
-        float v = (smem.s_partial[0][soft_row][token] + smem.s_partial[1][soft_row][token]) +
-                  (smem.s_partial[2][soft_row][token] + smem.s_partial[3][soft_row][token]);
-        v *= p.score_scale;
-        const bool visible = soft_valid && stage.token_ok[token] != 0 && position <= soft_query;
-        x[j] = visible ? v : -INFINITY;
+      for (int j = 0; j < tokens; ++j) {
+        const std::int64_t position = tile_begin + token0 + j;
+        const bool visible = soft_valid && stage.token_ok[token0 + j] != 0 && position <= soft_query;
+        x[j] = visible ? x[j] : -INFINITY;
         tile_max = fmaxf(tile_max, x[j]);
       }
 SLIMSERVE_ATTENTION_UNROLL
@@ -365,12 +381,31 @@ SLIMSERVE_ATTENTION_UNROLL
       const float new_max = fmaxf(run_max, tile_max);
       const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: p = 0
       const float alpha = exp2f(run_max - base);                 // 0 before the first token
+      float w[tokens];
       float sum = 0.0f;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int j = 0; j < Tile::tokens_per_thread; ++j) {
-        const float w = exp2f(x[j] - base);
-        sum += w;
-        smem.p[soft_row][soft_seg * Tile::tokens_per_thread + j] = w;
+      for (int j = 0; j < tokens; ++j) {
+        w[j] = exp2f(x[j] - base);
+        sum += w[j];
+      }
+      if (group_scales) {
+        float scales[tokens][Tile::groups];
+SLIMSERVE_ATTENTION_UNROLL
+        for (int j = 0; j < tokens; ++j) {
+          const Vec16 v = load16(&stage.scales[token0 + j][0]);
+          std::memcpy(scales[j], &v, sizeof(v));
+        }
+SLIMSERVE_ATTENTION_UNROLL
+        for (int group = 0; group < Tile::groups; ++group) {
+          const float h = per_token_p_headroom;
+          const std::uint32_t pairs[2] = {
+              pack_pair<MmaT>(w[0] * (scales[0][group] * h), w[1] * (scales[1][group] * h)),
+              pack_pair<MmaT>(w[2] * (scales[2][group] * h), w[3] * (scales[3][group] * h))};
+          store_packed(&smem.p_pairs[group][soft_row][token0 / 2], pairs);
+        }
+      } else {
+        const std::uint32_t pairs[2] = {pack_pair<MmaT>(w[0], w[1]), pack_pair<MmaT>(w[2], w[3])};
+        store_packed(&smem.p_pairs[0][soft_row][token0 / 2], pairs);
       }
 SLIMSERVE_ATTENTION_UNROLL
       for (int offset = 1; offset < Tile::threads_per_row; offset *= 2) {
@@ -381,32 +416,28 @@ SLIMSERVE_ATTENTION_UNROLL
       if (soft_seg == 0) smem.alpha[soft_row] = alpha;
     }
     __syncthreads();
-    // 3. O[rows of wm, group wn] = alpha O + (P * scale_wn) latent.
+    // 3. O[rows of wm, group wn] = alpha O + (P * scale_wn) latent; P fragments by ldmatrix.
     {
       const float alpha_lo = smem.alpha[wm * 16 + g];
       const float alpha_hi = smem.alpha[wm * 16 + g + 8];
+      // Once the running maxima settle (most tiles of a long context) every alpha is 1: the
+      // warp skips the 64 multiplies. The vote keeps the branch warp-uniform.
+      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) {
 SLIMSERVE_ATTENTION_UNROLL
-      for (int n = 0; n < Tile::output_tiles; ++n) {
-        o_acc[n][0] *= alpha_lo;
-        o_acc[n][1] *= alpha_lo;
-        o_acc[n][2] *= alpha_hi;
-        o_acc[n][3] *= alpha_hi;
+        for (int n = 0; n < Tile::output_tiles; ++n) {
+          o_acc[n][0] *= alpha_lo;
+          o_acc[n][1] *= alpha_lo;
+          o_acc[n][2] *= alpha_hi;
+          o_acc[n][3] *= alpha_hi;
+        }
       }
+      // ldmatrix.x4 of the 16 x 16 A tile: matrices (rows 0-7 | 8-15) x (tokens 0-7 | 8-15).
+      const std::uint32_t* p_row =
+          &smem.p_pairs[group_scales ? wn : 0][wm * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)][4 * (lane >> 4)];
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < 2; ++k) {
         std::uint32_t a[4];
-SLIMSERVE_ATTENTION_UNROLL
-        for (int j = 0; j < 2; ++j) {  // tokens 16 k + 8 j + 2 t, + 1
-          const int token = 16 * k + 8 * j + 2 * t;
-          float v0 = 1.0f, v1 = 1.0f;
-          if (group_scales) {
-            v0 = stage.scales[token][wn] * per_token_p_headroom;
-            v1 = stage.scales[token + 1][wn] * per_token_p_headroom;
-          }
-          const int row = wm * 16 + g;
-          a[2 * j] = pack_pair<MmaT>(smem.p[row][token] * v0, smem.p[row][token + 1] * v1);
-          a[2 * j + 1] = pack_pair<MmaT>(smem.p[row + 8][token] * v0, smem.p[row + 8][token + 1] * v1);
-        }
+        arch::ldmatrix_x4(a, p_row + 8 * k);
 SLIMSERVE_ATTENTION_UNROLL
         for (int c = 0; c < Tile::group_chunks; c += 2) {
           pv_chunk_pair<KvT, mla_scale_group>(o_acc, stage.latent[wn], 16 * k, c, a, lane);
