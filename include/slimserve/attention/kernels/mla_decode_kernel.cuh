@@ -99,7 +99,11 @@ struct MlaDecodeTile {
   static constexpr int stages = 3;
   static constexpr int groups = mla_scale_groups;                  // one per warp column
   static constexpr int group_chunks = Group::row_chunks;  // 16-byte chunks of a group
-  static constexpr int latent_frags = 8;  // 16-wide k steps (16-bit) or chunks (FP8) per group
+  static constexpr int latent_frags = 8;  // 16-wide k steps per group
+  /// The mma reads the latent as 16-bit values: the cache's own for BF16; for FP8, a group
+  /// sub-tile converted once per tile (each value once) into this geometry.
+  using MmaGroup = KvRowGeometry<mma_input_t<KvT>, mla_scale_group>;
+  static constexpr int mma_group_chunks = MmaGroup::row_chunks;  // 16
   static constexpr int output_tiles = mla_scale_group / 8;  // n8 tiles of a group's O
   static constexpr int threads_per_row = threads / rows;   // 8
   static constexpr int tokens_per_thread = tile_tokens / threads_per_row;  // 4
@@ -121,6 +125,9 @@ struct MlaDecodeSharedStorage {
     std::int32_t token_ok[Tile::tile_tokens];  // inside the range and on a valid page
   };
   Stage stages[Tile::stages];
+  /// FP8 only: the consumed tile's latent as fp16 group sub-tiles (MmaGroup geometry).
+  alignas(128) unsigned char converted[Tile::fp8 ? Tile::groups : 1]
+                                      [Tile::fp8 ? Tile::tile_tokens * Tile::MmaGroup::row_bytes : 16];
   alignas(16) float s_partial[Tile::groups][Tile::rows][Tile::tile_tokens];  // log2-unscaled partial scores
   /// P as packed mma-input pairs, the A operand of P.V read with ldmatrix: one copy per latent
   /// group, multiplied by that group's per-token scale (per-token-group FP8), else copy 0 only.
@@ -165,6 +172,7 @@ __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
   using RopeGroup = typename Tile::RopeGroup;
   using MmaT = mma_input_t<KvT>;
   using Smem = MlaDecodeSharedStorage<KvT, WarpsM>;
+  using MmaGroup = typename Tile::MmaGroup;
   constexpr bool fp8 = Tile::fp8;
   auto& smem = rt::shared_storage<Smem>();
 
@@ -236,7 +244,7 @@ SLIMSERVE_ATTENTION_UNROLL
         if (valid) {
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {
-            float x = activation_to_float<QT>(q, base + 16 * (8 * wn + s) + q_fragment_column<fp8>(t, e));
+            float x = activation_to_float<QT>(q, base + 16 * (8 * wn + s) + q_fragment_column<false>(t, e));
             if constexpr (!std::is_same_v<QT, MmaT>) {
               x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
             }
@@ -315,6 +323,31 @@ SLIMSERVE_ATTENTION_UNROLL
   auto consume = [&](std::int64_t i) {
     const auto& stage = smem.stages[i % Tile::stages];
     const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
+    const unsigned char* mma_latent = stage.latent[wn];
+    if constexpr (fp8) {
+      // 0. Each FP8 value converted once: thread (producer_token, producer_sub) widens the same
+      // 16-byte chunks it queued (16 values -> two fp16 chunks). The previous tile's readers
+      // of `converted` passed the barrier at the top of this iteration.
+SLIMSERVE_ATTENTION_UNROLL
+      for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
+        const int lane_chunk = producer_sub + Tile::threads_per_token * k;
+SLIMSERVE_ATTENTION_UNROLL
+        for (int group = 0; group < Tile::groups; ++group) {
+          const Vec16 codes = load16(stage.latent[group] + Group::byte_offset(producer_token, lane_chunk));
+          Vec16 wide[2];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int w = 0; w < 4; ++w) {
+            wide[w / 2].word[2 * (w % 2)] = fp8_pair_to_f16x2<KvT>(codes.word[w]);
+            wide[w / 2].word[2 * (w % 2) + 1] = fp8_pair_to_f16x2<KvT>(codes.word[w] >> 16);
+          }
+          unsigned char* dst = smem.converted[group];
+          store16(dst + MmaGroup::byte_offset(producer_token, 2 * lane_chunk), wide[0]);
+          store16(dst + MmaGroup::byte_offset(producer_token, 2 * lane_chunk + 1), wide[1]);
+        }
+      }
+      __syncthreads();
+      mma_latent = smem.converted[wn];
+    }
     // 1. Partial scores of group wn for m tile wm: 16 tokens at a time (fewer live registers).
 SLIMSERVE_ATTENTION_UNROLL
     for (int m = 0; m < 2; ++m) {
@@ -326,8 +359,8 @@ SLIMSERVE_ATTENTION_UNROLL
         r[n][0] = r[n][1] = r[n][2] = r[n][3] = 0.0f;
       }
 SLIMSERVE_ATTENTION_UNROLL
-      for (int c = 0; c < Tile::group_chunks; c += 2) {
-        qk_chunk_pair<KvT, mla_scale_group>(s[0], s[1], stage.latent[wn], 16 * m, c, q_latent, lane);
+      for (int c = 0; c < Tile::mma_group_chunks; c += 2) {
+        qk_chunk_pair<MmaT, mla_scale_group>(s[0], s[1], mma_latent, 16 * m, c, q_latent, lane);
       }
       qk_chunk_pair<bf16, mla_rope_dim / 4>(r[0], r[1], stage.rope[wn], 16 * m, 0, q_rope, lane);
 SLIMSERVE_ATTENTION_UNROLL
@@ -439,8 +472,8 @@ SLIMSERVE_ATTENTION_UNROLL
         std::uint32_t a[4];
         arch::ldmatrix_x4(a, p_row + 8 * k);
 SLIMSERVE_ATTENTION_UNROLL
-        for (int c = 0; c < Tile::group_chunks; c += 2) {
-          pv_chunk_pair<KvT, mla_scale_group>(o_acc, stage.latent[wn], 16 * k, c, a, lane);
+        for (int c = 0; c < Tile::mma_group_chunks; c += 2) {
+          pv_chunk_pair<MmaT, mla_scale_group>(o_acc, mma_latent, 16 * k, c, a, lane);
         }
       }
     }
@@ -481,7 +514,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int i = 0; i < 2; ++i) {
-          po[mla_scale_group * wn + output_column<fp8>(n, t, i)] = o_acc[n][2 * half + i] * norm;
+          po[mla_scale_group * wn + output_column<false>(n, t, i)] = o_acc[n][2 * half + i] * norm;
         }
       }
       continue;
@@ -494,7 +527,7 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 2; ++i) {
-        o[mla_scale_group * wn + output_column<fp8>(n, t, i)] = from_float<QT>(o_acc[n][2 * half + i] * norm);
+        o[mla_scale_group * wn + output_column<false>(n, t, i)] = from_float<QT>(o_acc[n][2 * half + i] * norm);
       }
     }
   }
