@@ -60,14 +60,15 @@ struct MlaDecodeParams {
   std::int32_t block_table_stride;
   const std::int32_t* seq_lens;     // [B]
   const kv::RequestStatus* status;  // [B] or null
-  // Queries [B * query_tokens, H, 576] and outputs [B * query_tokens, H, 512] (+ lse [.., H]).
+  // Queries [T, H, 576] and outputs [T, H, 512] (+ lse [T, H]); request b owns query tokens
+  // [qo_indptr[b], qo_indptr[b + 1]), its last positions (causal within them).
   const void* q;
   void* o;
   float* lse;
   std::int64_t q_token_stride, q_head_stride;
   std::int64_t o_token_stride, o_head_stride;
   std::int32_t num_heads;
-  std::int32_t query_tokens;
+  const std::int32_t* qo_indptr;  // [B + 1] (workspace, written by the plan)
   float score_scale;  // sm_scale * log2(e)
   // Schedule (workspace, written by the plan).
   const std::int32_t* work_request;
@@ -192,9 +193,10 @@ __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
 
   const std::int64_t kv_len = mla_request_length(p, b);
   const bool aborted = kv_len < 0 || !(p.status == nullptr || kv::request_ok(p.status[b]));
-  const std::int64_t valid_rows = static_cast<std::int64_t>(p.query_tokens) * p.num_heads;
+  const std::int64_t first_token = p.qo_indptr[b];
+  const std::int32_t query_count = p.qo_indptr[b + 1] - p.qo_indptr[b];
+  const std::int64_t valid_rows = static_cast<std::int64_t>(query_count) * p.num_heads;
   const std::int64_t tile_row0 = static_cast<std::int64_t>(row_tile) * Tile::rows;
-  const std::int64_t first_token = static_cast<std::int64_t>(b) * p.query_tokens;
   auto partial_row = [&](int r) { return static_cast<std::int64_t>(work) * Tile::rows + r; };
 
   if (aborted) {
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
 
   // This split's KV range, cut at what the last query token of the tile can see.
   const std::int64_t last_row = (tile_row0 + Tile::rows < valid_rows ? tile_row0 + Tile::rows : valid_rows) - 1;
-  const std::int64_t max_query = kv_len - p.query_tokens + last_row / p.num_heads;
+  const std::int64_t max_query = kv_len - query_count + last_row / p.num_heads;
   const std::int64_t kv_begin = static_cast<std::int64_t>(split) * p.chunk_tokens;
   std::int64_t kv_end = split == num_splits - 1 ? kv_len : kv_begin + p.chunk_tokens;
   if (kv_end > kv_len) kv_end = kv_len;
@@ -278,7 +280,7 @@ SLIMSERVE_ATTENTION_UNROLL
   const int soft_seg = tid % Tile::threads_per_row;
   const std::int64_t soft_packed = tile_row0 + soft_row;
   const bool soft_valid = soft_packed < valid_rows;
-  const std::int64_t soft_query = kv_len - p.query_tokens + soft_packed / p.num_heads;  // position
+  const std::int64_t soft_query = kv_len - query_count + soft_packed / p.num_heads;  // position
   float run_max = -INFINITY;
   float run_sum = 0.0f;
 
