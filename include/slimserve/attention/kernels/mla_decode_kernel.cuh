@@ -10,20 +10,25 @@
 /// Warps. 4 * WarpsM warps: warp (wm, wn) owns m tile wm (16 rows) and latent group wn
 /// (values [128 wn, 128 wn + 128), the FP8 scale group) plus rope k step wn (values
 /// [16 wn, 16 wn + 16) of the 64). Per tile of `tile_tokens` tokens:
+///   P. producer: threads_per_token threads per token look its page up once and queue its
+///      16-byte chunks with cp.async at constant offsets (zero-filled past the end and for bad
+///      page ids, which are also masked); `stages` buffers in flight;
+///   0. FP8: each thread widens the chunks it queued to one fp16 tile (each value converted
+///      once); the rest is the 16-bit path with fp16 mma;
 ///   1. partial scores S_wn = Q[rows, group wn] . latent[tokens, group wn]^T * group scale
-///      + Q[rows, rope wn] . rope[tokens, rope wn]^T (fragments straight from ldmatrix,
-///      FP8 converted once per fragment: mma_fragments.cuh), written to shared memory;
+///      + Q[rows, rope wn] . rope[tokens, rope wn]^T (ldmatrix fragments), to shared memory;
 ///   2. 8 threads per row sum the 4 partials, mask, and run the exp2 online softmax (FP32);
-///      they publish P and the row's rescale factor;
-///   3. warp (wm, wn) accumulates O[rows, group wn] += P * scale_wn(token) * latent[tokens,
-///      group wn] — the latent is also V, so each warp reads the same 128 columns in both
-///      products. 128 columns x 16 rows = 64 FP32 accumulators per thread.
-/// The latent tile streams through `stages` shared-memory buffers with cp.async (zero-filled
-/// past the end and for bad page ids, which are also masked).
+///      they publish P as mma pairs (per scale group: P * scale_g(token) * 2^8) and the
+///      row's rescale factor;
+///   3. warp (wm, wn) accumulates O[rows, group wn] = alpha O + P_wn latent[tokens, group wn]
+///      (A operand by ldmatrix; the alpha multiply skipped when the warp's alphas are all 1) —
+///      the latent is also V, so each warp reads the same 128 columns in both products.
+///      128 columns x 16 rows = 64 FP32 accumulators per thread.
 ///
 /// Per-token group scales multiply S (FP32) and P (before rounding, by scale * 2^8 to keep
 /// P * scale in the fp16 normal range; undone at the end); a per-tensor scale multiplies the
-/// latent part of S and the output.
+/// latent part of S and the output. Query rows: request b owns [qo_indptr[b], qo_indptr[b+1])
+/// (decode: b * query_tokens ...; ragged prefill chunks), causal within them.
 
 #include <cmath>
 #include <cstdint>
