@@ -5,20 +5,16 @@
 #include <cstdint>
 #include <limits>
 
+#include "plan_support.hpp"
 #include "slimserve/attention/mla.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
 namespace {
 
-constexpr std::size_t workspace_alignment = 256;
+using detail::ceil_div;
 /// Split chunks are whole multiples of this many tokens (two of the kernel's 32-token tiles).
 constexpr std::int64_t chunk_granule = 64;
-
-constexpr std::size_t align_up(std::size_t bytes) {
-  return (bytes + workspace_alignment - 1) / workspace_alignment * workspace_alignment;
-}
-constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 /// Rows per CTA: 16 when a request has at most 16 rows (8 or 16 heads, one token), else 32.
 std::int32_t warps_m_for(const MlaDecodeProblem& p) {
@@ -38,14 +34,14 @@ MlaDecodeWorkspaceLayout layout_for(std::size_t items, std::size_t units, std::s
   l.unit_indptr = l.unit_row_tile + units * i32;
   l.qo_indptr = l.unit_indptr + (units + 1) * i32;
   l.int_bytes = l.qo_indptr + (batch + 1) * i32;
-  std::size_t offset = align_up(l.int_bytes);
+  std::size_t offset = detail::align_workspace(l.int_bytes);
   l.partial_o = offset;
   l.partial_lse = offset;
   if (split) {
     const std::size_t rows = items * static_cast<std::size_t>(cta_rows);
-    offset = align_up(offset + rows * static_cast<std::size_t>(mla_latent_dim) * sizeof(float));
+    offset = detail::align_workspace(offset + rows * static_cast<std::size_t>(mla_latent_dim) * sizeof(float));
     l.partial_lse = offset;
-    offset = align_up(offset + rows * sizeof(float));
+    offset = detail::align_workspace(offset + rows * sizeof(float));
   }
   l.total_bytes = offset;
   return l;
@@ -207,13 +203,8 @@ Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {
   std::int64_t granules = std::max<std::int64_t>(1, ceil_div(max_kv, chunk_granule));
   const std::int64_t max_ctas = static_cast<std::int64_t>(args.num_sms) * args.ctas_per_sm;
   if (args.allow_split && units < max_ctas && max_kv > 0) {
-    std::int64_t lo = std::min(granules, std::max<std::int64_t>(1, ceil_div(args.min_chunk_tokens, chunk_granule)));
-    std::int64_t hi = granules;
-    while (lo < hi) {
-      const std::int64_t mid = lo + (hi - lo) / 2;
-      if (items_for(mid * chunk_granule) <= max_ctas) hi = mid; else lo = mid + 1;
-    }
-    granules = lo;
+    granules = detail::smallest_fitting_chunk(ceil_div(args.min_chunk_tokens, chunk_granule), granules,
+                                              [&](std::int64_t g) { return items_for(g * chunk_granule) <= max_ctas; });
   }
   const std::int64_t chunk = granules * chunk_granule;
   const std::int64_t items = items_for(chunk);
