@@ -332,6 +332,7 @@ SLIMSERVE_ATTENTION_UNROLL
     const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
     const unsigned char* mma_latent = stage.latent[wn];
     if constexpr (fp8) {
+      static_assert(Group::row_chunks == 8, "an FP8 group is one 16-byte chunk per chunk lane");
       // 0. Each FP8 value converted once: thread (producer_token, producer_sub) widens the same
       // 16-byte chunks it queued (16 values -> two fp16 chunks). The previous tile's readers
       // of `converted` passed the barrier at the top of this iteration.
