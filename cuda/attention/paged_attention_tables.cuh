@@ -53,22 +53,14 @@ constexpr void for_each_activation(F&& f) {
   }
 }
 
-/// The supported head dims: adding one is one edit here (and in supported_head_dim).
-template <class F>
-constexpr void for_each_head_dim(F&& f) {
-  f.template operator()<64>();
-  f.template operator()<128>();
-  f.template operator()<256>();
-}
-
 /// Every instantiation of one stored type.
 template <class KvT>
 std::span<const PagedAttentionKernelEntry> paged_attention_kernels() {
   static const auto table = [] {
-    std::array<PagedAttentionKernelEntry, 6> entries{};
+    std::array<PagedAttentionKernelEntry, 2 * PagedHeadDims::size> entries{};
     std::size_t count = 0;
     for_each_activation<KvT>([&]<class QT>() {
-      for_each_head_dim([&]<int HeadDim>() {
+      PagedHeadDims::for_each([&]<int HeadDim>() {
         entries[count++] = paged_attention_entry<KvT, QT, HeadDim>();
       });
     });

@@ -26,7 +26,7 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
   }
   if (!supported_head_dim(cache.head_dim)) {
     return make_status(StatusCode::unsupported, "head_dim ", cache.head_dim,
-                       " is not supported (64, 128 or 256)");
+                       " is not supported (", PagedHeadDims::describe(), ")");
   }
   if (cache.num_kv_heads <= 0 || cache.num_pages <= 0) {
     return make_status(StatusCode::invalid_argument, "cache needs num_kv_heads > 0 and num_pages > 0, got ",

@@ -20,10 +20,10 @@ constexpr std::size_t align_up(std::size_t bytes) {
 constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 /// Tokens per pipeline stage of the kernel (kernels/paged_attention_kernel.cuh: ~32 KiB of
-/// K + V, clamped to 64..128).
+/// K + V, clamped to 64..128, whole multiples of 64).
 std::int32_t stage_tokens_for(KvDtype dtype, std::int32_t head_dim) {
   const std::int32_t raw = 32768 / (2 * head_dim * element_bytes(dtype));
-  return std::clamp(raw, 64, 128);
+  return std::clamp(raw, 64, 128) / 64 * 64;
 }
 
 Status validate_host_arrays(const PagedAttentionPlanArguments& args, std::vector<std::int64_t>& kv_len) {
@@ -182,8 +182,7 @@ PagedAttentionWorkspaceLayout layout_for(std::size_t items, std::size_t units, b
 AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& p, std::int32_t max_qo_len) {
   const std::int32_t group = p.num_kv_heads > 0 ? p.num_qo_heads / p.num_kv_heads : 0;
   const std::int32_t rows = group * max_qo_len;
-  if (max_qo_len <= 8 && rows <= 2 && !is_fp8(p.kv_dtype) &&
-      (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256)) {
+  if (max_qo_len <= 8 && rows <= 2 && !is_fp8(p.kv_dtype) && VectorKernelHeadDims::contains(p.head_dim)) {
     return {AttentionKernel::cuda_core,
             "decode with " + std::to_string(rows) + " query row(s) per KV head on a 16-bit cache: "
             "the CUDA-core kernel converts nothing and multiplies each K/V element once per row "
@@ -209,7 +208,7 @@ Status validate_paged_attention_problem(const PagedAttentionProblem& p) {
   }
   if (!supported_head_dim(p.head_dim)) {
     return make_status(StatusCode::unsupported, "head_dim ", p.head_dim,
-                       " is not supported by paged attention (64, 128 or 256)");
+                       " is not supported by paged attention (", PagedHeadDims::describe(), ")");
   }
   if (!supported_page_size(p.page_size)) {
     return make_status(StatusCode::unsupported, "page_size ", p.page_size,

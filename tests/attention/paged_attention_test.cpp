@@ -1,7 +1,7 @@
 // Tensor-core paged attention against an FP64 reference computed from the stored (already
 // quantized) cache: ragged prefill chunks over cached prefixes (1, page-1, page, page+1, long),
 // decode and speculative verify, GQA 1/4/8 and MQA 64, FP8 e4m3/e5m2 x per-tensor/per-token
-// and BF16/FP16, head_dim 64/128/256, shuffled pages with holes and a shared prefix, split vs
+// and BF16/FP16, head_dim 64/96/128/192/256, shuffled pages with holes and a shared prefix, split vs
 // unsplit, sliding window, soft-cap, sinks, custom sm_scale, strided q/o, aborted requests,
 // bad page ids, preflight errors; block-table vs CSR and one vs two K/V allocations
 // (bit-identical), block-table preflight.
@@ -961,5 +961,26 @@ TEST_CASE("paged attention: bad block tables and page strides are refused before
     const std::vector<std::int32_t> too_long{49, 17};
     host.seq_lens = too_long.data();
     expect(kv::validate_block_table(host, 4), StatusCode::invalid_argument, "seq_len 49");
+  }
+}
+
+TEST_CASE("paged attention: head_dim 96 and 192 over every cache type", "[attention][paged][head_dim]") {
+  auto rng = slimserve_test::make_rng(1104);
+  using enum KvDtype;
+  const auto tensor = KvScaleMode::per_tensor;
+  const auto token = KvScaleMode::per_token;
+  for (int d : {96, 192}) {
+    for (const PagedCase& c : std::vector<PagedCase>{
+             {bf16, KvLayout::nhd, KvScaleMode::none, d, 2, 4, 16, bf, {1, 17 + 15, 150}, {1, 15, 40}},
+             {fp16, KvLayout::hnd, tensor, d, 1, 8, 32, fp, {33, 140}, {1, 1}},
+             {fp8_e4m3, KvLayout::hnd, tensor, d, 2, 2, 16, bf, {16, 17 + 50, 140}, {16, 17, 1}},
+             {fp8_e4m3, KvLayout::nhd, token, d, 1, 4, 16, fp, {15, 150}, {15, 1}},
+             {fp8_e5m2, KvLayout::nhd, token, d, 1, 1, 16, bf, {20, 129}, {20, 9}},
+             {fp8_e5m2, KvLayout::hnd, tensor, d, 1, 16, 16, fp, {1, 200}, {1, 1}},
+         }) {
+      INFO("dtype " << to_string(c.dtype) << " scales " << to_string(c.scale_mode) << " D " << c.head_dim);
+      Fixture f(c, rng);
+      check_split_and_unsplit(f);
+    }
   }
 }

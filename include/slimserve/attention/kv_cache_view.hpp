@@ -26,6 +26,7 @@
 #include <string_view>
 
 #include "slimserve/activation_dtype.hpp"
+#include "slimserve/attention/head_dims.hpp"
 #include "slimserve/config.hpp"
 #include "slimserve/status.hpp"
 
@@ -83,9 +84,8 @@ constexpr bool is_fp8(KvDtype dtype) noexcept { return element_bytes(dtype) == 1
 constexpr bool supported_page_size(int page_size) noexcept {
   return page_size == 16 || page_size == 32 || page_size == 64 || page_size == 128;
 }
-constexpr bool supported_head_dim(int head_dim) noexcept {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
+/// head_dims of a paged cache (and of paged attention): the typed list in head_dims.hpp.
+constexpr bool supported_head_dim(int head_dim) noexcept { return PagedHeadDims::contains(head_dim); }
 
 struct PagedKVCacheView {
   void* k_pages = nullptr;  ///< [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D]

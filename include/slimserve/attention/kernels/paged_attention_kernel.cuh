@@ -105,15 +105,19 @@ struct PagedAttentionTile {
   static constexpr int threads = 128;
   static constexpr int warps = 4;
   static constexpr int stages = 3;
-  /// ~32 KiB of K + V per stage, 64..128 tokens.
+  /// ~32 KiB of K + V per stage, 64 or 128 tokens (head_dim 96 and 192: 64 for 16-bit).
   static constexpr int stage_tokens_raw = 32768 / (2 * Row::row_bytes);
-  static constexpr int stage_tokens = stage_tokens_raw < 64 ? 64 : (stage_tokens_raw > 128 ? 128 : stage_tokens_raw);
+  static constexpr int stage_tokens = stage_tokens_raw < 128 ? 64 : 128;
   static constexpr int warp_tokens = stage_tokens / warps;  // one sub-block
   static constexpr int score_tiles = warp_tokens / 8;       // n8 tiles of S per sub-block
   static constexpr int k_steps = HeadDim / 16;              // Q fragments
   static constexpr int output_tiles = HeadDim / 8;          // n8 tiles of O
   static constexpr int max_rows = 64;                       // cta_rows at warps_m = 4
   static constexpr int stage_chunks = stage_tokens * Row::row_chunks;  // per K (and per V)
+  /// CTAs per SM the registers are sized for (__launch_bounds__). 16-bit head_dim 64 stages
+  /// 128 tokens (~100 KB of shared memory), so 2 CTAs fit: saying so gives the compiler up to
+  /// 255 registers, where its own occupancy guess (168) spilled. Others: the default.
+  static constexpr int min_ctas_per_sm = (!Row::fp8 && HeadDim == 64) ? 2 : 1;
   static_assert(warp_tokens % 16 == 0, "sub-blocks of whole k steps");
   static_assert(stage_chunks % threads == 0, "whole chunks per thread");
   static_assert(stage_tokens <= threads, "one thread per token of a stage for its metadata");
@@ -152,7 +156,8 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float activation_to_float(const void* bas
 }
 
 template <class KvT, class QT, int HeadDim>
-__global__ void __launch_bounds__(128) paged_attention_kernel(const PagedAttentionParams p) {
+__global__ void __launch_bounds__(128, (PagedAttentionTile<KvT, HeadDim>::min_ctas_per_sm))
+    paged_attention_kernel(const PagedAttentionParams p) {
   using Tile = PagedAttentionTile<KvT, HeadDim>;
   using Row = typename Tile::Row;
   using MmaT = mma_input_t<KvT>;
