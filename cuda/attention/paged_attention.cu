@@ -94,6 +94,21 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
     return make_status(StatusCode::invalid_argument, "window_left must be >= 0 (or -1: no window), got ",
                        a.window_left);
   }
+  const bool fused = a.chunk_kv.k != nullptr || a.chunk_kv.v != nullptr;
+  if (fused) {
+    if (a.chunk_kv.k == nullptr || a.chunk_kv.v == nullptr) {
+      return make_status(StatusCode::invalid_argument, "fused prefill needs both chunk_kv.k and chunk_kv.v");
+    }
+    if (!aligned16(a.chunk_kv.k) || !aligned16(a.chunk_kv.v)) {
+      return make_status(StatusCode::invalid_argument, "chunk_kv.k and chunk_kv.v must be 16-byte aligned");
+    }
+    for (const std::int64_t stride : {a.chunk_kv.token_stride, a.chunk_kv.head_stride}) {
+      if (stride < 0 || stride % 8 != 0) {
+        return make_status(StatusCode::invalid_argument, "chunk_kv strides must be non-negative multiples "
+                           "of 8 elements (16-byte rows), got ", stride);
+      }
+    }
+  }
   if (!std::isfinite(a.logit_soft_cap) || a.logit_soft_cap < 0.0f) {
     return make_status(StatusCode::invalid_argument, "logit_soft_cap must be finite and >= 0 (0: none), got ",
                        a.logit_soft_cap);
@@ -169,9 +184,22 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   params.split_kv = plan.split_kv;
   params.partial_o = reinterpret_cast<float*>(base + plan.layout.partial_o);
   params.partial_lse = reinterpret_cast<float*>(base + plan.layout.partial_lse);
+  const bool fused = a.chunk_kv.k != nullptr;
+  if (fused) {
+    params.chunk.k = a.chunk_kv.k;
+    params.chunk.v = a.chunk_kv.v;
+    params.chunk.token_stride = a.chunk_kv.token_stride != 0
+                                    ? a.chunk_kv.token_stride
+                                    : static_cast<std::int64_t>(p.num_kv_heads) * p.head_dim;
+    params.chunk.head_stride = a.chunk_kv.head_stride != 0 ? a.chunk_kv.head_stride : packed_head;
+    params.chunk.k_pages = a.cache.k_pages;
+    params.chunk.v_pages = a.cache.v_pages;
+    params.chunk.k_token_scales = a.cache.k_token_scales;
+    params.chunk.v_token_scales = a.cache.v_token_scales;
+  }
 
   const dim3 grid(static_cast<unsigned>(plan.num_work_items), static_cast<unsigned>(p.num_kv_heads));
-  SLIMSERVE_RETURN_IF_ERROR(entry->launch(params, grid, stream));
+  SLIMSERVE_RETURN_IF_ERROR((fused ? entry->launch_fused : entry->launch)(params, grid, stream));
   if (!plan.split_kv) return {};
 
   kernels::PagedMergeParams merge{};

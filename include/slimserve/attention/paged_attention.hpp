@@ -126,6 +126,20 @@ struct PagedAttentionWorkspaceBound {
 };
 Result<std::size_t> paged_attention_workspace_bound(const PagedAttentionWorkspaceBound& bound);
 
+/// Fused (mixed-dtype) prefill: the chunk's own K/V, in q's dtype (e.g. the K/V columns of a
+/// fused QKV projection). When given, run_paged_attention writes them into the chunk's slots —
+/// the bytes `append_kv` writes with append_indptr = qo_indptr, per-token scales included —
+/// and the chunk's queries attend to them as given (not to their stored codes); the prefix
+/// before the chunk is read from the pages. Do not append the chunk beforehand: the page
+/// table already counts its tokens, their slots are what this call fills. No other request of
+/// the batch may read the chunk's slots (a shared prefix page is never a chunk's page).
+struct PagedAttentionChunkKv {
+  const void* k = nullptr;  ///< k[token * token_stride + kv_head * head_stride + d], token as in q
+  const void* v = nullptr;  ///< same indexing
+  /// Strides in elements; 0 means packed [tokens, num_kv_heads, head_dim]. Multiples of 8.
+  std::int64_t token_stride = 0, head_stride = 0;
+};
+
 struct PagedAttentionArguments {
   PagedKVCacheView cache;
   kv::PageTableView table;                            ///< device arrays
@@ -141,6 +155,7 @@ struct PagedAttentionArguments {
   std::int32_t window_left = -1;  ///< >= 0: keys at positions >= query position - window_left
   float logit_soft_cap = 0.0f;    ///< > 0: s = cap * tanh(s / cap), s = sm_scale * q.k
   const float* sinks = nullptr;   ///< [num_qo_heads] device natural-log sink logits, or null
+  PagedAttentionChunkKv chunk_kv;  ///< fused prefill when chunk_kv.k is set (see above)
 };
 
 /// Builds the plan (make_paged_attention_plan; num_sms 0 asks the device) and uploads it.
