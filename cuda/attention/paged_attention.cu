@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "paged_attention_tables.cuh"
+#include "slimserve/attention/decode.hpp"
 #include "slimserve/attention/paged_attention.hpp"
 #include "slimserve/runtime/memory.hpp"
 
@@ -127,7 +128,19 @@ Result<PagedAttentionPlan> plan_paged_attention(PagedAttentionPlanArguments args
   // From pageable memory: the copy has consumed the host buffer when this returns.
   SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(workspace, plan->host_ints.data(), plan->layout.int_bytes,
                                            rt::CopyDirection::host_to_device, stream));
+  if (plan->decode) {
+    SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(static_cast<unsigned char*>(workspace) + plan->decode_offset,
+                                             plan->decode->host_ints.data(), plan->decode->layout.int_bytes,
+                                             rt::CopyDirection::host_to_device, stream));
+  }
   return plan;
+}
+
+AttentionKernel kernel_for_run(const PagedAttentionArguments& a, const PagedAttentionPlan& plan) {
+  const bool tensor_core_only = a.window_left >= 0 || a.logit_soft_cap > 0.0f || a.sinks != nullptr ||
+                                a.q_token_stride != 0 || a.q_head_stride != 0 || a.o_token_stride != 0 ||
+                                a.o_head_stride != 0 || a.chunk_kv.k != nullptr || a.chunk_kv.v != nullptr;
+  return plan.decode && !tensor_core_only ? AttentionKernel::cuda_core : AttentionKernel::tensor_core;
 }
 
 Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentionPlan& plan,
@@ -137,6 +150,20 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   SLIMSERVE_RETURN_IF_ERROR(check_run_arguments(a, p));
   SLIMSERVE_RETURN_IF_ERROR(check_workspace(plan, workspace, workspace_bytes));
   if (p.batch_size == 0 || plan.num_work_items == 0) return {};
+  if (kernel_for_run(a, plan) == AttentionKernel::cuda_core) {
+    // The plan's choice (see choose_attention_kernel): the CUDA-core decode kernel.
+    DecodeArguments d;
+    d.cache = a.cache;
+    d.table = a.table;
+    d.request_status = a.request_status;
+    d.q = a.q;
+    d.o = a.o;
+    d.lse = a.lse;
+    d.q_dtype = p.q_dtype;
+    d.sm_scale = a.sm_scale.value_or(1.0f / std::sqrt(static_cast<float>(p.head_dim)));
+    return run_decode(d, *plan.decode, static_cast<unsigned char*>(workspace) + plan.decode_offset,
+                      workspace_bytes - plan.decode_offset, stream);
+  }
 
   const detail::PagedAttentionKernelEntry* entry = nullptr;
   for (const auto& candidate : paged_table(p.kv_dtype)) {

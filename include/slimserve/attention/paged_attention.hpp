@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "slimserve/attention/decode_plan.hpp"
 #include "slimserve/attention/detail/stream.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/config.hpp"
@@ -60,7 +61,9 @@ struct AttentionKernelChoice {
 /// The static model's choice for a problem whose requests have at most `max_qo_len` query
 /// tokens: the CUDA-core decode kernel only for decode (qo_len <= 8) at GQA group <= 2 on a
 /// 16-bit cache, where it issues no more instructions per byte than the tensor-core kernel
-/// and has no padded mma rows; the tensor-core kernel everywhere else.
+/// and has no padded mma rows; the tensor-core kernel everywhere else. The plan then keeps the
+/// CUDA-core choice only when every request has the same qo_len (its query layout) and the
+/// batch fills the device unsplit (batch x KV heads >= SMs); otherwise it says why not.
 AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& problem,
                                               std::int32_t max_qo_len);
 
@@ -103,6 +106,11 @@ struct PagedAttentionPlan {
   PagedAttentionWorkspaceLayout layout;
   std::vector<std::int32_t> host_ints;
   AttentionKernelChoice choice;
+  /// choice == cuda_core: the CUDA-core decode schedule, uploaded at `decode_offset` of the
+  /// same workspace. run_paged_attention runs it unless the run asks for what only the
+  /// tensor-core kernel has (window, soft-cap, sinks, strided q/o, fused chunk K/V).
+  std::optional<DecodePlan> decode;
+  std::size_t decode_offset = 0;
 };
 
 /// Shape checks: head_dim, page size, GQA ratio, dtype pairing.
@@ -161,6 +169,9 @@ struct PagedAttentionArguments {
 /// Builds the plan (make_paged_attention_plan; num_sms 0 asks the device) and uploads it.
 Result<PagedAttentionPlan> plan_paged_attention(PagedAttentionPlanArguments args, void* workspace,
                                                 std::size_t workspace_bytes, cudaStream_t stream);
+
+/// The kernel run_paged_attention launches for these arguments under this plan.
+AttentionKernel kernel_for_run(const PagedAttentionArguments& args, const PagedAttentionPlan& plan);
 
 /// Launch only: preflight against the plan, attention, and the merge when split. Capturable.
 Status run_paged_attention(const PagedAttentionArguments& args, const PagedAttentionPlan& plan,
