@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "paged_attention_tables.cuh"
+#include "slimserve/attention/decode.hpp"
 #include "slimserve/attention/paged_attention.hpp"
 #include "slimserve/runtime/memory.hpp"
 
@@ -130,6 +131,28 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
     return make_status(StatusCode::invalid_argument, "window_left must be >= 0 (or -1: no window), got ",
                        a.window_left);
   }
+  const bool fused = a.chunk_kv.k != nullptr || a.chunk_kv.v != nullptr;
+  if (fused) {
+    if (a.chunk_kv.k == nullptr || a.chunk_kv.v == nullptr) {
+      return make_status(StatusCode::invalid_argument, "fused prefill needs both chunk_kv.k and chunk_kv.v");
+    }
+    if (!aligned16(a.chunk_kv.k) || !aligned16(a.chunk_kv.v)) {
+      return make_status(StatusCode::invalid_argument, "chunk_kv.k and chunk_kv.v must be 16-byte aligned");
+    }
+    for (const std::int64_t stride : {a.chunk_kv.token_stride, a.chunk_kv.head_stride}) {
+      if (stride < 0 || stride % 8 != 0) {
+        return make_status(StatusCode::invalid_argument, "chunk_kv strides must be non-negative multiples "
+                           "of 8 elements (16-byte rows), got ", stride);
+      }
+    }
+    // The fused append writes slots as append_kv does: packed pages, its head dims.
+    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill"));
+    if (!VectorKernelHeadDims::contains(p.head_dim)) {
+      return make_status(StatusCode::unsupported, "fused prefill supports head_dim ",
+                         VectorKernelHeadDims::describe(), ", got ", p.head_dim,
+                         " (append_kv cannot write it either; the engine writes such a cache)");
+    }
+  }
   if (!std::isfinite(a.logit_soft_cap) || a.logit_soft_cap < 0.0f) {
     return make_status(StatusCode::invalid_argument, "logit_soft_cap must be finite and >= 0 (0: none), got ",
                        a.logit_soft_cap);
@@ -148,7 +171,22 @@ Result<PagedAttentionPlan> plan_paged_attention(PagedAttentionPlanArguments args
   // From pageable memory: the copy has consumed the host buffer when this returns.
   SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(workspace, plan->host_ints.data(), plan->layout.int_bytes,
                                            rt::CopyDirection::host_to_device, stream));
+  if (plan->decode) {
+    SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(static_cast<unsigned char*>(workspace) + plan->decode_offset,
+                                             plan->decode->host_ints.data(), plan->decode->layout.int_bytes,
+                                             rt::CopyDirection::host_to_device, stream));
+  }
   return plan;
+}
+
+AttentionKernel kernel_for_run(const PagedAttentionArguments& a, const PagedAttentionPlan& plan) {
+  const bool tensor_core_only = a.window_left >= 0 || a.logit_soft_cap > 0.0f || a.sinks != nullptr ||
+                                a.q_token_stride != 0 || a.q_head_stride != 0 || a.o_token_stride != 0 ||
+                                a.o_head_stride != 0 || a.chunk_kv.k != nullptr || a.chunk_kv.v != nullptr ||
+                                a.table.indptr == nullptr ||  // block table: the CUDA-core decode takes CSR
+                                (a.cache.page_stride != 0 &&  // ... and packed pages
+                                 a.cache.page_stride != packed_page_elements(a.cache));
+  return plan.decode && !tensor_core_only ? AttentionKernel::cuda_core : AttentionKernel::tensor_core;
 }
 
 Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentionPlan& plan,
@@ -159,6 +197,20 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   SLIMSERVE_RETURN_IF_ERROR(check_workspace(plan, workspace, workspace_bytes));
   if (p.batch_size == 0 || plan.num_work_items == 0) return {};
   SLIMSERVE_RETURN_IF_ERROR(check_page_table(a, plan));
+  if (kernel_for_run(a, plan) == AttentionKernel::cuda_core) {
+    // The plan's choice (see choose_attention_kernel): the CUDA-core decode kernel.
+    DecodeArguments d;
+    d.cache = a.cache;
+    d.table = a.table;
+    d.request_status = a.request_status;
+    d.q = a.q;
+    d.o = a.o;
+    d.lse = a.lse;
+    d.q_dtype = p.q_dtype;
+    d.sm_scale = a.sm_scale.value_or(1.0f / std::sqrt(static_cast<float>(p.head_dim)));
+    return run_decode(d, *plan.decode, static_cast<unsigned char*>(workspace) + plan.decode_offset,
+                      workspace_bytes - plan.decode_offset, stream);
+  }
 
   const detail::PagedAttentionKernelEntry* entry = nullptr;
   for (const auto& candidate : paged_table(p.kv_dtype)) {
@@ -212,9 +264,22 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   params.split_kv = plan.split_kv;
   params.partial_o = reinterpret_cast<float*>(base + plan.layout.partial_o);
   params.partial_lse = reinterpret_cast<float*>(base + plan.layout.partial_lse);
+  const bool fused = a.chunk_kv.k != nullptr;
+  if (fused) {
+    params.chunk.k = a.chunk_kv.k;
+    params.chunk.v = a.chunk_kv.v;
+    params.chunk.token_stride = a.chunk_kv.token_stride != 0
+                                    ? a.chunk_kv.token_stride
+                                    : static_cast<std::int64_t>(p.num_kv_heads) * p.head_dim;
+    params.chunk.head_stride = a.chunk_kv.head_stride != 0 ? a.chunk_kv.head_stride : packed_head;
+    params.chunk.k_pages = a.cache.k_pages;
+    params.chunk.v_pages = a.cache.v_pages;
+    params.chunk.k_token_scales = a.cache.k_token_scales;
+    params.chunk.v_token_scales = a.cache.v_token_scales;
+  }
 
   const dim3 grid(static_cast<unsigned>(plan.num_work_items), static_cast<unsigned>(p.num_kv_heads));
-  SLIMSERVE_RETURN_IF_ERROR(entry->launch(params, grid, stream));
+  SLIMSERVE_RETURN_IF_ERROR((fused ? entry->launch_fused : entry->launch)(params, grid, stream));
   if (!plan.split_kv) return {};
 
   kernels::PagedMergeParams merge{};

@@ -263,6 +263,35 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
   const auto w = static_cast<std::size_t>(items);
   const auto u = static_cast<std::size_t>(plan.num_units);
   plan.layout = layout_for(w, u, plan.split_kv, p, plan.cta_rows);
+  if (plan.choice.kernel == AttentionKernel::cuda_core) {
+    bool uniform = true;
+    for (std::size_t b = 0; b < kv_len.size(); ++b) {
+      uniform = uniform && args.qo_indptr_host[b + 1] - args.qo_indptr_host[b] == max_qo_len;
+    }
+    const bool fills = static_cast<std::int64_t>(p.batch_size) * p.num_kv_heads >= args.num_sms;
+    Result<DecodePlan> decode = make_status(StatusCode::unsupported, "not planned");
+    if (uniform && fills && (p.causal || max_qo_len == 1)) {
+      DecodePlanArguments d{DecodeProblem{p.batch_size, p.num_qo_heads, p.num_kv_heads, p.head_dim,
+                                          p.page_size, max_qo_len, p.kv_dtype},
+                            args.kv_indptr_host, args.last_page_len_host,
+                            args.num_sms * args.ctas_per_sm, args.min_chunk_tokens, false};
+      decode = make_decode_plan(d);
+    }
+    if (decode.ok()) {
+      plan.decode = std::move(*decode);
+      plan.decode_offset = align_up(plan.layout.total_bytes);
+      plan.layout.total_bytes = plan.decode_offset + plan.decode->layout.total_bytes;
+    } else {
+      plan.choice = {AttentionKernel::tensor_core,
+                     !uniform ? "decode rows fit the CUDA-core kernel, but its query layout needs the same "
+                                "qo_len in every request: the tensor-core kernel takes ragged ones"
+                     : !fills ? "decode rows fit the CUDA-core kernel, but batch x KV heads (" +
+                                    std::to_string(static_cast<std::int64_t>(p.batch_size) * p.num_kv_heads) +
+                                    ") CTAs leave SMs idle without a KV split: the tensor-core kernel splits"
+                              : "the CUDA-core decode kernel cannot take this problem (" +
+                                    decode.status().to_string() + "): tensor-core kernel"};
+    }
+  }
   plan.host_ints.assign(plan.layout.int_bytes / sizeof(std::int32_t), 0);
   std::int32_t* work_request = plan.host_ints.data();
   std::int32_t* work_row_tile = work_request + w;
@@ -309,7 +338,11 @@ Result<std::size_t> paged_attention_workspace_bound(const PagedAttentionWorkspac
   const std::int64_t items = std::max(units, split_items);
   const PagedAttentionWorkspaceLayout ints_only = layout_for(static_cast<std::size_t>(items), static_cast<std::size_t>(units), false, p, 64);
   const PagedAttentionWorkspaceLayout partials = layout_for(static_cast<std::size_t>(split_items), 0, true, p, 64);
-  return ints_only.total_bytes + (partials.total_bytes - align_up(partials.int_bytes)) + workspace_alignment;
+  // A plan that picks the CUDA-core decode kernel adds its unsplit schedule: work_request,
+  // work_split (one per request) and split_indptr (batch + 1).
+  const std::size_t decode = align_up((3 * static_cast<std::size_t>(p.batch_size) + 1) * sizeof(std::int32_t)) +
+                             workspace_alignment;
+  return ints_only.total_bytes + (partials.total_bytes - align_up(partials.int_bytes)) + workspace_alignment + decode;
 }
 
 }  // namespace attention

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "slimserve/attention/decode_plan.hpp"
 #include "slimserve/attention/detail/stream.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/config.hpp"
@@ -71,7 +72,9 @@ struct AttentionKernelChoice {
 /// The static model's choice for a problem whose requests have at most `max_qo_len` query
 /// tokens: the CUDA-core decode kernel only for decode (qo_len <= 8) at GQA group <= 2 on a
 /// 16-bit cache, where it issues no more instructions per byte than the tensor-core kernel
-/// and has no padded mma rows; the tensor-core kernel everywhere else.
+/// and has no padded mma rows; the tensor-core kernel everywhere else. The plan then keeps the
+/// CUDA-core choice only when every request has the same qo_len (its query layout) and the
+/// batch fills the device unsplit (batch x KV heads >= SMs); otherwise it says why not.
 AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& problem,
                                               std::int32_t max_qo_len);
 
@@ -118,6 +121,11 @@ struct PagedAttentionPlan {
   PagedAttentionWorkspaceLayout layout;
   std::vector<std::int32_t> host_ints;
   AttentionKernelChoice choice;
+  /// choice == cuda_core: the CUDA-core decode schedule, uploaded at `decode_offset` of the
+  /// same workspace. run_paged_attention runs it unless the run asks for what only the
+  /// tensor-core kernel has (window, soft-cap, sinks, strided q/o, fused chunk K/V).
+  std::optional<DecodePlan> decode;
+  std::size_t decode_offset = 0;
 };
 
 /// Shape checks: head_dim, page size, GQA ratio, dtype pairing.
@@ -141,6 +149,20 @@ struct PagedAttentionWorkspaceBound {
 };
 Result<std::size_t> paged_attention_workspace_bound(const PagedAttentionWorkspaceBound& bound);
 
+/// Fused (mixed-dtype) prefill: the chunk's own K/V, in q's dtype (e.g. the K/V columns of a
+/// fused QKV projection). When given, run_paged_attention writes them into the chunk's slots —
+/// the bytes `append_kv` writes with append_indptr = qo_indptr, per-token scales included —
+/// and the chunk's queries attend to them as given (not to their stored codes); the prefix
+/// before the chunk is read from the pages. Do not append the chunk beforehand: the page
+/// table already counts its tokens, their slots are what this call fills. No other request of
+/// the batch may read the chunk's slots (a shared prefix page is never a chunk's page).
+struct PagedAttentionChunkKv {
+  const void* k = nullptr;  ///< k[token * token_stride + kv_head * head_stride + d], token as in q
+  const void* v = nullptr;  ///< same indexing
+  /// Strides in elements; 0 means packed [tokens, num_kv_heads, head_dim]. Multiples of 8.
+  std::int64_t token_stride = 0, head_stride = 0;
+};
+
 struct PagedAttentionArguments {
   PagedKVCacheView cache;
   /// The page table: CSR (table.indptr non-null) or block table (block_table.block_table),
@@ -159,11 +181,15 @@ struct PagedAttentionArguments {
   std::int32_t window_left = -1;  ///< >= 0: keys at positions >= query position - window_left
   float logit_soft_cap = 0.0f;    ///< > 0: s = cap * tanh(s / cap), s = sm_scale * q.k
   const float* sinks = nullptr;   ///< [num_qo_heads] device natural-log sink logits, or null
+  PagedAttentionChunkKv chunk_kv;  ///< fused prefill when chunk_kv.k is set (see above)
 };
 
 /// Builds the plan (make_paged_attention_plan; num_sms 0 asks the device) and uploads it.
 Result<PagedAttentionPlan> plan_paged_attention(PagedAttentionPlanArguments args, void* workspace,
                                                 std::size_t workspace_bytes, cudaStream_t stream);
+
+/// The kernel run_paged_attention launches for these arguments under this plan.
+AttentionKernel kernel_for_run(const PagedAttentionArguments& args, const PagedAttentionPlan& plan);
 
 /// Launch only: preflight against the plan, attention, and the merge when split. Capturable.
 Status run_paged_attention(const PagedAttentionArguments& args, const PagedAttentionPlan& plan,
