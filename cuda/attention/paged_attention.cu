@@ -57,6 +57,48 @@ Status check_workspace(const PagedAttentionPlan& plan, const void* workspace, st
   return {};
 }
 
+/// The page table in exactly one form, shaped for the plan; a block table must hold the
+/// pages of the plan's longest request (seq_len <= max_pages_per_request * page_size).
+Status check_page_table(const PagedAttentionArguments& a, const PagedAttentionPlan& plan) {
+  const PagedAttentionProblem& p = plan.problem;
+  const bool csr = a.table.indptr != nullptr;
+  if (csr == (a.block_table.block_table != nullptr)) {
+    return make_status(StatusCode::invalid_argument,
+                       "give the page table as CSR (table) or as a block table (block_table), exactly one");
+  }
+  if (csr) {
+    if (a.table.batch_size != p.batch_size || a.table.page_size != p.page_size ||
+        a.table.indices == nullptr || a.table.last_page_len == nullptr) {
+      return make_status(StatusCode::invalid_argument, "CSR page table has batch_size ", a.table.batch_size,
+                         " and page_size ", a.table.page_size, " (and needs indices, last_page_len); the plan has ",
+                         p.batch_size, " and ", p.page_size);
+    }
+    return {};
+  }
+  const kv::BlockTableView& bt = a.block_table;
+  if (bt.batch_size != p.batch_size || bt.page_size != p.page_size || bt.seq_lens == nullptr ||
+      bt.max_pages_per_request < 1) {
+    return make_status(StatusCode::invalid_argument, "block table has batch_size ", bt.batch_size,
+                       ", page_size ", bt.page_size, " and ", bt.max_pages_per_request,
+                       " pages per request (and needs seq_lens); the plan has ", p.batch_size, " and ",
+                       p.page_size);
+  }
+  const std::int64_t capacity = static_cast<std::int64_t>(bt.max_pages_per_request) * bt.page_size;
+  if (plan.max_kv_tokens > capacity) {
+    return make_status(StatusCode::invalid_argument, "the plan's longest request has ", plan.max_kv_tokens,
+                       " tokens; a block table row of ", bt.max_pages_per_request, " pages of ",
+                       bt.page_size, " holds ", capacity);
+  }
+  return {};
+}
+
+/// Elements from one page to the next in k_pages and v_pages.
+std::int64_t page_stride_of(const PagedKVCacheView& cache) {
+  return cache.page_stride != 0
+             ? cache.page_stride
+             : static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads * cache.head_dim;
+}
+
 Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentionProblem& p) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
   if (a.cache.dtype != p.kv_dtype || a.cache.head_dim != p.head_dim ||
@@ -67,14 +109,8 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
                        to_string(a.cache.dtype), " with ", a.cache.page_size, ", ",
                        a.cache.num_kv_heads, ", ", a.cache.head_dim);
   }
-  if (a.table.batch_size != p.batch_size || a.table.page_size != p.page_size) {
-    return make_status(StatusCode::invalid_argument, "page table has batch_size ",
-                       a.table.batch_size, " and page_size ", a.table.page_size,
-                       "; the plan has ", p.batch_size, " and ", p.page_size);
-  }
-  if (p.batch_size > 0 && (a.table.indptr == nullptr || a.table.indices == nullptr ||
-                           a.table.last_page_len == nullptr || a.qo_indptr == nullptr)) {
-    return make_status(StatusCode::invalid_argument, "page table arrays and qo_indptr must be non-null");
+  if (p.batch_size > 0 && a.qo_indptr == nullptr) {
+    return make_status(StatusCode::invalid_argument, "qo_indptr must be non-null");
   }
   if (a.q == nullptr || a.o == nullptr) {
     return make_status(StatusCode::invalid_argument, "q and o must be non-null");
@@ -103,6 +139,8 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
     if (!aligned16(a.chunk_kv.k) || !aligned16(a.chunk_kv.v)) {
       return make_status(StatusCode::invalid_argument, "chunk_kv.k and chunk_kv.v must be 16-byte aligned");
     }
+    // Its writes use the append kernel's packed offsets.
+    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill (quantize-and-append of the chunk)"));
     for (const std::int64_t stride : {a.chunk_kv.token_stride, a.chunk_kv.head_stride}) {
       if (stride < 0 || stride % 8 != 0) {
         return make_status(StatusCode::invalid_argument, "chunk_kv strides must be non-negative multiples "
@@ -140,7 +178,9 @@ AttentionKernel kernel_for_run(const PagedAttentionArguments& a, const PagedAtte
   const bool tensor_core_only = a.window_left >= 0 || a.logit_soft_cap > 0.0f || a.sinks != nullptr ||
                                 a.q_token_stride != 0 || a.q_head_stride != 0 || a.o_token_stride != 0 ||
                                 a.o_head_stride != 0 || a.chunk_kv.k != nullptr || a.chunk_kv.v != nullptr;
-  return plan.decode && !tensor_core_only ? AttentionKernel::cuda_core : AttentionKernel::tensor_core;
+  // The CUDA-core kernel reads the CSR table and packed pages only.
+  const bool csr_packed = a.block_table.block_table == nullptr && require_packed_pages(a.cache, "").ok();
+  return plan.decode && csr_packed && !tensor_core_only ? AttentionKernel::cuda_core : AttentionKernel::tensor_core;
 }
 
 Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentionPlan& plan,
@@ -150,6 +190,7 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   SLIMSERVE_RETURN_IF_ERROR(check_run_arguments(a, p));
   SLIMSERVE_RETURN_IF_ERROR(check_workspace(plan, workspace, workspace_bytes));
   if (p.batch_size == 0 || plan.num_work_items == 0) return {};
+  SLIMSERVE_RETURN_IF_ERROR(check_page_table(a, plan));
   if (kernel_for_run(a, plan) == AttentionKernel::cuda_core) {
     // The plan's choice (see choose_attention_kernel): the CUDA-core decode kernel.
     DecodeArguments d;
@@ -182,6 +223,12 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
 
   kernels::PagedAttentionParams params{};
   detail::fill_paged_cache_fields(params, a.cache, a.table, a.request_status);
+  if (a.table.indptr == nullptr) {  // block-table form (check_page_table: exactly one)
+    params.block_table = a.block_table.block_table;
+    params.block_table_stride = a.block_table.max_pages_per_request;
+    params.seq_lens = a.block_table.seq_lens;
+  }
+  params.page_stride = page_stride_of(a.cache);
   params.page_size = p.page_size;
   params.page_shift = log2_exact(p.page_size);
   params.num_kv_heads = p.num_kv_heads;

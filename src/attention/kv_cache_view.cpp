@@ -39,6 +39,12 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
     return make_status(StatusCode::invalid_argument, "a page of ", page_elements,
                        " elements is too large");
   }
+  if (cache.page_stride != 0 &&
+      (cache.page_stride < page_elements || cache.page_stride * element_bytes(cache.dtype) % 16 != 0)) {
+    return make_status(StatusCode::invalid_argument, "page_stride ", cache.page_stride,
+                       " must be 0 (packed) or at least one page (", page_elements,
+                       " elements) and a multiple of 16 bytes");
+  }
   if (cache.k_pages == nullptr || cache.v_pages == nullptr) {
     return make_status(StatusCode::invalid_argument, "k_pages and v_pages must be non-null");
   }

@@ -29,17 +29,24 @@ std::int32_t stage_tokens_for(KvDtype dtype, std::int32_t head_dim) {
 Status validate_host_arrays(const PagedAttentionPlanArguments& args, std::vector<std::int64_t>& kv_len) {
   const PagedAttentionProblem& p = args.problem;
   const auto batch = static_cast<std::size_t>(p.batch_size);
-  if (args.qo_indptr_host.size() != batch + 1 || args.kv_indptr_host.size() != batch + 1 ||
-      args.last_page_len_host.size() != batch) {
+  const bool csr = !args.kv_indptr_host.empty() || !args.last_page_len_host.empty();
+  if (csr == !args.seq_lens_host.empty() && !(batch == 0 && !csr)) {
+    return make_status(StatusCode::invalid_argument,
+                       "paged attention plan needs exactly one form of host lengths: kv_indptr_host + "
+                       "last_page_len_host (CSR) or seq_lens_host (block table)");
+  }
+  if (args.qo_indptr_host.size() != batch + 1 ||
+      (csr ? args.kv_indptr_host.size() != batch + 1 || args.last_page_len_host.size() != batch
+           : args.seq_lens_host.size() != batch)) {
     return make_status(StatusCode::invalid_argument, "host arrays have qo_indptr of ",
                        args.qo_indptr_host.size(), ", kv indptr of ", args.kv_indptr_host.size(),
-                       " and last_page_len of ", args.last_page_len_host.size(),
-                       " entries; batch_size ", p.batch_size, " needs ", batch + 1, ", ",
-                       batch + 1, " and ", batch);
+                       ", last_page_len of ", args.last_page_len_host.size(), " and seq_lens of ",
+                       args.seq_lens_host.size(), " entries; batch_size ", p.batch_size, " needs ",
+                       batch + 1, " and (CSR) ", batch + 1, " and ", batch, " or (block table) ", batch);
   }
-  if (args.qo_indptr_host[0] != 0 || args.kv_indptr_host[0] != 0) {
+  if (args.qo_indptr_host[0] != 0 || (csr && args.kv_indptr_host[0] != 0)) {
     return make_status(StatusCode::invalid_argument, "qo_indptr[0] and indptr[0] must be 0, got ",
-                       args.qo_indptr_host[0], " and ", args.kv_indptr_host[0]);
+                       args.qo_indptr_host[0], " and ", csr ? args.kv_indptr_host[0] : 0);
   }
   kv_len.assign(batch, 0);
   for (std::size_t b = 0; b < batch; ++b) {
@@ -47,6 +54,18 @@ Status validate_host_arrays(const PagedAttentionPlanArguments& args, std::vector
     if (qo_len < 0) {
       return make_status(StatusCode::invalid_argument, "qo_indptr decreases at request ", b, " (",
                          args.qo_indptr_host[b], " -> ", args.qo_indptr_host[b + 1], ")");
+    }
+    if (!csr) {
+      kv_len[b] = args.seq_lens_host[b];
+      if (kv_len[b] < 0) {
+        return make_status(StatusCode::invalid_argument, "seq_lens[", b, "] = ", kv_len[b], " < 0");
+      }
+      if (qo_len > kv_len[b]) {
+        return make_status(StatusCode::invalid_argument, "request ", b, " has ", qo_len,
+                           " query tokens but only ", kv_len[b],
+                           " tokens in its pages (append the chunk's K/V first)");
+      }
+      continue;
     }
     const std::int32_t pages = args.kv_indptr_host[b + 1] - args.kv_indptr_host[b];
     if (pages < 0) {
@@ -240,6 +259,7 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
   plan.split_kv = items > plan.num_units;
   plan.chunk_tokens = static_cast<std::int32_t>(std::min<std::int64_t>(s.chunk_tokens, std::numeric_limits<std::int32_t>::max()));
   plan.choice = choose_attention_kernel(p, max_qo_len);
+  for (const std::int64_t len : kv_len) plan.max_kv_tokens = std::max(plan.max_kv_tokens, len);
 
   const auto w = static_cast<std::size_t>(items);
   const auto u = static_cast<std::size_t>(plan.num_units);
@@ -250,8 +270,10 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
       uniform = uniform && args.qo_indptr_host[b + 1] - args.qo_indptr_host[b] == max_qo_len;
     }
     const bool fills = static_cast<std::int64_t>(p.batch_size) * p.num_kv_heads >= args.num_sms;
-    Result<DecodePlan> decode = make_status(StatusCode::unsupported, "not planned");
-    if (uniform && fills && (p.causal || max_qo_len == 1)) {
+    const bool csr = args.seq_lens_host.empty();
+    Result<DecodePlan> decode = make_status(StatusCode::unsupported,
+                                            csr ? "a non-causal multi-token step" : "it reads the CSR page table only");
+    if (csr && uniform && fills && (p.causal || max_qo_len == 1)) {
       DecodePlanArguments d{DecodeProblem{p.batch_size, p.num_qo_heads, p.num_kv_heads, p.head_dim,
                                           p.page_size, max_qo_len, p.kv_dtype},
                             args.kv_indptr_host, args.last_page_len_host,

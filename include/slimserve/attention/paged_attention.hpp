@@ -8,8 +8,8 @@
 ///      `paged_attention_workspace_bound(bound)` for one allocation that serves every step up
 ///      to a maximum batch / token count / context.
 ///   2. `plan_paged_attention(plan_args, workspace, bytes, stream)` validates the host copies
-///      of qo_indptr and the page table, picks the CTA shape and the KV split, and uploads the
-///      schedule (not capturable).
+///      of qo_indptr and the request lengths, picks the CTA shape and the KV split, and uploads
+///      the schedule (not capturable).
 ///   3. `run_paged_attention(args, plan, workspace, bytes, stream)` launches (capturable): it
 ///      reads qo_indptr, page ids, lengths, scales and tag-check verdicts from device memory.
 ///
@@ -20,6 +20,17 @@
 /// natural-log LSE per (token, query head), including the sink when sinks are given.
 /// Aborted requests (tag check not ok, inconsistent device table, qo_len > length): no page
 /// is read; output rows are NaN and lse is -inf.
+///
+/// The page table comes in either form (the same as MLA decode's): CSR (`table`: indptr,
+/// indices, last_page_len) or a 2-D block table (`block_table`: [batch, max_pages_per_request]
+/// page ids + seq_lens, row b holding ceil(seq_lens[b] / page_size) valid entries). Both are
+/// read from device memory at run time and give bit-identical outputs. Gate either with the
+/// tag check of the same form (kv::check_page_tags), which covers exactly the entries a
+/// request's length uses.
+///
+/// K and V are two allocations or one: `PagedKVCacheView::page_stride` is the distance
+/// between consecutive pages, so a combined [num_pages, 2, page, H, D] cache is
+/// k_pages = base, v_pages = base + page * H * D, page_stride = 2 * page * H * D.
 
 #include <cstddef>
 #include <cstdint>
@@ -70,8 +81,11 @@ AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& probl
 struct PagedAttentionPlanArguments {
   PagedAttentionProblem problem;
   std::span<const std::int32_t> qo_indptr_host;      ///< [batch_size + 1]
+  /// Host copies of the lengths: the CSR table's indptr and last_page_len, or (block table)
+  /// seq_lens; exactly one form.
   std::span<const std::int32_t> kv_indptr_host;      ///< [batch_size + 1] (page table indptr)
   std::span<const std::int32_t> last_page_len_host;  ///< [batch_size]
+  std::span<const std::int32_t> seq_lens_host = {};  ///< [batch_size]
   /// Streaming multiprocessors to fill; 0 = ask the current device (plan_paged_attention).
   std::int32_t num_sms = 0;
   std::int32_t ctas_per_sm = 2;
@@ -103,6 +117,7 @@ struct PagedAttentionPlan {
   std::int32_t chunk_tokens = 0;
   std::int32_t num_work_items = 0;  ///< grid.x
   std::int32_t num_units = 0;       ///< (request, row tile) pairs: merge grid.x
+  std::int64_t max_kv_tokens = 0;   ///< longest request (a block table must hold its pages)
   PagedAttentionWorkspaceLayout layout;
   std::vector<std::int32_t> host_ints;
   AttentionKernelChoice choice;
@@ -117,7 +132,7 @@ struct PagedAttentionPlan {
 Status validate_paged_attention_problem(const PagedAttentionProblem& problem);
 
 /// Validates the host arrays (monotone qo_indptr from 0, qo_len <= request length, page-table
-/// lengths) and builds the plan. `num_sms` must be set (plan_paged_attention fills it).
+/// lengths in one form) and builds the plan. `num_sms` must be set (plan_paged_attention fills it).
 Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArguments& args);
 
 /// Workspace bytes the plan for `args` needs.
@@ -150,7 +165,10 @@ struct PagedAttentionChunkKv {
 
 struct PagedAttentionArguments {
   PagedKVCacheView cache;
-  kv::PageTableView table;                            ///< device arrays
+  /// The page table: CSR (table.indptr non-null) or block table (block_table.block_table),
+  /// exactly one; device arrays. expected_tags are not read here (the tag check reads them).
+  kv::PageTableView table;
+  kv::BlockTableView block_table;
   const kv::RequestStatus* request_status = nullptr;  ///< [batch_size] device, or null
   const std::int32_t* qo_indptr = nullptr;            ///< [batch_size + 1] device
   const void* q = nullptr;  ///< q[token * q_token_stride + head * q_head_stride + d]

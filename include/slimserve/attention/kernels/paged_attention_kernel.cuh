@@ -32,6 +32,7 @@
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/attention/kernels/chunk_kv.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
+#include "slimserve/attention/kernels/page_locator.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/kv/request_status.hpp"
@@ -53,13 +54,17 @@ struct PagedAttentionParams {
   std::int32_t page_size;
   std::int32_t page_shift;  // log2(page_size)
   std::int32_t num_kv_heads;
+  std::int64_t page_stride;  // elements from one page of k_pages (and of v_pages) to the next
   KvLayout layout;
   KvScaleMode scale_mode;
-  // Page table (CSR) and tag-check verdicts.
+  // Page table: CSR (indptr != null) or block table (page_locator.cuh), and tag-check verdicts.
   const std::int32_t* indptr;         // [B + 1]
   const std::int32_t* indices;        // [indptr[B]]
   const std::int32_t* last_page_len;  // [B]
-  const kv::RequestStatus* status;    // [B] or null
+  const std::int32_t* block_table;    // [B, block_table_stride]
+  std::int32_t block_table_stride;
+  const std::int32_t* seq_lens;     // [B]
+  const kv::RequestStatus* status;  // [B] or null
   // Queries and outputs (strides in elements).
   const std::int32_t* qo_indptr;  // [B + 1]: query tokens of request b
   const void* q;                  // q[token * q_token_stride + head * q_head_stride + d]
@@ -140,15 +145,6 @@ struct PagedAttentionSharedStorage {
   } u;
 };
 
-/// Tokens of request b per the device page table; -1 when the table is inconsistent.
-SLIMSERVE_DEVICE inline std::int64_t paged_request_length(const PagedAttentionParams& p, std::int32_t b) {
-  const std::int32_t pages = p.indptr[b + 1] - p.indptr[b];
-  if (pages == 0) return 0;
-  const std::int32_t last = p.last_page_len[b];
-  if (pages < 0 || last < 1 || last > p.page_size) return -1;
-  return (static_cast<std::int64_t>(pages - 1) << p.page_shift) + last;
-}
-
 /// The one place the kernel consults the tag check: may request b's pages be read?
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE bool request_admitted(const PagedAttentionParams& p, std::int32_t b) {
   return p.status == nullptr || kv::request_ok(p.status[b]);
@@ -188,7 +184,7 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
 
   const std::int32_t qo_begin = p.qo_indptr[b];
   const std::int32_t qo_len = p.qo_indptr[b + 1] - qo_begin;
-  const std::int64_t kv_len = paged_request_length(p, b);
+  const std::int64_t kv_len = located_request_length(p, b);
   const bool aborted = kv_len < 0 || kv_len > INT32_MAX || qo_len < 0 || qo_len > kv_len || !request_admitted(p, b);
 
   // Rows of this CTA: (query token, query head) of each packed row; invalid rows are padding.
@@ -225,7 +221,7 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
       const std::int64_t first = (tile_row0 + p.group_size - 1) / p.group_size;
       std::int64_t last = (tile_row0 + p.cta_rows + p.group_size - 1) / p.group_size;
       if (last > qo_len) last = qo_len;
-      append_chunk_tokens<KvT, QT, HeadDim>(p.chunk, p.indices + p.indptr[b], p.num_pages, p.page_shift,
+      append_chunk_tokens<KvT, QT, HeadDim>(p.chunk, located_request_pages(p, b), p.num_pages, p.page_shift,
                                             p.num_kv_heads, p.layout, p.scale_mode, p.k_scale, p.v_scale,
                                             kv_head, qo_begin, kv_len - qo_len, first, last, tid,
                                             Tile::threads);
@@ -253,9 +249,10 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
   const std::int64_t page_end = kv_end < chunk_start ? kv_end : chunk_start;
   const std::int64_t chunk_begin = kv_begin > chunk_start ? kv_begin : chunk_start;
 
-  const std::int32_t page_base = p.indptr[b];
+  // [pages of the request]: its CSR slice or its block-table row; read below kv_end only.
+  const std::int32_t* request_pages = located_request_pages(p, b);
   auto page_of = [&](std::int64_t position) -> std::int32_t {
-    const std::int32_t page = p.indices[page_base + static_cast<std::int32_t>(position >> p.page_shift)];
+    const std::int32_t page = request_pages[position >> p.page_shift];
     return (page >= 0 && page < p.num_pages) ? page : -1;
   };
   // One pass over the range's page ids: the common case (all valid) skips per-token checks.
@@ -336,11 +333,10 @@ SLIMSERVE_ATTENTION_UNROLL
 
   // Element offset of (page, slot, kv_head, 0) = page * page_stride + slot * slot_stride +
   // head_offset in both layouts.
-  const std::int64_t page_stride = static_cast<std::int64_t>(p.page_size) * p.num_kv_heads * HeadDim;
+  const std::int64_t page_stride = p.page_stride;
   const std::int32_t slot_stride = p.layout == KvLayout::nhd ? p.num_kv_heads * HeadDim : HeadDim;
   const std::int32_t head_offset = p.layout == KvLayout::nhd ? kv_head * HeadDim : kv_head * p.page_size * HeadDim;
   const std::int32_t slot_mask = p.page_size - 1;
-  const std::int32_t* request_pages = p.indices + page_base;
   const auto num_pages = static_cast<std::uint32_t>(p.num_pages);
   const auto page_end32 = static_cast<std::int32_t>(page_end);
 
