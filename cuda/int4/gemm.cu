@@ -19,6 +19,9 @@ namespace {
 // weights are marked evict-first in L2; the wide tile's are re-read by the other M tiles.
 using DecodeTile = GemmTileConfig<16, 128, 1, 4, 4, true>;  // GemmTile::m16_n128
 using WideTile = GemmTileConfig<64, 128, 2, 2, 4, false>;   // GemmTile::m64_n128
+// Groups spanning whole stages: 256 columns per block, 64 per warp, so a warp's fixed costs
+// per stage (loop, barrier, A fragments, group start) are spread over twice the weights.
+using DecodeStageTile = GemmTileConfig<16, 256, 1, 4, 4, true>;  // GemmTile::m16_n128
 constexpr int block_k = DecodeTile::block_k;
 static_assert(WideTile::block_k == block_k, "split-K slices are sized by one block_k");
 
@@ -91,7 +94,8 @@ constexpr std::array<T, A + B> concat(const std::array<T, A>& a, const std::arra
 template <class T>
 constexpr auto fused_rows_for_type() {
   return concat(
-      fused_rows<T, DecodeTile, GemmTile::m16_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>(),
+      concat(fused_rows<T, DecodeTile, GemmTile::m16_n128, GroupSpan::k16, GroupSpan::k32>(),
+             fused_rows<T, DecodeStageTile, GemmTile::m16_n128, GroupSpan::stage>()),
       fused_rows<T, WideTile, GemmTile::m64_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>());
 }
 const auto fused_kernels = concat(fused_rows_for_type<bf16>(), fused_rows_for_type<fp16>());
@@ -253,6 +257,9 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
     plan.path = args.m >= options.expand_min_m ? GemmPath::expand : GemmPath::fused;
   }
   plan.tile = args.m <= 16 ? GemmTile::m16_n128 : GemmTile::m64_n128;
+  plan.scaling = plan.path == GemmPath::fused && plan.tile == GemmTile::m16_n128
+                     ? decode_tile_group_scaling(args.group_size)
+                     : GroupScaling::per_weight;
   const FusedKernel* kernel =
       find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
   if (kernel == nullptr) {

@@ -260,6 +260,7 @@ Result<MoeGemmPlan> plan_moe_gemm(const MoeGemmArguments& args, const MoeGemmOpt
   plan.k = args.k;
   plan.n = args.n;
   plan.group_size = args.group_size;
+  plan.scaling = decode_tile_group_scaling(args.group_size);  // the grouped kernel's 16-row tile
   plan.align = resolve_align(options.align);
   plan.validate_routing = options.validate_routing;
   const std::int64_t pairs = max_tokens * args.top_k;

@@ -150,6 +150,39 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void dequantize_word(std::uint32_t word,
   b[3] = detail::fma2<T>(shifted[3], second.scale, minus_zero);
 }
 
+/// One packed word -> the lane's four mma B registers holding q - z (exact small integers in
+/// T), for kernels that multiply the group's FP32 sums by the scale instead of every weight
+/// (`GroupScaling::per_group_sum`). Same registers as `dequantize_word`, without its scale FMA.
+template <class T>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void dequantize_word_unscaled(std::uint32_t word,
+                                                                     const DequantColumn& first,
+                                                                     const DequantColumn& second,
+                                                                     std::uint32_t (&b)[4]) {
+  using Traits = detail::DequantTraits<T>;
+  constexpr std::uint8_t and_or = 0xEA;  // (a & b) | c
+  const std::uint32_t magic = detail::splat(Traits::magic);
+  const std::uint32_t one = detail::splat(Traits::one);
+  if constexpr (std::is_same_v<T, fp16>) {
+    const std::uint32_t upper = word >> 8;
+    const std::uint32_t sixteenth = detail::splat(Traits::one_sixteenth);
+    b[0] = detail::fma2<T>(arch::lop3<and_or>(word, 0x000F000Fu, magic), one, first.minus_base);
+    b[1] = detail::fma2<T>(arch::lop3<and_or>(word, 0x00F000F0u, magic), sixteenth,
+                           first.minus_base_div16);
+    b[2] = detail::fma2<T>(arch::lop3<and_or>(upper, 0x000F000Fu, magic), one, second.minus_base);
+    b[3] = detail::fma2<T>(arch::lop3<and_or>(upper, 0x00F000F0u, magic), sixteenth,
+                           second.minus_base_div16);
+  } else {
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+    for (int reg = 0; reg < 4; ++reg) {
+      const DequantColumn& column = reg < 2 ? first : second;
+      b[reg] = detail::fma2<T>(arch::lop3<and_or>(word >> (4 * reg), 0x000F000Fu, magic), one,
+                               column.minus_base);
+    }
+  }
+}
+
 /// Zero point z of symmetric weights, as T bits.
 template <class T>
 SLIMSERVE_HOST_DEVICE constexpr std::uint16_t symmetric_zero_bits() {

@@ -105,6 +105,9 @@ struct GemmPlan {
   int splits = 1;        ///< split-K slices (1 under stream-K)
   int k_per_split = 0;
   int stream_k_blocks = 0;  ///< persistent blocks (stream-K)
+  /// Fused path: where the group scales are applied (the FP64 model the results match; the
+  /// expansion path rounds every weight to T: per_weight).
+  GroupScaling scaling = GroupScaling::per_weight;
   GemmWorkspaceLayout workspace;
   std::size_t workspace_bytes() const { return workspace.total_bytes; }
 };

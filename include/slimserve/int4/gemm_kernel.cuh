@@ -100,8 +100,10 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_tile(const GemmParams& p,
 }
 
 /// Split-K schedule: grid (N tiles, M tiles, splits); each block one tile over one K slice.
+/// Min blocks 1: ptxas may then keep the 256-column tile's per-group sums in registers
+/// instead of spilling to fit more blocks per SM (weights stream; one block hides enough).
 template <class T, class Config, GroupSpan Span>
-__global__ void __launch_bounds__(Config::threads) w4a16_gemm_kernel(const __grid_constant__ GemmParams p) {
+__global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_kernel(const __grid_constant__ GemmParams p) {
   using Storage = GemmSharedStorage<Config, Span>;
   Storage& smem = rt::shared_storage<Storage>();
   const int warp = static_cast<int>(threadIdx.x) / 32;

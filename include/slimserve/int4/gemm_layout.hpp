@@ -146,6 +146,38 @@ SLIMSERVE_HOST_DEVICE inline std::uint16_t dequantize_reference(ActivationType t
   return from_float<fp16>(diff * to_float(fp16::from_bits(scale_bits))).bits;
 }
 
+/// Where a fused kernel applies the group scales, which decides the FP64 model its results
+/// match (docs/int4-gemm.md, "Numerics").
+enum class GroupScaling : std::uint8_t {
+  /// Every weight is dequantized to T: w = round_T((q - z) * s). Groups of 16 and 32 (the
+  /// scale changes inside a 64-row stage) and the wide tile (its dequantized B is shared by
+  /// several 16-row A tiles, so a per-weight multiply is cheaper than a per-sum one).
+  per_weight,
+  /// The mma multiplies A by q - z (exact in T) and each group's FP32 sum is multiplied by s
+  /// once: the model is the exact weight w = (q - z) * s, with no rounding to T.
+  per_group_sum,
+};
+
+/// The scaling of the decode tile (16 rows per warp) for `group_size` (k: per-channel): per
+/// group sum wherever a group spans whole 64-row stages (every size but 16 and 32).
+SLIMSERVE_HOST_DEVICE constexpr GroupScaling decode_tile_group_scaling(std::int64_t group_size) {
+  return group_size == 16 || group_size == 32 ? GroupScaling::per_weight
+                                              : GroupScaling::per_group_sum;
+}
+
+/// The FP64 weight a fused kernel with `scaling` multiplies by (the tests' reference model).
+inline double model_weight(ActivationType type, GroupScaling scaling, std::uint32_t q,
+                           std::uint32_t z, std::uint16_t scale_bits) {
+  const float scale = type == ActivationType::bf16 ? to_float(bf16::from_bits(scale_bits))
+                                                   : to_float(fp16::from_bits(scale_bits));
+  if (scaling == GroupScaling::per_group_sum) {
+    return static_cast<double>(static_cast<int>(q) - static_cast<int>(z)) * static_cast<double>(scale);
+  }
+  const std::uint16_t bits = dequantize_reference(type, q, z, scale_bits);
+  return type == ActivationType::bf16 ? static_cast<double>(to_float(bf16::from_bits(bits)))
+                                      : static_cast<double>(to_float(fp16::from_bits(bits)));
+}
+
 /// Rounds an FP32 value to `type` (round to nearest even) and returns the bits.
 SLIMSERVE_HOST_DEVICE inline std::uint16_t to_activation_bits(ActivationType type, float value) {
   return type == ActivationType::bf16 ? from_float<bf16>(value).bits : from_float<fp16>(value).bits;

@@ -22,6 +22,7 @@
 ///   weight adds nothing.
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "slimserve/arch/cp_async.cuh"
@@ -79,6 +80,16 @@ struct GemmTileConfig {
 
 template <GroupSpan Span>
 inline constexpr int scale_rows_per_stage = 64 / static_cast<int>(Span);
+
+/// Where a tile applies the group scales (gemm_layout.hpp, GroupScaling). Per group sum needs
+/// a second set of accumulators, so only tiles with one 16-row A tile per warp (the decode
+/// tile, the MoE tile) and groups spanning whole stages take it: there it replaces 4 FP16x2
+/// multiplies per packed word (a quarter of the dequantization) with 16 FP32 FMAs per warp per
+/// group.
+template <class Config, GroupSpan Span>
+inline constexpr GroupScaling group_scaling_of =
+    Span == GroupSpan::stage && Config::m16_per_warp == 1 ? GroupScaling::per_group_sum
+                                                          : GroupScaling::per_weight;
 
 /// Shared memory of one thread block; the launch asks for exactly sizeof of this.
 template <class Config, GroupSpan Span>
@@ -302,6 +313,52 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE TileColumns make_tile_columns(
 template <class Config>
 using WarpAccumulators = float[Config::m16_per_warp][2 * Config::n16_per_warp][4];
 
+namespace detail {
+
+/// The scales of the lane's accumulator columns, as FP32: [n8 tile][c0 / c1 column]. The
+/// fragment's c0, c1 (and c2, c3, eight rows down) are columns 2t, 2t + 1 of the n8 tile.
+template <class T, class Config>
+using SumScales = float[2 * Config::n16_per_warp][2];
+
+template <class T, class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load_sum_scales(const std::uint16_t* scale_row,
+                                                            int warp_col, int lane,
+                                                            SumScales<T, Config>& scales) {
+  SLIMSERVE_INT4_UNROLL
+  for (int j = 0; j < 2 * Config::n16_per_warp; ++j) {
+    const int col = warp_col + j * 8 + (lane % 4) * 2;  // even: one 32-bit load for the pair
+    std::uint32_t pair;
+    std::memcpy(&pair, &scale_row[col], sizeof(pair));
+    if constexpr (std::is_same_v<T, bf16>) {  // BF16 is the top half of an FP32
+      scales[j][0] = slimserve::detail::float_from_bits(pair << 16);
+      scales[j][1] = slimserve::detail::float_from_bits(pair & 0xFFFF0000u);
+    } else {
+      scales[j][0] = to_float(T::from_bits(static_cast<std::uint16_t>(pair)));
+      scales[j][1] = to_float(T::from_bits(static_cast<std::uint16_t>(pair >> 16)));
+    }
+  }
+}
+
+/// acc += sums * s (one FP32 rounding of the product, one of the sum); sums = 0.
+template <class T, class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void fold_group_sums(WarpAccumulators<Config>& acc,
+                                                            WarpAccumulators<Config>& sums,
+                                                            const SumScales<T, Config>& scales) {
+  SLIMSERVE_INT4_UNROLL
+  for (int i = 0; i < Config::m16_per_warp; ++i) {
+    SLIMSERVE_INT4_UNROLL
+    for (int j = 0; j < 2 * Config::n16_per_warp; ++j) {
+      SLIMSERVE_INT4_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        acc[i][j][e] += sums[i][j][e] * scales[j][e % 2];
+        sums[i][j][e] = 0.0f;
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
 /// Runs the pipeline over the K slice of `src` and adds the products into `acc` (which the
 /// caller zeroes). `warp_row`, `warp_col`: the warp's offset inside the block tile.
 template <class T, class Config, GroupSpan Span, class ColumnMap>
@@ -325,6 +382,12 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
   const int b_lane_word = ((lane / 8) * Config::n16_per_block) * 32 + (lane % 8) * 4;
 
   detail::TileColumns tile_columns[Config::n16_per_warp];
+  // Per group sum: the mma adds A . (q - z) into group_sums; at each group's end they are
+  // scaled into acc. Per weight: the mma adds A . w into acc directly.
+  constexpr bool scale_sums = group_scaling_of<Config, Span> == GroupScaling::per_group_sum;
+  WarpAccumulators<Config> group_sums = {};
+  detail::SumScales<T, Config> sum_scales = {};
+  WarpAccumulators<Config>& sums = *(scale_sums ? &group_sums : &acc);
   int k0 = src.k_begin;
   for (int step = 0; step < k_steps; ++step, k0 += Config::block_k) {
     arch::cp_async_wait<Config::stages - 2>();
@@ -337,6 +400,10 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
     const typename Storage::Stage& stage = smem.stages[step % Config::stages];
     if constexpr (Span == GroupSpan::stage) {
       if (loader.needs_scales(k0)) {  // a group starts here: new constants
+        if constexpr (scale_sums) {
+          if (step > 0) detail::fold_group_sums<T, Config>(acc, group_sums, sum_scales);
+          detail::load_sum_scales<T, Config>(stage.scales, warp_col, lane, sum_scales);
+        }
         SLIMSERVE_INT4_UNROLL
         for (int j = 0; j < Config::n16_per_warp; ++j) {
           tile_columns[j] = detail::make_tile_columns<T, Config>(
@@ -376,16 +443,24 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
       SLIMSERVE_INT4_UNROLL
       for (int j = 0; j < Config::n16_per_warp; ++j) {
         std::uint32_t b[4];
-        dequantize_word<T>(words[j][k16], tile_columns[j].first, tile_columns[j].second, b);
+        if constexpr (scale_sums) {
+          dequantize_word_unscaled<T>(words[j][k16], tile_columns[j].first,
+                                      tile_columns[j].second, b);
+        } else {
+          dequantize_word<T>(words[j][k16], tile_columns[j].first, tile_columns[j].second, b);
+        }
         const std::uint32_t b_first[2] = {b[0], b[1]};
         const std::uint32_t b_second[2] = {b[2], b[3]};
         SLIMSERVE_INT4_UNROLL
         for (int i = 0; i < Config::m16_per_warp; ++i) {
-          detail::mma_16816<T>(acc[i][2 * j], a_frag[i], b_first);
-          detail::mma_16816<T>(acc[i][2 * j + 1], a_frag[i], b_second);
+          detail::mma_16816<T>(sums[i][2 * j], a_frag[i], b_first);
+          detail::mma_16816<T>(sums[i][2 * j + 1], a_frag[i], b_second);
         }
       }
     }
+  }
+  if constexpr (scale_sums) {
+    if (k_steps > 0) detail::fold_group_sums<T, Config>(acc, group_sums, sum_scales);
   }
   arch::cp_async_wait<0>();
 }

@@ -112,6 +112,8 @@ struct MoeGemmPlan {
   MoeAlignMethod align = MoeAlignMethod::serial;
   bool validate_routing = false;
   std::int64_t max_tiles = 0;  ///< row tiles for max_tokens in the worst routing
+  /// Where the group scales are applied (the FP64 model the results match).
+  GroupScaling scaling = GroupScaling::per_weight;
   MoeWorkspaceLayout workspace;
   std::size_t workspace_bytes() const { return workspace.total_bytes; }
 };

@@ -19,7 +19,7 @@ using namespace slimserve::int4;
 namespace {
 
 // Thread i dequantizes words[i] with (scale, zero) of its two columns; writes its 4 registers.
-template <class T>
+template <class T, bool Unscaled>
 __global__ void dequantize_words_kernel(const std::uint32_t* words,     // [threads]
                                         const std::uint16_t* columns,   // [threads, 4]: s0 z0 s1 z1
                                         std::uint32_t* registers,       // [threads, 4]
@@ -29,11 +29,16 @@ __global__ void dequantize_words_kernel(const std::uint32_t* words,     // [thre
   const DequantColumn first = make_dequant_column<T>(columns[4 * i], columns[4 * i + 1]);
   const DequantColumn second = make_dequant_column<T>(columns[4 * i + 2], columns[4 * i + 3]);
   std::uint32_t b[4];
-  dequantize_word<T>(words[i], first, second, b);
+  if constexpr (Unscaled) {
+    dequantize_word_unscaled<T>(words[i], first, second, b);
+  } else {
+    dequantize_word<T>(words[i], first, second, b);
+  }
   for (int r = 0; r < 4; ++r) registers[4 * i + r] = b[r];
 }
 
-template <class T>
+// Unscaled: the registers must hold q - z exactly (GroupScaling::per_group_sum).
+template <class T, bool Unscaled>
 void check_all_codes(ActivationType type) {
   auto rng = slimserve_test::make_rng(type == ActivationType::bf16 ? 11 : 12);
   // Scales: exact powers, random values, tiny ones (subnormal results) and large ones.
@@ -75,7 +80,7 @@ void check_all_codes(ActivationType type) {
   const unsigned threads = 128;
   const rt::LaunchConfig config{dim3((static_cast<unsigned>(count) + threads - 1) / threads),
                                 dim3(threads), 0, nullptr};
-  REQUIRE(rt::launch(dequantize_words_kernel<T>, config, d_words->data(), d_columns->data(),
+  REQUIRE(rt::launch(dequantize_words_kernel<T, Unscaled>, config, d_words->data(), d_columns->data(),
                      d_out->data(), count)
               .ok());
   std::vector<std::uint32_t> out(words.size() * 4);
@@ -90,7 +95,10 @@ void check_all_codes(ActivationType type) {
       const std::uint32_t code = (words[static_cast<std::size_t>(i)] >> (4 * nibble)) & 0xFu;
       const std::size_t column = static_cast<std::size_t>(4 * i + (reg < 2 ? 0 : 2));
       const std::uint32_t zero = static_cast<std::uint32_t>(activation_to_float(type, columns[column + 1]));
-      const std::uint16_t want = dequantize_reference(type, code, zero, columns[column]);
+      const std::uint16_t want =
+          Unscaled ? to_activation_bits(type, static_cast<float>(static_cast<int>(code) -
+                                                                 static_cast<int>(zero)))
+                   : dequantize_reference(type, code, zero, columns[column]);
       const auto got = static_cast<std::uint16_t>(out[static_cast<std::size_t>(4 * i + reg)] >> (16 * half));
       if (got != want && ++mismatches <= 10) {
         UNSCOPED_INFO("thread " << i << " nibble " << nibble << " code " << code << " zero "
@@ -105,9 +113,17 @@ void check_all_codes(ActivationType type) {
 }  // namespace
 
 TEST_CASE("BF16 register dequantization is bit-exact for all codes, zeros and scales") {
-  check_all_codes<bf16>(ActivationType::bf16);
+  check_all_codes<bf16, false>(ActivationType::bf16);
+}
+
+TEST_CASE("BF16 unscaled register dequantization gives q - z exactly") {
+  check_all_codes<bf16, true>(ActivationType::bf16);
+}
+
+TEST_CASE("FP16 unscaled register dequantization gives q - z exactly") {
+  check_all_codes<fp16, true>(ActivationType::fp16);
 }
 
 TEST_CASE("FP16 register dequantization is bit-exact for all codes, zeros and scales") {
-  check_all_codes<fp16>(ActivationType::fp16);
+  check_all_codes<fp16, false>(ActivationType::fp16);
 }

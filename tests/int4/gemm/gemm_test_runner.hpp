@@ -112,16 +112,19 @@ inline slimserve::int4::GemmPlan run_and_check(const GemmCase& test, std::mt1993
   REQUIRE(rt::stream_synchronize(nullptr).ok());
 
   // FP64 reference from the kernel's own weights (bit-exact, see the dequant test) and A as
-  // given. The products a * w are exact in FP32 too, so the kernel differs only by FP32
-  // summation (at most ~(k + splits) * 2^-24 * sum |a w| in any order, with slack for the
-  // tensor core's internal order) and the final rounding of a perturbed value to T (1 ulp).
+  // given: round_T((q - z) s) where the plan scales every weight, (q - z) s exactly where it
+  // scales each group's sum. The products a * w (or a * (q - z)) are exact in FP32 too, so the
+  // kernel differs only by FP32 summation and the scaling of group sums (at most
+  // ~(k + k / group + splits) * 2^-24 * sum |a w| in any order, with slack for the tensor
+  // core's internal order) and the final rounding of a perturbed value to T (1 ulp).
+  if (plan->path == GemmPath::expand) REQUIRE(plan->scaling == GroupScaling::per_weight);
   std::vector<double> w(static_cast<std::size_t>(k * n));
   for (std::int64_t row = 0; row < k; ++row) {
     for (std::int64_t col = 0; col < n; ++col) {
       const std::int64_t group = matrix.group_of_row(row);
       const auto at = static_cast<std::size_t>(gemm_layout::scale_index(group, col, n));
-      w[static_cast<std::size_t>(row * n + col)] = activation_to_float(
-          type, dequantize_reference(type, matrix.code(row, col), matrix.zeros[at], packed->scales[at]));
+      w[static_cast<std::size_t>(row * n + col)] = model_weight(
+          type, plan->scaling, matrix.code(row, col), matrix.zeros[at], packed->scales[at]);
     }
   }
   const int mantissa_bits = type == ActivationType::bf16 ? 7 : 10;

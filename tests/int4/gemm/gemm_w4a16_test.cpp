@@ -195,3 +195,24 @@ TEST_CASE("random shapes, group sizes, types, splits and paths") {
     slimserve_test::run_and_check(test, rng);
   }
 }
+
+TEST_CASE("fused W4A16: 256-column decode tile (groups >= 64) across several column tiles") {
+  auto rng = slimserve_test::make_rng(31);
+  int index = 0;
+  for (ActivationType type : {ActivationType::bf16, ActivationType::fp16}) {
+    for (std::int64_t group : {std::int64_t{64}, std::int64_t{128}}) {
+      // n = 400: one full 256-column tile and one of 144; k = 384: stream-K and split-K
+      // slices begin and end inside groups.
+      MatrixSpec spec{384, 400, group, index % 2 == 0, false, type};
+      slimserve::int4::GemmOptions options;
+      options.path = slimserve::int4::GemmPath::fused;
+      options.schedule = index % 2 == 0 ? slimserve::int4::GemmSchedule::stream_k
+                                        : slimserve::int4::GemmSchedule::split_k;
+      options.sm_count = 3;
+      GemmCase test{spec, index % 3 == 0 ? 1 : 16, index % 2 == 1, options};
+      const slimserve::int4::GemmPlan plan = slimserve_test::run_and_check(test, rng);
+      CHECK(plan.scaling == slimserve::int4::GroupScaling::per_group_sum);
+      ++index;
+    }
+  }
+}

@@ -51,9 +51,9 @@ ExpertWeights make_experts(std::int64_t experts, const MatrixSpec& spec, std::mt
       for (std::int64_t col = 0; col < spec.n; ++col) {
         const auto at = static_cast<std::size_t>(
             gemm_layout::scale_index(matrix.group_of_row(row), col, spec.n));
-        w[static_cast<std::size_t>(row * spec.n + col)] = activation_to_float(
-            spec.activation, dequantize_reference(spec.activation, matrix.code(row, col),
-                                                  matrix.zeros[at], packed->scales[at]));
+        w[static_cast<std::size_t>(row * spec.n + col)] =
+            model_weight(spec.activation, decode_tile_group_scaling(spec.group_size),
+                         matrix.code(row, col), matrix.zeros[at], packed->scales[at]);
       }
     }
     out.w.push_back(std::move(w));
@@ -166,6 +166,7 @@ void run_moe_case(const MoeCase& test, std::mt19937_64& rng) {
   Result<MoeGemmPlan> plan = plan_moe_gemm(args);
   INFO(plan.status().to_string());
   REQUIRE(plan.ok());
+  REQUIRE(plan->scaling == decode_tile_group_scaling(args.group_size));  // the reference's model
   auto workspace = rt::DeviceBuffer<unsigned char>::create(plan->workspace_bytes());
   REQUIRE(workspace.ok());
 
