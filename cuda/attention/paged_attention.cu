@@ -139,6 +139,8 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
     if (!aligned16(a.chunk_kv.k) || !aligned16(a.chunk_kv.v)) {
       return make_status(StatusCode::invalid_argument, "chunk_kv.k and chunk_kv.v must be 16-byte aligned");
     }
+    // Its writes use the append kernel's packed offsets.
+    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill (quantize-and-append of the chunk)"));
     for (const std::int64_t stride : {a.chunk_kv.token_stride, a.chunk_kv.head_stride}) {
       if (stride < 0 || stride % 8 != 0) {
         return make_status(StatusCode::invalid_argument, "chunk_kv strides must be non-negative multiples "

@@ -269,8 +269,10 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
       uniform = uniform && args.qo_indptr_host[b + 1] - args.qo_indptr_host[b] == max_qo_len;
     }
     const bool fills = static_cast<std::int64_t>(p.batch_size) * p.num_kv_heads >= args.num_sms;
-    Result<DecodePlan> decode = make_status(StatusCode::unsupported, "not planned");
-    if (uniform && fills && (p.causal || max_qo_len == 1)) {
+    const bool csr = args.seq_lens_host.empty();
+    Result<DecodePlan> decode = make_status(StatusCode::unsupported,
+                                            csr ? "a non-causal multi-token step" : "it reads the CSR page table only");
+    if (csr && uniform && fills && (p.causal || max_qo_len == 1)) {
       DecodePlanArguments d{DecodeProblem{p.batch_size, p.num_qo_heads, p.num_kv_heads, p.head_dim,
                                           p.page_size, max_qo_len, p.kv_dtype},
                             args.kv_indptr_host, args.last_page_len_host,
