@@ -30,10 +30,6 @@ using namespace slimserve::attention;
 constexpr int kv_heads = 8, head_dim = 128, page_size = 16;
 double g_copy_bandwidth = 0.0;  // bytes/s, measured by BM_DeviceCopy
 
-bool check(cudaError_t err, benchmark::State& state) {
-  if (err != cudaSuccess) state.SkipWithError(cudaGetErrorString(err));
-  return err == cudaSuccess;
-}
 bool check(const Status& s, benchmark::State& state) {
   if (!s.ok()) state.SkipWithError(s.to_string().c_str());
   return s.ok();
