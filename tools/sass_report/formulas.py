@@ -367,9 +367,11 @@ def moe_w4a16(args: list[str], problem: dict) -> Work:
     weights = hit * (n * k // 2 + n * (k // group) * 2)
     a_bytes = (tokens if gate_up else pairs) * k * 2
     out = pairs * (n // 2) * 2 if gate_up else pairs * n * 4
+    group_steps = _w4a16_group_steps(args, k, group)  # the shared mainloop's group loop
     return Work(threads=warps_m * warps_n * 32, ctas=math.ceil(row_tiles) * column_tiles,
                 dram_bytes=weights + a_bytes + out,
-                iterations=row_tiles * column_tiles * k_steps, dynamic_smem=stage_bytes * stages,
+                iterations=row_tiles * column_tiles * k_steps / group_steps,
+                inner_trips=group_steps - 1, dynamic_smem=stage_bytes * stages,
                 bytes_formula="hit experts' W + scales + gathered A + output",
                 notes=[f"{hit:.0f} of {experts} experts hit, {row_tiles:.0f} row tiles"])
 
