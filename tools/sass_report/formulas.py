@@ -251,6 +251,17 @@ def _w4a16_stage_bytes(args: list[str]) -> tuple[list[int], int]:
     return tile, -(-stage // 128) * 128
 
 
+def _w4a16_group_steps(args: list[str], k: int, group: int) -> int:
+    """64-row steps per trip of the mainloop's group loop: kernels with GroupSpan 64 (groups of
+    64 rows or more, per-channel) loop over groups, the group's first stage (with the group's
+    scale work) in the group loop, its other stages in a nested loop (w4a16_mainloop);
+    GroupSpan 16/32 kernels loop over single steps (1)."""
+    span = ints(args[2])[0] if len(args) > 2 and ints(args[2]) else 64
+    if span < 64:
+        return 1
+    return max(1, min(group, k) // 64)
+
+
 def _w4a16_bytes(m: int, n: int, k: int, group: int, zeros: bool) -> tuple[int, str]:
     weights = n * k // 2
     scales = n * (k // group) * 2 * (2 if zeros else 1)
@@ -260,7 +271,8 @@ def _w4a16_bytes(m: int, n: int, k: int, group: int, zeros: bool) -> tuple[int, 
 @formula("w4a16_gemm")
 def w4a16_gemm(args: list[str], problem: dict) -> Work:
     """w4a16_gemm_kernel<T, GemmTileConfig<BM, BN, WM, WN, Stages, EvictFirst>, GroupSpan>
-    (split-K schedule): one CTA per (BM x BN tile, K split); main loop = one 64-row K step.
+    (split-K schedule): one CTA per (BM x BN tile, K split); main loop = one 64-row K step, or
+    with GroupSpan 64 one group (its other steps a nested loop, _w4a16_group_steps).
     Mirrors GemmSharedStorage and choose_split."""
     tile, stage_bytes = _w4a16_stage_bytes(args)
     block_m, block_n, warps_m, warps_n, stages = tile[:5]
@@ -272,9 +284,11 @@ def w4a16_gemm(args: list[str], problem: dict) -> Work:
     splits = _choose_split(tiles, sms, k_steps, m, k)
     compulsory, text = _w4a16_bytes(m, n, k, group, zeros)
     partials = 2 * splits * m * n * 4 if splits > 1 else 0
+    group_steps = _w4a16_group_steps(args, k, group)
     return Work(threads=warps_m * warps_n * 32, ctas=tiles * splits,
                 dram_bytes=compulsory + partials,
-                iterations=tiles * k_steps, dynamic_smem=stage_bytes * stages,
+                iterations=tiles * k_steps / group_steps, inner_trips=group_steps - 1,
+                dynamic_smem=stage_bytes * stages,
                 bytes_formula=text + " + split-K partials",
                 notes=[f"split-K {splits}"])
 
@@ -302,7 +316,8 @@ def _stream_k_segments(tiles: int, k_steps: int, blocks: int, shared_only: bool 
 def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     """w4a16_gemm_stream_k_kernel<T, Config, GroupSpan>: `sms` persistent CTAs share the
     tiles x 64-row steps; the main loop is the persistent loop over a CTA's tile segments,
-    its nested loop the 64-row K steps (inner_trips = steps per segment, on average). Partials: the tiles CTAs share,
+    its nested loop the 64-row K steps (inner_trips = steps per segment, on average), or with
+    GroupSpan 64 the groups (and theirs the group's other steps, _w4a16_group_steps). Partials: the tiles CTAs share,
     at most 2 slots per CTA of min(m, BM) x BN FP32, written and read once (mirrors
     StreamKSchedule in gemm_kernel.cuh)."""
     tile, stage_bytes = _w4a16_stage_bytes(args)
@@ -319,9 +334,12 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     partials = 2 * segments * min(m, block_m) * block_n * 4
     compulsory, text = _w4a16_bytes(m, n, k, group, zeros)
     trips = _stream_k_segments(tiles, k_steps, blocks, shared_only=False)
+    # per segment: its groups (the group loop), each with group_steps - 1 nested steps
+    group_steps = _w4a16_group_steps(args, k, group)
     return Work(threads=warps_m * warps_n * 32, ctas=blocks,
                 dram_bytes=compulsory + partials,
-                iterations=trips, inner_trips=units / trips, dynamic_smem=stage_bytes * stages,
+                iterations=trips, inner_trips=units / trips / group_steps,
+                other_child_trips=group_steps - 1 if group_steps > 1 else 1.0, dynamic_smem=stage_bytes * stages,
                 bytes_formula=text + " + shared tiles' FP32 partials (written + read)",
                 notes=[f"stream-K {blocks} CTAs, {segments} shared-tile segments, "
                        f"partials {partials / (n * k / 2):.1%} of weights"])
@@ -365,9 +383,11 @@ def moe_w4a16(args: list[str], problem: dict) -> Work:
     weights = hit * (n * k // 2 + n * (k // group) * 2)
     a_bytes = (tokens if gate_up else pairs) * k * 2
     out = pairs * (n // 2) * 2 if gate_up else pairs * n * 4
+    group_steps = _w4a16_group_steps(args, k, group)  # the shared mainloop's group loop
     return Work(threads=warps_m * warps_n * 32, ctas=math.ceil(row_tiles) * column_tiles,
                 dram_bytes=weights + a_bytes + out,
-                iterations=row_tiles * column_tiles * k_steps, dynamic_smem=stage_bytes * stages,
+                iterations=row_tiles * column_tiles * k_steps / group_steps,
+                inner_trips=group_steps - 1, dynamic_smem=stage_bytes * stages,
                 bytes_formula="hit experts' W + scales + gathered A + output",
                 notes=[f"{hit:.0f} of {experts} experts hit, {row_tiles:.0f} row tiles"])
 

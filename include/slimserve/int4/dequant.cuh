@@ -39,6 +39,7 @@ struct DequantTraits<bf16> {
   static constexpr std::uint16_t minus_zero = 0x8000;
   static constexpr std::uint16_t eight = 0x4100;  // the symmetric zero point
   static constexpr std::uint16_t minus_magic = 0xC300;
+  static constexpr std::uint16_t minus_magic_eight = 0xC308;  // -(128 + 8)
 };
 template <>
 struct DequantTraits<fp16> {
@@ -50,6 +51,8 @@ struct DequantTraits<fp16> {
   static constexpr std::uint16_t one_sixteenth = 0x2C00;  // undoes the 0x00f0 mask's << 4
   static constexpr std::uint16_t minus_magic = 0xE400;
   static constexpr std::uint16_t minus_magic_sixteenth = 0xD400;  // -64.0 = -1024 / 16
+  static constexpr std::uint16_t minus_magic_eight = 0xE408;            // -(1024 + 8)
+  static constexpr std::uint16_t minus_magic_sixteenth_eight = 0xD480;  // -(64 + 8)
 };
 
 /// d = a * b + c on both halves, rounded once to nearest even.
@@ -89,19 +92,25 @@ struct DequantColumn {
 };
 
 /// `scale_bits`, `zero_bits`: one value of T each (the zero point z as a T value).
+/// `symmetric`: `zero_bits` is +0.0 (a zero-filled row) and the zero point is 8, folded into
+/// the constant, so kernels read the zero row unconditionally with no select per column.
 template <class T>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE DequantColumn make_dequant_column(std::uint16_t scale_bits,
-                                                                         std::uint16_t zero_bits) {
+                                                                         std::uint16_t zero_bits,
+                                                                         bool symmetric = false) {
   using Traits = detail::DequantTraits<T>;
   const std::uint32_t zero = detail::splat(zero_bits);
   const std::uint32_t minus_one = detail::splat(Traits::minus_one);
   DequantColumn column{};
   column.scale = detail::splat(scale_bits);
   // -z - magic: exact (integers well inside the significand)
-  column.minus_base = detail::fma2<T>(zero, minus_one, detail::splat(Traits::minus_magic));
+  column.minus_base = detail::fma2<T>(
+      zero, minus_one, detail::splat(symmetric ? Traits::minus_magic_eight : Traits::minus_magic));
   if constexpr (std::is_same_v<T, fp16>) {
-    column.minus_base_div16 =
-        detail::fma2<T>(zero, minus_one, detail::splat(Traits::minus_magic_sixteenth));
+    column.minus_base_div16 = detail::fma2<T>(
+        zero, minus_one,
+        detail::splat(symmetric ? Traits::minus_magic_sixteenth_eight
+                                : Traits::minus_magic_sixteenth));
   } else {
     column.minus_base_div16 = column.minus_base;
   }

@@ -152,8 +152,10 @@ struct StreamKSchedule {
   }
 };
 
+/// Min blocks 1, as the split-K kernel: the 64 x 128 group-16 BF16 tile spilled at ptxas's
+/// default register target.
 template <class T, class Config, GroupSpan Span>
-__global__ void __launch_bounds__(Config::threads) w4a16_gemm_stream_k_kernel(
+__global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_stream_k_kernel(
     const __grid_constant__ GemmParams p, const __grid_constant__ StreamKSchedule schedule) {
   using Storage = GemmSharedStorage<Config, Span>;
   Storage& smem = rt::shared_storage<Storage>();

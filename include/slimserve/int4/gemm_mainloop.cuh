@@ -142,6 +142,19 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void mma_16816(float (&acc)[4], const std
   for (int i = 0; i < 4; ++i) acc[i] = out[i];
 }
 
+/// acc = A . B (the accumulator's old value ignored: a zero addend, no zeroing instructions).
+template <class T>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void mma_16816_fresh(float (&acc)[4],
+                                                            const std::uint32_t (&a)[4],
+                                                            const std::uint32_t (&b)[2]) {
+  const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (std::is_same_v<T, bf16>) {
+    arch::mma_m16n8k16_bf16(acc, a, b, zero);
+  } else {
+    arch::mma_m16n8k16_fp16(acc, a, b, zero);
+  }
+}
+
 /// Element offset of (row, col) in a stage's swizzled A tile.
 template <class Config>
 SLIMSERVE_HOST_DEVICE constexpr int a_tile_offset(int row, int col) {
@@ -149,10 +162,19 @@ SLIMSERVE_HOST_DEVICE constexpr int a_tile_offset(int row, int col) {
   return row * Config::block_k + chunk * 8 + col % 8;
 }
 
+/// Whether a column map keeps the block's 16-column tiles adjacent in the weight matrix
+/// (`static constexpr bool contiguous = true`): then a k16 row of the block's B is one run.
+template <class ColumnMap>
+inline constexpr bool contiguous_columns_v = requires { requires ColumnMap::contiguous; };
+
 /// The thread's share of one stage's copies, with every address computed once per tile.
 /// `ColumnMap::tile(v)` maps the block's v-th 16-column tile to a tile of the weight matrix
 /// (identity for dense GEMMs), `ColumnMap::valid(v)` says whether it exists.
-template <class Config, GroupSpan Span>
+///
+/// B: each thread copies chunks of one k16 row (a quarter of the threads per row), so all
+/// its chunks share one row predicate; with `ContiguousB` (dense) they are at static offsets
+/// from one pointer, and a step moves one pointer instead of one per chunk.
+template <class Config, GroupSpan Span, bool ContiguousB = false>
 struct StageLoader {
   using Sources = TileSources<Config>;
   using Stage = typename GemmSharedStorage<Config, Span>::Stage;
@@ -161,6 +183,15 @@ struct StageLoader {
   static constexpr int b_chunks = Config::k16_per_block * b_chunks_per_k16;
   static constexpr int b_per_thread = b_chunks / Config::threads;
   static_assert(b_chunks % Config::threads == 0, "B chunks spread evenly over the threads");
+  static constexpr int b_threads_per_k16 = Config::threads / Config::k16_per_block;
+  static_assert(Config::threads % Config::k16_per_block == 0 &&
+                    b_per_thread * b_threads_per_k16 == b_chunks_per_k16,
+                "each thread's B chunks lie in one k16 row");
+  /// The block's chunk (global order) of the thread's i-th B copy.
+  static SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int b_chunk(int tid, int i) {
+    return (tid / b_threads_per_k16) * b_chunks_per_k16 + tid % b_threads_per_k16 +
+           i * b_threads_per_k16;
+  }
   static constexpr int scale_rows = scale_rows_per_stage<Span>;
   static constexpr int scale_chunks = scale_rows * Config::block_n / 8;  // per tensor
   static_assert(2 * scale_chunks <= Config::threads, "one scale/zero chunk per thread at most");
@@ -194,15 +225,18 @@ struct StageLoader {
     const int n16_total = src.n / gemm_layout::tile_n;
     SLIMSERVE_INT4_UNROLL
     for (int i = 0; i < b_per_thread; ++i) {
-      const int chunk = tid + i * Config::threads;
+      const int chunk = b_chunk(tid, i);
       const int k16 = chunk / b_chunks_per_k16;
       const int v = (chunk % b_chunks_per_k16) / 8;  // the block's 16-column tile
       const int word = (chunk % 8) * 4;
       b_valid[i] = columns.valid(v);
       const std::int64_t tile_row = src.k_begin / gemm_layout::tile_k + k16;
-      b_src[i] = src.b + (b_valid[i] ? gemm_layout::packed_word_index(tile_row, columns.tile(v),
-                                                                       word, src.n)
-                                     : 0);
+      // ContiguousB: only b_src[0] is used, so it must be a real address even when its own
+      // chunk is past the matrix's columns (the block's first tile always exists).
+      const bool real = b_valid[i] || (ContiguousB && i == 0);
+      b_src[i] = src.b + (real ? gemm_layout::packed_word_index(tile_row, columns.tile(v), word,
+                                                                 src.n)
+                               : 0);
     }
     b_step = static_cast<std::int64_t>(Config::k16_per_block) * n16_total * gemm_layout::words_per_tile;
     scale_src = nullptr;
@@ -257,19 +291,24 @@ struct StageLoader {
       arch::cp_async_16_zfill(&stage.a[a_tile_offset<Config>(row, col)], a_src[i], valid);
       a_src[i] += Config::block_k;
     }
+    const bool b_row_valid =
+        !Tail || (tid / b_threads_per_k16) * gemm_layout::tile_k < rows_left;
     SLIMSERVE_INT4_UNROLL
     for (int i = 0; i < b_per_thread; ++i) {
-      const int chunk = tid + i * Config::threads;
-      const int k16 = chunk / b_chunks_per_k16;
-      const bool valid = b_valid[i] && (!Tail || k16 * gemm_layout::tile_k < rows_left);
+      const int chunk = b_chunk(tid, i);
+      const bool valid = b_valid[i] && b_row_valid;
       std::uint32_t* dst = &stage.b[chunk * 4];  // the block's chunks in global order
+      // Contiguous: chunk i is i * b_threads_per_k16 chunks (16 B each) after chunk 0. An
+      // invalid chunk's address is never read (zero-fill), so it may pass the row's end.
+      const std::uint32_t* from = ContiguousB ? b_src[0] + i * b_threads_per_k16 * 4 : b_src[i];
       if constexpr (Config::evict_first_b) {
-        arch::cp_async_16_zfill_hint(dst, b_src[i], valid, policy);
+        arch::cp_async_16_zfill_hint(dst, from, valid, policy);
       } else {
-        arch::cp_async_16_zfill(dst, b_src[i], valid);
+        arch::cp_async_16_zfill(dst, from, valid);
       }
-      b_src[i] += b_step;
+      if (!ContiguousB) b_src[i] += b_step;
     }
+    if (ContiguousB) b_src[0] += b_step;
     if (tid < 2 * scale_chunks && needs_scales(k_next)) {
       const bool is_zero = tid >= scale_chunks;
       const int index = is_zero ? tid - scale_chunks : tid;
@@ -297,13 +336,13 @@ template <class T, class Config>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE TileColumns make_tile_columns(
     const std::uint16_t* scale_row, const std::uint16_t* zero_row, bool has_zeros, int tile_col,
     int lane) {
+  // Without zero points the stage's zero rows are zero-filled (StageLoader): read them
+  // anyway and let the constant carry z = 8, so no select per column.
   const int col_first = tile_col * 16 + lane / 4;
-  const std::uint16_t symmetric_zero = symmetric_zero_bits<T>();
   TileColumns columns;
-  columns.first = make_dequant_column<T>(scale_row[col_first],
-                                         has_zeros ? zero_row[col_first] : symmetric_zero);
-  columns.second = make_dequant_column<T>(scale_row[col_first + 8],
-                                          has_zeros ? zero_row[col_first + 8] : symmetric_zero);
+  columns.first = make_dequant_column<T>(scale_row[col_first], zero_row[col_first], !has_zeros);
+  columns.second =
+      make_dequant_column<T>(scale_row[col_first + 8], zero_row[col_first + 8], !has_zeros);
   return columns;
 }
 
@@ -339,7 +378,8 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load_sum_scales(const std::uint16_t*
   }
 }
 
-/// acc += sums * s (one FP32 rounding of the product, one of the sum); sums = 0.
+/// acc += sums * s (one FP32 rounding of the product, one of the sum). The next group's first
+/// mma overwrites sums (`mma_16816_fresh`), so they need no zeroing here.
 template <class T, class Config>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void fold_group_sums(WarpAccumulators<Config>& acc,
                                                             WarpAccumulators<Config>& sums,
@@ -351,7 +391,6 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void fold_group_sums(WarpAccumulators<Con
       SLIMSERVE_INT4_UNROLL
       for (int e = 0; e < 4; ++e) {
         acc[i][j][e] += sums[i][j][e] * scales[j][e % 2];
-        sums[i][j][e] = 0.0f;
       }
     }
   }
@@ -359,18 +398,106 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void fold_group_sums(WarpAccumulators<Con
 
 }  // namespace detail
 
+namespace detail {
+
+/// The mma work of one stage: the lane's packed words by one ldmatrix.x4 per 16-column tile,
+/// dequantized with `tile_columns` (groups of 16 and 32 remake them at their rows here), into
+/// `sums`. Fully unrolled: every shared-memory offset is static.
+template <class T, class Config, GroupSpan Span, bool ScaleSums, bool FreshSums = false>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void stage_mma(
+    const typename GemmSharedStorage<Config, Span>::Stage& stage, TileColumns (&tile_columns)[Config::n16_per_warp],
+    bool has_zeros, int b_lane_word, int warp_row, int warp_col, int lane,
+    WarpAccumulators<Config>& sums) {
+  // The lane's packed words of this stage: words[j][k16].
+  std::uint32_t words[Config::n16_per_warp][4];
+  SLIMSERVE_INT4_UNROLL
+  for (int j = 0; j < Config::n16_per_warp; ++j) {
+    arch::ldmatrix_x4(words[j], &stage.b[b_lane_word + (warp_col / 16 + j) * 32]);
+  }
+
+  SLIMSERVE_INT4_UNROLL
+  for (int k16 = 0; k16 < Config::k16_per_block; ++k16) {
+    if constexpr (Span != GroupSpan::stage) {
+      constexpr int k16_per_group = static_cast<int>(Span) / 16;
+      if (k16 % k16_per_group == 0) {
+        const int row = k16 / k16_per_group;
+        SLIMSERVE_INT4_UNROLL
+        for (int j = 0; j < Config::n16_per_warp; ++j) {
+          tile_columns[j] = make_tile_columns<T, Config>(
+              &stage.scales[row * Config::block_n], &stage.zeros[row * Config::block_n],
+              has_zeros, warp_col / 16 + j, lane);
+        }
+      }
+    }
+    std::uint32_t a_frag[Config::m16_per_warp][4];
+    SLIMSERVE_INT4_UNROLL
+    for (int i = 0; i < Config::m16_per_warp; ++i) {
+      const int row = warp_row + i * 16 + lane % 16;
+      const int col = k16 * 16 + (lane / 16) * 8;
+      arch::ldmatrix_x4(a_frag[i], &stage.a[a_tile_offset<Config>(row, col)]);
+    }
+    SLIMSERVE_INT4_UNROLL
+    for (int j = 0; j < Config::n16_per_warp; ++j) {
+      std::uint32_t b[4];
+      if constexpr (ScaleSums) {
+        dequantize_word_unscaled<T>(words[j][k16], tile_columns[j].first, tile_columns[j].second, b);
+      } else {
+        dequantize_word<T>(words[j][k16], tile_columns[j].first, tile_columns[j].second, b);
+      }
+      const std::uint32_t b_first[2] = {b[0], b[1]};
+      const std::uint32_t b_second[2] = {b[2], b[3]};
+      SLIMSERVE_INT4_UNROLL
+      for (int i = 0; i < Config::m16_per_warp; ++i) {
+        if (FreshSums && k16 == 0) {  // a group's first rows: the sums start here
+          mma_16816_fresh<T>(sums[i][2 * j], a_frag[i], b_first);
+          mma_16816_fresh<T>(sums[i][2 * j + 1], a_frag[i], b_second);
+        } else {
+          mma_16816<T>(sums[i][2 * j], a_frag[i], b_first);
+          mma_16816<T>(sums[i][2 * j + 1], a_frag[i], b_second);
+        }
+      }
+    }
+  }
+}
+
+/// The stage buffer of pipeline step `step` (>= 0): unsigned, so a power-of-two count is a mask.
+template <class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int stage_index(int step) {
+  return static_cast<int>(static_cast<unsigned>(step) % static_cast<unsigned>(Config::stages));
+}
+
+/// The start of pipeline step `step`: waits for its stage, then refills the stage that every
+/// warp finished with (step - 1's) with step + stages - 1.
+template <class Config, GroupSpan Span, class Loader>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void begin_step(GemmSharedStorage<Config, Span>& smem,
+                                                       Loader& loader,
+                                                       int step, int k_steps) {
+  arch::cp_async_wait<Config::stages - 2>();
+  __syncthreads();  // step's data visible; everyone is done with the stage refilled below
+  if (step + Config::stages - 1 < k_steps) {
+    loader.load(smem.stages[stage_index<Config>(step + Config::stages - 1)]);
+  }
+  arch::cp_async_commit();
+}
+
+}  // namespace detail
+
 /// Runs the pipeline over the K slice of `src` and adds the products into `acc` (which the
 /// caller zeroes). `warp_row`, `warp_col`: the warp's offset inside the block tile.
+///
+/// Groups of 64 rows or more (`GroupSpan::stage`) are an outer loop over the slice's groups
+/// around an inner loop over the group's remaining stages: the per-group work (fold of the
+/// group sums, scale loads, zero splats) sits in the outer loop with the group's first stage
+/// and runs once per group, and the inner loop, the steady state, is the bare stage.
 template <class T, class Config, GroupSpan Span, class ColumnMap>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
     GemmSharedStorage<Config, Span>& smem, const TileSources<Config>& src,
     const ColumnMap& columns, int warp_row, int warp_col, WarpAccumulators<Config>& acc) {
-  using Storage = GemmSharedStorage<Config, Span>;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int k_steps = (src.k_end - src.k_begin + Config::block_k - 1) / Config::block_k;
   const bool has_zeros = src.zeros != nullptr;
 
-  detail::StageLoader<Config, Span> loader(src, columns);
+  detail::StageLoader<Config, Span, detail::contiguous_columns_v<ColumnMap>> loader(src, columns);
   SLIMSERVE_INT4_UNROLL
   for (int s = 0; s < Config::stages - 1; ++s) {
     if (s < k_steps) loader.load(smem.stages[s]);
@@ -388,85 +515,57 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
   WarpAccumulators<Config> group_sums = {};
   detail::SumScales<T, Config> sum_scales = {};
   WarpAccumulators<Config>& sums = *(scale_sums ? &group_sums : &acc);
-  int k0 = src.k_begin;
-  for (int step = 0; step < k_steps; ++step, k0 += Config::block_k) {
-    arch::cp_async_wait<Config::stages - 2>();
-    __syncthreads();  // step's data visible; everyone is done with the stage refilled below
-    if (step + Config::stages - 1 < k_steps) {
-      loader.load(smem.stages[(step + Config::stages - 1) % Config::stages]);
-    }
-    arch::cp_async_commit();
+  if constexpr (Span == GroupSpan::stage) {
+    // Groups start on stage boundaries (k_begin and every group size are multiples of 64).
+    int step = 0;
+    int k0 = src.k_begin;
+    while (step < k_steps) {
+      // Rows of this group inside the slice; 64-bit: per-channel is 1 << 31.
+      const std::int64_t group_end =
+          ((static_cast<std::int64_t>(k0) >> src.group_shift) + 1) << src.group_shift;
+      const int rows = static_cast<int>(
+          (group_end < src.k_end ? group_end : static_cast<std::int64_t>(src.k_end)) - k0);
+      const int group_steps = (rows + Config::block_k - 1) / Config::block_k;
 
-    const typename Storage::Stage& stage = smem.stages[step % Config::stages];
-    if constexpr (Span == GroupSpan::stage) {
-      if (loader.needs_scales(k0)) {  // a group starts here: new constants
-        if constexpr (scale_sums) {
-          if (step > 0) detail::fold_group_sums<T, Config>(acc, group_sums, sum_scales);
-          detail::load_sum_scales<T, Config>(stage.scales, warp_col, lane, sum_scales);
-        }
-        SLIMSERVE_INT4_UNROLL
-        for (int j = 0; j < Config::n16_per_warp; ++j) {
-          tile_columns[j] = detail::make_tile_columns<T, Config>(
-              stage.scales, stage.zeros, has_zeros, warp_col / 16 + j, lane);
-        }
-      }
-    }
-
-    // The lane's packed words of this stage: words[j][k16].
-    std::uint32_t words[Config::n16_per_warp][4];
-    SLIMSERVE_INT4_UNROLL
-    for (int j = 0; j < Config::n16_per_warp; ++j) {
-      arch::ldmatrix_x4(words[j], &stage.b[b_lane_word + (warp_col / 16 + j) * 32]);
-    }
-
-    SLIMSERVE_INT4_UNROLL
-    for (int k16 = 0; k16 < Config::k16_per_block; ++k16) {
-      if constexpr (Span != GroupSpan::stage) {
-        constexpr int k16_per_group = static_cast<int>(Span) / 16;
-        if (k16 % k16_per_group == 0) {
-          const int row = k16 / k16_per_group;
-          SLIMSERVE_INT4_UNROLL
-          for (int j = 0; j < Config::n16_per_warp; ++j) {
-            tile_columns[j] = detail::make_tile_columns<T, Config>(
-                &stage.scales[row * Config::block_n], &stage.zeros[row * Config::block_n],
-                has_zeros, warp_col / 16 + j, lane);
-          }
-        }
-      }
-      std::uint32_t a_frag[Config::m16_per_warp][4];
-      SLIMSERVE_INT4_UNROLL
-      for (int i = 0; i < Config::m16_per_warp; ++i) {
-        const int row = warp_row + i * 16 + lane % 16;
-        const int col = k16 * 16 + (lane / 16) * 8;
-        arch::ldmatrix_x4(a_frag[i], &stage.a[detail::a_tile_offset<Config>(row, col)]);
+      detail::begin_step<Config, Span>(smem, loader, step, k_steps);
+      const auto& first = smem.stages[detail::stage_index<Config>(step)];
+      if constexpr (scale_sums) {
+        detail::load_sum_scales<T, Config>(first.scales, warp_col, lane, sum_scales);
       }
       SLIMSERVE_INT4_UNROLL
       for (int j = 0; j < Config::n16_per_warp; ++j) {
-        std::uint32_t b[4];
-        if constexpr (scale_sums) {
-          dequantize_word_unscaled<T>(words[j][k16], tile_columns[j].first,
-                                      tile_columns[j].second, b);
-        } else {
-          dequantize_word<T>(words[j][k16], tile_columns[j].first, tile_columns[j].second, b);
-        }
-        const std::uint32_t b_first[2] = {b[0], b[1]};
-        const std::uint32_t b_second[2] = {b[2], b[3]};
-        SLIMSERVE_INT4_UNROLL
-        for (int i = 0; i < Config::m16_per_warp; ++i) {
-          detail::mma_16816<T>(sums[i][2 * j], a_frag[i], b_first);
-          detail::mma_16816<T>(sums[i][2 * j + 1], a_frag[i], b_second);
-        }
+        tile_columns[j] = detail::make_tile_columns<T, Config>(first.scales, first.zeros,
+                                                               has_zeros, warp_col / 16 + j, lane);
       }
+      detail::stage_mma<T, Config, Span, scale_sums, scale_sums>(
+          first, tile_columns, has_zeros, b_lane_word, warp_row, warp_col, lane, sums);
+      ++step;
+      // The steady state: the group's other stages.
+      const int group_last = step - 1 + group_steps;
+      for (; step < group_last; ++step) {
+        detail::begin_step<Config, Span>(smem, loader, step, k_steps);
+        detail::stage_mma<T, Config, Span, scale_sums>(smem.stages[detail::stage_index<Config>(step)],
+                                                       tile_columns, has_zeros, b_lane_word,
+                                                       warp_row, warp_col, lane, sums);
+      }
+      // The group's end: its sums, scaled, into acc (every group, so the report counts it).
+      if constexpr (scale_sums) detail::fold_group_sums<T, Config>(acc, group_sums, sum_scales);
+      k0 += group_steps * Config::block_k;
     }
-  }
-  if constexpr (scale_sums) {
-    if (k_steps > 0) detail::fold_group_sums<T, Config>(acc, group_sums, sum_scales);
+  } else {
+    for (int step = 0; step < k_steps; ++step) {
+      detail::begin_step<Config, Span>(smem, loader, step, k_steps);
+      detail::stage_mma<T, Config, Span, scale_sums>(smem.stages[detail::stage_index<Config>(step)],
+                                                     tile_columns, has_zeros, b_lane_word,
+                                                     warp_row, warp_col, lane, sums);
+    }
   }
   arch::cp_async_wait<0>();
 }
 
 /// The identity column map of a dense GEMM: the block's tile v is weight tile n0/16 + v.
 struct DenseColumns {
+  static constexpr bool contiguous = true;  ///< adjacent tiles: see StageLoader
   int first_tile;  ///< n0 / 16
   int tiles;       ///< n / 16
   SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int tile(int v) const { return first_tile + v; }

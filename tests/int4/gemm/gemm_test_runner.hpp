@@ -111,6 +111,16 @@ inline slimserve::int4::GemmPlan run_and_check(const GemmCase& test, std::mt1993
   REQUIRE(d_c->download(c).ok());
   REQUIRE(rt::stream_synchronize(nullptr).ok());
 
+  // Deterministic: a second run over re-poisoned C and workspace gives the same bits (split-K
+  // and stream-K partials are added in a fixed order).
+  REQUIRE(d_c->fill_bytes(0xFF).ok());
+  REQUIRE(workspace->fill_bytes(0xFF).ok());
+  REQUIRE(run_gemm(args, *plan, workspace->data(), workspace->size_bytes(), nullptr).ok());
+  std::vector<std::uint16_t> c_again(c.size());
+  REQUIRE(d_c->download(c_again).ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  CHECK(c_again == c);
+
   // FP64 reference from the kernel's own weights (bit-exact, see the dequant test) and A as
   // given: round_T((q - z) s) where the plan scales every weight, (q - z) s exactly where it
   // scales each group's sum. The products a * w (or a * (q - z)) are exact in FP32 too, so the
