@@ -191,17 +191,20 @@ void run_moe_case(const MoeCase& test, std::mt19937_64& rng) {
   for (int run = 0; run < 2; ++run) {
     REQUIRE(d_c->fill_bytes(0xFF).ok());        // poison: NaN in both types
     REQUIRE(workspace->fill_bytes(run == 0 ? 0xFF : 0x7F).ok());  // stale workspace is ignored
-    Status status;
     if (run == 0) {
-      status = run_moe_gemm(args, *plan, workspace->data(), workspace->size_bytes(), nullptr);
+      const Status status = run_moe_gemm(args, *plan, workspace->data(), workspace->size_bytes(), nullptr);
+      INFO(status.to_string());
+      REQUIRE(status.ok());
     } else {
       REQUIRE(routing_workspace->fill_bytes(0x7F).ok());
       REQUIRE(gemm_workspace->fill_bytes(0x7F).ok());
       Result<MoeRouting> aligned = run_moe_routing(routing_args, *routing_plan, routing_workspace->data(),
                                                    routing_workspace->size_bytes(), nullptr);
       REQUIRE(aligned.ok());
-      status = run_moe_gemm(args, *plan, *aligned, gemm_workspace->data(),
-                            gemm_workspace->size_bytes(), nullptr);
+      const Status status = run_moe_gemm(args, *plan, *aligned, gemm_workspace->data(),
+                                         gemm_workspace->size_bytes(), nullptr);
+      INFO(status.to_string());
+      REQUIRE(status.ok());
       const Status check = read_moe_routing_status(*aligned, nullptr);
       INFO(check.to_string());
       CHECK(check.ok() == all_valid);
@@ -211,8 +214,6 @@ void run_moe_case(const MoeCase& test, std::mt19937_64& rng) {
               std::string_view::npos);
       }
     }
-    INFO(status.to_string());
-    REQUIRE(status.ok());
     std::vector<std::uint16_t> c(out_count + slimserve_test::c_guard);
     REQUIRE(d_c->download(c).ok());
     REQUIRE(rt::stream_synchronize(nullptr).ok());
