@@ -74,6 +74,11 @@ constexpr std::array<DequantizeKernelEntry, 3> dequantize_entries() {
 
 Status can_implement(const AppendArguments& a) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
+  SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "append_kv"));
+  if (!VectorKernelHeadDims::contains(a.cache.head_dim)) {
+    return make_status(StatusCode::unsupported, "append_kv supports head_dim ", VectorKernelHeadDims::describe(),
+                       ", got ", a.cache.head_dim);
+  }
   if (!is_valid(a.input_dtype)) {
     return make_status(StatusCode::invalid_argument, "unknown activation dtype ",
                        static_cast<int>(a.input_dtype));
@@ -138,6 +143,11 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
 Status dequantize_pages(const PagedKVCacheView& cache, const std::int32_t* page_ids,
                         std::int32_t num_listed, bf16* k_out, bf16* v_out, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(cache));
+  SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(cache, "dequantize_pages"));
+  if (!VectorKernelHeadDims::contains(cache.head_dim)) {
+    return make_status(StatusCode::unsupported, "dequantize_pages supports head_dim ",
+                       VectorKernelHeadDims::describe(), ", got ", cache.head_dim);
+  }
   if (num_listed < 0) {
     return make_status(StatusCode::invalid_argument, "num_listed ", num_listed, " < 0");
   }

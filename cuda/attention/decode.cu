@@ -47,6 +47,7 @@ Status check_workspace(const DecodePlan& plan, const void* workspace, std::size_
 
 Status check_run_arguments(const DecodeArguments& a, const DecodeProblem& p) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
+  SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "CUDA-core decode"));
   if (!is_valid(a.q_dtype)) {
     return make_status(StatusCode::invalid_argument, "unknown activation dtype ",
                        static_cast<int>(a.q_dtype));

@@ -216,7 +216,7 @@ Status run_mla_decode(const MlaDecodeArguments& a, const MlaDecodePlan& plan, vo
   params.o_token_stride = a.o_token_stride != 0 ? a.o_token_stride : static_cast<std::int64_t>(p.num_heads) * mla_latent_dim;
   params.o_head_stride = a.o_head_stride != 0 ? a.o_head_stride : mla_latent_dim;
   params.num_heads = p.num_heads;
-  params.query_tokens = p.query_tokens;
+  params.qo_indptr = ints(plan.layout.qo_indptr);
   params.score_scale = a.sm_scale * kernels::paged_log2_e;
   params.work_request = ints(plan.layout.work_request);
   params.work_row_tile = ints(plan.layout.work_row_tile);

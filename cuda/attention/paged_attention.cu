@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "paged_attention_tables.cuh"
+#include "slimserve/attention/decode.hpp"
 #include "slimserve/attention/paged_attention.hpp"
 #include "slimserve/runtime/memory.hpp"
 
@@ -56,6 +57,48 @@ Status check_workspace(const PagedAttentionPlan& plan, const void* workspace, st
   return {};
 }
 
+/// The page table in exactly one form, shaped for the plan; a block table must hold the
+/// pages of the plan's longest request (seq_len <= max_pages_per_request * page_size).
+Status check_page_table(const PagedAttentionArguments& a, const PagedAttentionPlan& plan) {
+  const PagedAttentionProblem& p = plan.problem;
+  const bool csr = a.table.indptr != nullptr;
+  if (csr == (a.block_table.block_table != nullptr)) {
+    return make_status(StatusCode::invalid_argument,
+                       "give the page table as CSR (table) or as a block table (block_table), exactly one");
+  }
+  if (csr) {
+    if (a.table.batch_size != p.batch_size || a.table.page_size != p.page_size ||
+        a.table.indices == nullptr || a.table.last_page_len == nullptr) {
+      return make_status(StatusCode::invalid_argument, "CSR page table has batch_size ", a.table.batch_size,
+                         " and page_size ", a.table.page_size, " (and needs indices, last_page_len); the plan has ",
+                         p.batch_size, " and ", p.page_size);
+    }
+    return {};
+  }
+  const kv::BlockTableView& bt = a.block_table;
+  if (bt.batch_size != p.batch_size || bt.page_size != p.page_size || bt.seq_lens == nullptr ||
+      bt.max_pages_per_request < 1) {
+    return make_status(StatusCode::invalid_argument, "block table has batch_size ", bt.batch_size,
+                       ", page_size ", bt.page_size, " and ", bt.max_pages_per_request,
+                       " pages per request (and needs seq_lens); the plan has ", p.batch_size, " and ",
+                       p.page_size);
+  }
+  const std::int64_t capacity = static_cast<std::int64_t>(bt.max_pages_per_request) * bt.page_size;
+  if (plan.max_kv_tokens > capacity) {
+    return make_status(StatusCode::invalid_argument, "the plan's longest request has ", plan.max_kv_tokens,
+                       " tokens; a block table row of ", bt.max_pages_per_request, " pages of ",
+                       bt.page_size, " holds ", capacity);
+  }
+  return {};
+}
+
+/// Elements from one page to the next in k_pages and v_pages.
+std::int64_t page_stride_of(const PagedKVCacheView& cache) {
+  return cache.page_stride != 0
+             ? cache.page_stride
+             : static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads * cache.head_dim;
+}
+
 Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentionProblem& p) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
   if (a.cache.dtype != p.kv_dtype || a.cache.head_dim != p.head_dim ||
@@ -66,14 +109,8 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
                        to_string(a.cache.dtype), " with ", a.cache.page_size, ", ",
                        a.cache.num_kv_heads, ", ", a.cache.head_dim);
   }
-  if (a.table.batch_size != p.batch_size || a.table.page_size != p.page_size) {
-    return make_status(StatusCode::invalid_argument, "page table has batch_size ",
-                       a.table.batch_size, " and page_size ", a.table.page_size,
-                       "; the plan has ", p.batch_size, " and ", p.page_size);
-  }
-  if (p.batch_size > 0 && (a.table.indptr == nullptr || a.table.indices == nullptr ||
-                           a.table.last_page_len == nullptr || a.qo_indptr == nullptr)) {
-    return make_status(StatusCode::invalid_argument, "page table arrays and qo_indptr must be non-null");
+  if (p.batch_size > 0 && a.qo_indptr == nullptr) {
+    return make_status(StatusCode::invalid_argument, "qo_indptr must be non-null");
   }
   if (a.q == nullptr || a.o == nullptr) {
     return make_status(StatusCode::invalid_argument, "q and o must be non-null");
@@ -94,6 +131,30 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
     return make_status(StatusCode::invalid_argument, "window_left must be >= 0 (or -1: no window), got ",
                        a.window_left);
   }
+  const bool fused = a.chunk_kv.k != nullptr || a.chunk_kv.v != nullptr;
+  if (fused) {
+    if (a.chunk_kv.k == nullptr || a.chunk_kv.v == nullptr) {
+      return make_status(StatusCode::invalid_argument, "fused prefill needs both chunk_kv.k and chunk_kv.v");
+    }
+    if (!aligned16(a.chunk_kv.k) || !aligned16(a.chunk_kv.v)) {
+      return make_status(StatusCode::invalid_argument, "chunk_kv.k and chunk_kv.v must be 16-byte aligned");
+    }
+    // Its writes use the append kernel's packed offsets.
+    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill (quantize-and-append of the chunk)"));
+    for (const std::int64_t stride : {a.chunk_kv.token_stride, a.chunk_kv.head_stride}) {
+      if (stride < 0 || stride % 8 != 0) {
+        return make_status(StatusCode::invalid_argument, "chunk_kv strides must be non-negative multiples "
+                           "of 8 elements (16-byte rows), got ", stride);
+      }
+    }
+    // The fused append writes slots as append_kv does: packed pages, its head dims.
+    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill"));
+    if (!VectorKernelHeadDims::contains(p.head_dim)) {
+      return make_status(StatusCode::unsupported, "fused prefill supports head_dim ",
+                         VectorKernelHeadDims::describe(), ", got ", p.head_dim,
+                         " (append_kv cannot write it either; the engine writes such a cache)");
+    }
+  }
   if (!std::isfinite(a.logit_soft_cap) || a.logit_soft_cap < 0.0f) {
     return make_status(StatusCode::invalid_argument, "logit_soft_cap must be finite and >= 0 (0: none), got ",
                        a.logit_soft_cap);
@@ -112,7 +173,22 @@ Result<PagedAttentionPlan> plan_paged_attention(PagedAttentionPlanArguments args
   // From pageable memory: the copy has consumed the host buffer when this returns.
   SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(workspace, plan->host_ints.data(), plan->layout.int_bytes,
                                            rt::CopyDirection::host_to_device, stream));
+  if (plan->decode) {
+    SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(static_cast<unsigned char*>(workspace) + plan->decode_offset,
+                                             plan->decode->host_ints.data(), plan->decode->layout.int_bytes,
+                                             rt::CopyDirection::host_to_device, stream));
+  }
   return plan;
+}
+
+AttentionKernel kernel_for_run(const PagedAttentionArguments& a, const PagedAttentionPlan& plan) {
+  const bool tensor_core_only = a.window_left >= 0 || a.logit_soft_cap > 0.0f || a.sinks != nullptr ||
+                                a.q_token_stride != 0 || a.q_head_stride != 0 || a.o_token_stride != 0 ||
+                                a.o_head_stride != 0 || a.chunk_kv.k != nullptr || a.chunk_kv.v != nullptr ||
+                                a.table.indptr == nullptr ||  // block table: the CUDA-core decode takes CSR
+                                (a.cache.page_stride != 0 &&  // ... and packed pages
+                                 a.cache.page_stride != packed_page_elements(a.cache));
+  return plan.decode && !tensor_core_only ? AttentionKernel::cuda_core : AttentionKernel::tensor_core;
 }
 
 Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentionPlan& plan,
@@ -122,6 +198,21 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   SLIMSERVE_RETURN_IF_ERROR(check_run_arguments(a, p));
   SLIMSERVE_RETURN_IF_ERROR(check_workspace(plan, workspace, workspace_bytes));
   if (p.batch_size == 0 || plan.num_work_items == 0) return {};
+  SLIMSERVE_RETURN_IF_ERROR(check_page_table(a, plan));
+  if (kernel_for_run(a, plan) == AttentionKernel::cuda_core) {
+    // The plan's choice (see choose_attention_kernel): the CUDA-core decode kernel.
+    DecodeArguments d;
+    d.cache = a.cache;
+    d.table = a.table;
+    d.request_status = a.request_status;
+    d.q = a.q;
+    d.o = a.o;
+    d.lse = a.lse;
+    d.q_dtype = p.q_dtype;
+    d.sm_scale = a.sm_scale.value_or(1.0f / std::sqrt(static_cast<float>(p.head_dim)));
+    return run_decode(d, *plan.decode, static_cast<unsigned char*>(workspace) + plan.decode_offset,
+                      workspace_bytes - plan.decode_offset, stream);
+  }
 
   const detail::PagedAttentionKernelEntry* entry = nullptr;
   for (const auto& candidate : paged_table(p.kv_dtype)) {
@@ -140,6 +231,12 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
 
   kernels::PagedAttentionParams params{};
   detail::fill_paged_cache_fields(params, a.cache, a.table, a.request_status);
+  if (a.table.indptr == nullptr) {  // block-table form (check_page_table: exactly one)
+    params.block_table = a.block_table.block_table;
+    params.block_table_stride = a.block_table.max_pages_per_request;
+    params.seq_lens = a.block_table.seq_lens;
+  }
+  params.page_stride = page_stride_of(a.cache);
   params.page_size = p.page_size;
   params.page_shift = log2_exact(p.page_size);
   params.num_kv_heads = p.num_kv_heads;
@@ -169,9 +266,22 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   params.split_kv = plan.split_kv;
   params.partial_o = reinterpret_cast<float*>(base + plan.layout.partial_o);
   params.partial_lse = reinterpret_cast<float*>(base + plan.layout.partial_lse);
+  const bool fused = a.chunk_kv.k != nullptr;
+  if (fused) {
+    params.chunk.k = a.chunk_kv.k;
+    params.chunk.v = a.chunk_kv.v;
+    params.chunk.token_stride = a.chunk_kv.token_stride != 0
+                                    ? a.chunk_kv.token_stride
+                                    : static_cast<std::int64_t>(p.num_kv_heads) * p.head_dim;
+    params.chunk.head_stride = a.chunk_kv.head_stride != 0 ? a.chunk_kv.head_stride : packed_head;
+    params.chunk.k_pages = a.cache.k_pages;
+    params.chunk.v_pages = a.cache.v_pages;
+    params.chunk.k_token_scales = a.cache.k_token_scales;
+    params.chunk.v_token_scales = a.cache.v_token_scales;
+  }
 
   const dim3 grid(static_cast<unsigned>(plan.num_work_items), static_cast<unsigned>(p.num_kv_heads));
-  SLIMSERVE_RETURN_IF_ERROR(entry->launch(params, grid, stream));
+  SLIMSERVE_RETURN_IF_ERROR((fused ? entry->launch_fused : entry->launch)(params, grid, stream));
   if (!plan.split_kv) return {};
 
   kernels::PagedMergeParams merge{};

@@ -24,6 +24,7 @@ struct PagedAttentionKernelEntry {
   std::int32_t head_dim;
   std::size_t shared_bytes;
   PagedAttentionLauncher launch;
+  PagedAttentionLauncher launch_fused;  ///< fused prefill (quantize-and-append of the chunk)
 };
 
 template <class KvT, class QT, int HeadDim>
@@ -36,10 +37,23 @@ Status launch_paged_attention(const kernels::PagedAttentionParams& params, dim3 
 }
 
 template <class KvT, class QT, int HeadDim>
+Status launch_paged_prefill_fused(const kernels::PagedAttentionParams& params, dim3 grid, cudaStream_t stream) {
+  using Tile = kernels::PagedAttentionTile<KvT, HeadDim>;
+  return rt::launch(kernels::paged_prefill_fused_kernel<KvT, QT, HeadDim>,
+                    rt::LaunchConfig{grid, dim3(Tile::threads),
+                                     sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>), stream},
+                    params);
+}
+
+template <class KvT, class QT, int HeadDim>
 constexpr PagedAttentionKernelEntry paged_attention_entry() {
+  // The fused append writes a head vector with head_dim / 8 lanes (a power of two): only the
+  // head dims append_kv takes have a fused kernel; the façade refuses the others.
+  PagedAttentionLauncher fused = nullptr;
+  if constexpr (VectorKernelHeadDims::contains(HeadDim)) fused = &launch_paged_prefill_fused<KvT, QT, HeadDim>;
   return {kv_dtype_of<KvT>::value, activation_dtype_of<QT>::value, HeadDim,
           sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>),
-          &launch_paged_attention<KvT, QT, HeadDim>};
+          &launch_paged_attention<KvT, QT, HeadDim>, fused};
 }
 
 /// Activation types a cache computes with: 16-bit caches their own type, FP8 caches either.
@@ -53,22 +67,14 @@ constexpr void for_each_activation(F&& f) {
   }
 }
 
-/// The supported head dims: adding one is one edit here (and in supported_head_dim).
-template <class F>
-constexpr void for_each_head_dim(F&& f) {
-  f.template operator()<64>();
-  f.template operator()<128>();
-  f.template operator()<256>();
-}
-
 /// Every instantiation of one stored type.
 template <class KvT>
 std::span<const PagedAttentionKernelEntry> paged_attention_kernels() {
   static const auto table = [] {
-    std::array<PagedAttentionKernelEntry, 6> entries{};
+    std::array<PagedAttentionKernelEntry, 2 * PagedHeadDims::size> entries{};
     std::size_t count = 0;
     for_each_activation<KvT>([&]<class QT>() {
-      for_each_head_dim([&]<int HeadDim>() {
+      PagedHeadDims::for_each([&]<int HeadDim>() {
         entries[count++] = paged_attention_entry<KvT, QT, HeadDim>();
       });
     });

@@ -17,6 +17,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) %
 Status check_common(const attention::PagedKVCacheView& cache, const DeviceTagArray* tags,
                     const char* what) {
   SLIMSERVE_RETURN_IF_ERROR(attention::validate_cache_view(cache));
+  SLIMSERVE_RETURN_IF_ERROR(attention::require_packed_pages(cache, what));
   if (tags == nullptr || tags->data() == nullptr) {
     return make_status(StatusCode::invalid_argument, what, ": no device tag array");
   }

@@ -86,9 +86,10 @@ Status validate_decode_problem(const DecodeProblem& p) {
   if (p.batch_size < 0) {
     return make_status(StatusCode::invalid_argument, "batch_size ", p.batch_size, " < 0");
   }
-  if (!supported_head_dim(p.head_dim)) {
+  if (!VectorKernelHeadDims::contains(p.head_dim)) {
     return make_status(StatusCode::unsupported, "head_dim ", p.head_dim,
-                       " is not supported (64, 128 or 256)");
+                       " is not supported by the CUDA-core decode (", VectorKernelHeadDims::describe(),
+                       "; paged attention takes ", PagedHeadDims::describe(), ")");
   }
   if (!supported_page_size(p.page_size)) {
     return make_status(StatusCode::unsupported, "page_size ", p.page_size,

@@ -26,7 +26,7 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
   }
   if (!supported_head_dim(cache.head_dim)) {
     return make_status(StatusCode::unsupported, "head_dim ", cache.head_dim,
-                       " is not supported (64, 128 or 256)");
+                       " is not supported (", PagedHeadDims::describe(), ")");
   }
   if (cache.num_kv_heads <= 0 || cache.num_pages <= 0) {
     return make_status(StatusCode::invalid_argument, "cache needs num_kv_heads > 0 and num_pages > 0, got ",
@@ -38,6 +38,12 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
   if (page_elements > std::numeric_limits<std::int32_t>::max()) {
     return make_status(StatusCode::invalid_argument, "a page of ", page_elements,
                        " elements is too large");
+  }
+  if (cache.page_stride != 0 &&
+      (cache.page_stride < page_elements || cache.page_stride * element_bytes(cache.dtype) % 16 != 0)) {
+    return make_status(StatusCode::invalid_argument, "page_stride ", cache.page_stride,
+                       " must be 0 (packed) or at least one page (", page_elements,
+                       " elements) and a multiple of 16 bytes");
   }
   if (cache.k_pages == nullptr || cache.v_pages == nullptr) {
     return make_status(StatusCode::invalid_argument, "k_pages and v_pages must be non-null");

@@ -5,20 +5,16 @@
 #include <cstdint>
 #include <limits>
 
+#include "plan_support.hpp"
 #include "slimserve/attention/mla.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
 namespace {
 
-constexpr std::size_t workspace_alignment = 256;
+using detail::ceil_div;
 /// Split chunks are whole multiples of this many tokens (two of the kernel's 32-token tiles).
 constexpr std::int64_t chunk_granule = 64;
-
-constexpr std::size_t align_up(std::size_t bytes) {
-  return (bytes + workspace_alignment - 1) / workspace_alignment * workspace_alignment;
-}
-constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 /// Rows per CTA: 16 when a request has at most 16 rows (8 or 16 heads, one token), else 32.
 std::int32_t warps_m_for(const MlaDecodeProblem& p) {
@@ -38,14 +34,14 @@ MlaDecodeWorkspaceLayout layout_for(std::size_t items, std::size_t units, std::s
   l.unit_indptr = l.unit_row_tile + units * i32;
   l.qo_indptr = l.unit_indptr + (units + 1) * i32;
   l.int_bytes = l.qo_indptr + (batch + 1) * i32;
-  std::size_t offset = align_up(l.int_bytes);
+  std::size_t offset = detail::align_workspace(l.int_bytes);
   l.partial_o = offset;
   l.partial_lse = offset;
   if (split) {
     const std::size_t rows = items * static_cast<std::size_t>(cta_rows);
-    offset = align_up(offset + rows * static_cast<std::size_t>(mla_latent_dim) * sizeof(float));
+    offset = detail::align_workspace(offset + rows * static_cast<std::size_t>(mla_latent_dim) * sizeof(float));
     l.partial_lse = offset;
-    offset = align_up(offset + rows * sizeof(float));
+    offset = detail::align_workspace(offset + rows * sizeof(float));
   }
   l.total_bytes = offset;
   return l;
@@ -102,6 +98,33 @@ Status host_lengths(const MlaDecodePlanArguments& args, std::vector<std::int64_t
   return {};
 }
 
+/// Query tokens of each request: query_tokens each, or the ragged qo_indptr_host's counts.
+Status host_query_counts(const MlaDecodePlanArguments& args, std::vector<std::int32_t>& counts) {
+  const MlaDecodeProblem& p = args.problem;
+  const auto batch = static_cast<std::size_t>(p.batch_size);
+  if (!p.ragged_queries) {
+    if (!args.qo_indptr_host.empty()) {
+      return make_status(StatusCode::invalid_argument, "qo_indptr_host is for the ragged form (problem.ragged_queries)");
+    }
+    counts.assign(batch, p.query_tokens);
+    return {};
+  }
+  if (args.qo_indptr_host.size() != batch + 1 || args.qo_indptr_host[0] != 0) {
+    return make_status(StatusCode::invalid_argument, "ragged MLA queries need qo_indptr_host of batch_size + 1 = ",
+                       batch + 1, " entries starting at 0; got ", args.qo_indptr_host.size(), " entries");
+  }
+  counts.assign(batch, 0);
+  for (std::size_t b = 0; b < batch; ++b) {
+    const std::int64_t count = static_cast<std::int64_t>(args.qo_indptr_host[b + 1]) - args.qo_indptr_host[b];
+    if (count < 0 || count > p.query_tokens) {
+      return make_status(StatusCode::invalid_argument, "request ", b, " has ", count,
+                         " query tokens; the ragged form takes 0 .. query_tokens = ", p.query_tokens);
+    }
+    counts[b] = static_cast<std::int32_t>(count);
+  }
+  return {};
+}
+
 }  // namespace
 
 Status validate_mla_decode_problem(const MlaDecodeProblem& p) {
@@ -113,9 +136,10 @@ Status validate_mla_decode_problem(const MlaDecodeProblem& p) {
     return make_status(StatusCode::unsupported, "MLA decode with ", p.num_heads,
                        " heads is not supported (8, 16, 32, 64 or 128)");
   }
-  if (p.query_tokens < 1 || p.query_tokens > mla_max_query_tokens) {
-    return make_status(StatusCode::unsupported, "MLA decode takes 1..", mla_max_query_tokens,
-                       " query tokens per request, got ", p.query_tokens);
+  const std::int32_t max_query_tokens = p.ragged_queries ? mla_max_chunk_query_tokens : mla_max_query_tokens;
+  if (p.query_tokens < 1 || p.query_tokens > max_query_tokens) {
+    return make_status(StatusCode::unsupported, "MLA decode takes 1..", max_query_tokens, " query tokens per request",
+                       p.ragged_queries ? " (ragged chunks)" : "", ", got ", p.query_tokens);
   }
   if (p.batch_size < 0) {
     return make_status(StatusCode::invalid_argument, "batch_size ", p.batch_size, " < 0");
@@ -154,31 +178,33 @@ Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {
   }
   std::vector<std::int64_t> kv_len;
   SLIMSERVE_RETURN_IF_ERROR(host_lengths(args, kv_len));
+  std::vector<std::int32_t> query_count;
+  SLIMSERVE_RETURN_IF_ERROR(host_query_counts(args, query_count));
 
   MlaDecodePlan plan;
   plan.problem = p;
   plan.warps_m = warps_m_for(p);
   plan.cta_rows = 16 * plan.warps_m;
-  const std::int64_t row_tiles = ceil_div(static_cast<std::int64_t>(p.num_heads) * p.query_tokens, plan.cta_rows);
-  const std::int64_t units = static_cast<std::int64_t>(p.batch_size) * row_tiles;
+  const auto batch = static_cast<std::size_t>(p.batch_size);
+  std::vector<std::int32_t> row_tiles(batch);
+  std::int64_t units = 0;
+  for (std::size_t b = 0; b < batch; ++b) {
+    row_tiles[b] = static_cast<std::int32_t>(ceil_div(static_cast<std::int64_t>(p.num_heads) * query_count[b], plan.cta_rows));
+    units += row_tiles[b];
+  }
   const std::int64_t max_kv = kv_len.empty() ? 0 : *std::max_element(kv_len.begin(), kv_len.end());
   const auto splits_of = [](std::int64_t len, std::int64_t chunk) { return len <= chunk ? 1 : ceil_div(len, chunk); };
   const auto items_for = [&](std::int64_t chunk) {
     std::int64_t items = 0;
-    for (const std::int64_t len : kv_len) items += splits_of(len, chunk) * row_tiles;
+    for (std::size_t b = 0; b < batch; ++b) items += splits_of(kv_len[b], chunk) * row_tiles[b];
     return items;
   };
   // Unsplit when the batch fills the device; else the smallest chunk whose CTAs fit one wave.
   std::int64_t granules = std::max<std::int64_t>(1, ceil_div(max_kv, chunk_granule));
   const std::int64_t max_ctas = static_cast<std::int64_t>(args.num_sms) * args.ctas_per_sm;
   if (args.allow_split && units < max_ctas && max_kv > 0) {
-    std::int64_t lo = std::min(granules, std::max<std::int64_t>(1, ceil_div(args.min_chunk_tokens, chunk_granule)));
-    std::int64_t hi = granules;
-    while (lo < hi) {
-      const std::int64_t mid = lo + (hi - lo) / 2;
-      if (items_for(mid * chunk_granule) <= max_ctas) hi = mid; else lo = mid + 1;
-    }
-    granules = lo;
+    granules = detail::smallest_fitting_chunk(ceil_div(args.min_chunk_tokens, chunk_granule), granules,
+                                              [&](std::int64_t g) { return items_for(g * chunk_granule) <= max_ctas; });
   }
   const std::int64_t chunk = granules * chunk_granule;
   const std::int64_t items = items_for(chunk);
@@ -191,7 +217,6 @@ Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {
   plan.split_kv = items > units;
   const auto w = static_cast<std::size_t>(items);
   const auto u = static_cast<std::size_t>(units);
-  const auto batch = static_cast<std::size_t>(p.batch_size);
   plan.layout = layout_for(w, u, batch, plan.split_kv, plan.cta_rows);
   plan.host_ints.assign(plan.layout.int_bytes / sizeof(std::int32_t), 0);
   std::int32_t* work_request = plan.host_ints.data();
@@ -207,7 +232,7 @@ Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {
   // Row tiles of one request are neighbours in the grid, so they share the latent in L2.
   for (std::size_t b = 0; b < batch; ++b) {
     const auto splits = static_cast<std::int32_t>(splits_of(kv_len[b], chunk));
-    for (std::int32_t tile = 0; tile < row_tiles; ++tile, ++unit) {
+    for (std::int32_t tile = 0; tile < row_tiles[b]; ++tile, ++unit) {
       unit_request[unit] = static_cast<std::int32_t>(b);
       unit_row_tile[unit] = tile;
       unit_indptr[unit] = item;
@@ -220,7 +245,8 @@ Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {
     }
   }
   unit_indptr[u] = item;
-  for (std::size_t b = 0; b <= batch; ++b) qo_indptr[b] = static_cast<std::int32_t>(b) * p.query_tokens;
+  qo_indptr[0] = 0;
+  for (std::size_t b = 0; b < batch; ++b) qo_indptr[b + 1] = qo_indptr[b] + query_count[b];
   return plan;
 }
 

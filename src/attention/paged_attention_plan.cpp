@@ -20,26 +20,33 @@ constexpr std::size_t align_up(std::size_t bytes) {
 constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 /// Tokens per pipeline stage of the kernel (kernels/paged_attention_kernel.cuh: ~32 KiB of
-/// K + V, clamped to 64..128).
+/// K + V, clamped to 64..128, whole multiples of 64).
 std::int32_t stage_tokens_for(KvDtype dtype, std::int32_t head_dim) {
   const std::int32_t raw = 32768 / (2 * head_dim * element_bytes(dtype));
-  return std::clamp(raw, 64, 128);
+  return std::clamp(raw, 64, 128) / 64 * 64;
 }
 
 Status validate_host_arrays(const PagedAttentionPlanArguments& args, std::vector<std::int64_t>& kv_len) {
   const PagedAttentionProblem& p = args.problem;
   const auto batch = static_cast<std::size_t>(p.batch_size);
-  if (args.qo_indptr_host.size() != batch + 1 || args.kv_indptr_host.size() != batch + 1 ||
-      args.last_page_len_host.size() != batch) {
+  const bool csr = !args.kv_indptr_host.empty() || !args.last_page_len_host.empty();
+  if (csr == !args.seq_lens_host.empty() && !(batch == 0 && !csr)) {
+    return make_status(StatusCode::invalid_argument,
+                       "paged attention plan needs exactly one form of host lengths: kv_indptr_host + "
+                       "last_page_len_host (CSR) or seq_lens_host (block table)");
+  }
+  if (args.qo_indptr_host.size() != batch + 1 ||
+      (csr ? args.kv_indptr_host.size() != batch + 1 || args.last_page_len_host.size() != batch
+           : args.seq_lens_host.size() != batch)) {
     return make_status(StatusCode::invalid_argument, "host arrays have qo_indptr of ",
                        args.qo_indptr_host.size(), ", kv indptr of ", args.kv_indptr_host.size(),
-                       " and last_page_len of ", args.last_page_len_host.size(),
-                       " entries; batch_size ", p.batch_size, " needs ", batch + 1, ", ",
-                       batch + 1, " and ", batch);
+                       ", last_page_len of ", args.last_page_len_host.size(), " and seq_lens of ",
+                       args.seq_lens_host.size(), " entries; batch_size ", p.batch_size, " needs ",
+                       batch + 1, " and (CSR) ", batch + 1, " and ", batch, " or (block table) ", batch);
   }
-  if (args.qo_indptr_host[0] != 0 || args.kv_indptr_host[0] != 0) {
+  if (args.qo_indptr_host[0] != 0 || (csr && args.kv_indptr_host[0] != 0)) {
     return make_status(StatusCode::invalid_argument, "qo_indptr[0] and indptr[0] must be 0, got ",
-                       args.qo_indptr_host[0], " and ", args.kv_indptr_host[0]);
+                       args.qo_indptr_host[0], " and ", csr ? args.kv_indptr_host[0] : 0);
   }
   kv_len.assign(batch, 0);
   for (std::size_t b = 0; b < batch; ++b) {
@@ -47,6 +54,18 @@ Status validate_host_arrays(const PagedAttentionPlanArguments& args, std::vector
     if (qo_len < 0) {
       return make_status(StatusCode::invalid_argument, "qo_indptr decreases at request ", b, " (",
                          args.qo_indptr_host[b], " -> ", args.qo_indptr_host[b + 1], ")");
+    }
+    if (!csr) {
+      kv_len[b] = args.seq_lens_host[b];
+      if (kv_len[b] < 0) {
+        return make_status(StatusCode::invalid_argument, "seq_lens[", b, "] = ", kv_len[b], " < 0");
+      }
+      if (qo_len > kv_len[b]) {
+        return make_status(StatusCode::invalid_argument, "request ", b, " has ", qo_len,
+                           " query tokens but only ", kv_len[b],
+                           " tokens in its pages (append the chunk's K/V first)");
+      }
+      continue;
     }
     const std::int32_t pages = args.kv_indptr_host[b + 1] - args.kv_indptr_host[b];
     if (pages < 0) {
@@ -163,8 +182,7 @@ PagedAttentionWorkspaceLayout layout_for(std::size_t items, std::size_t units, b
 AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& p, std::int32_t max_qo_len) {
   const std::int32_t group = p.num_kv_heads > 0 ? p.num_qo_heads / p.num_kv_heads : 0;
   const std::int32_t rows = group * max_qo_len;
-  if (max_qo_len <= 8 && rows <= 2 && !is_fp8(p.kv_dtype) &&
-      (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256)) {
+  if (max_qo_len <= 8 && rows <= 2 && !is_fp8(p.kv_dtype) && VectorKernelHeadDims::contains(p.head_dim)) {
     return {AttentionKernel::cuda_core,
             "decode with " + std::to_string(rows) + " query row(s) per KV head on a 16-bit cache: "
             "the CUDA-core kernel converts nothing and multiplies each K/V element once per row "
@@ -190,7 +208,7 @@ Status validate_paged_attention_problem(const PagedAttentionProblem& p) {
   }
   if (!supported_head_dim(p.head_dim)) {
     return make_status(StatusCode::unsupported, "head_dim ", p.head_dim,
-                       " is not supported by paged attention (64, 128 or 256)");
+                       " is not supported by paged attention (", PagedHeadDims::describe(), ")");
   }
   if (!supported_page_size(p.page_size)) {
     return make_status(StatusCode::unsupported, "page_size ", p.page_size,
@@ -240,10 +258,42 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
   plan.split_kv = items > plan.num_units;
   plan.chunk_tokens = static_cast<std::int32_t>(std::min<std::int64_t>(s.chunk_tokens, std::numeric_limits<std::int32_t>::max()));
   plan.choice = choose_attention_kernel(p, max_qo_len);
+  for (const std::int64_t len : kv_len) plan.max_kv_tokens = std::max(plan.max_kv_tokens, len);
 
   const auto w = static_cast<std::size_t>(items);
   const auto u = static_cast<std::size_t>(plan.num_units);
   plan.layout = layout_for(w, u, plan.split_kv, p, plan.cta_rows);
+  if (plan.choice.kernel == AttentionKernel::cuda_core) {
+    bool uniform = true;
+    for (std::size_t b = 0; b < kv_len.size(); ++b) {
+      uniform = uniform && args.qo_indptr_host[b + 1] - args.qo_indptr_host[b] == max_qo_len;
+    }
+    const bool fills = static_cast<std::int64_t>(p.batch_size) * p.num_kv_heads >= args.num_sms;
+    const bool csr = args.seq_lens_host.empty();
+    Result<DecodePlan> decode = make_status(StatusCode::unsupported,
+                                            csr ? "a non-causal multi-token step" : "it reads the CSR page table only");
+    if (csr && uniform && fills && (p.causal || max_qo_len == 1)) {
+      DecodePlanArguments d{DecodeProblem{p.batch_size, p.num_qo_heads, p.num_kv_heads, p.head_dim,
+                                          p.page_size, max_qo_len, p.kv_dtype},
+                            args.kv_indptr_host, args.last_page_len_host,
+                            args.num_sms * args.ctas_per_sm, args.min_chunk_tokens, false};
+      decode = make_decode_plan(d);
+    }
+    if (decode.ok()) {
+      plan.decode = std::move(*decode);
+      plan.decode_offset = align_up(plan.layout.total_bytes);
+      plan.layout.total_bytes = plan.decode_offset + plan.decode->layout.total_bytes;
+    } else {
+      plan.choice = {AttentionKernel::tensor_core,
+                     !uniform ? "decode rows fit the CUDA-core kernel, but its query layout needs the same "
+                                "qo_len in every request: the tensor-core kernel takes ragged ones"
+                     : !fills ? "decode rows fit the CUDA-core kernel, but batch x KV heads (" +
+                                    std::to_string(static_cast<std::int64_t>(p.batch_size) * p.num_kv_heads) +
+                                    ") CTAs leave SMs idle without a KV split: the tensor-core kernel splits"
+                              : "the CUDA-core decode kernel cannot take this problem (" +
+                                    decode.status().to_string() + "): tensor-core kernel"};
+    }
+  }
   plan.host_ints.assign(plan.layout.int_bytes / sizeof(std::int32_t), 0);
   std::int32_t* work_request = plan.host_ints.data();
   std::int32_t* work_row_tile = work_request + w;
@@ -290,7 +340,11 @@ Result<std::size_t> paged_attention_workspace_bound(const PagedAttentionWorkspac
   const std::int64_t items = std::max(units, split_items);
   const PagedAttentionWorkspaceLayout ints_only = layout_for(static_cast<std::size_t>(items), static_cast<std::size_t>(units), false, p, 64);
   const PagedAttentionWorkspaceLayout partials = layout_for(static_cast<std::size_t>(split_items), 0, true, p, 64);
-  return ints_only.total_bytes + (partials.total_bytes - align_up(partials.int_bytes)) + workspace_alignment;
+  // A plan that picks the CUDA-core decode kernel adds its unsplit schedule: work_request,
+  // work_split (one per request) and split_indptr (batch + 1).
+  const std::size_t decode = align_up((3 * static_cast<std::size_t>(p.batch_size) + 1) * sizeof(std::int32_t)) +
+                             workspace_alignment;
+  return ints_only.total_bytes + (partials.total_bytes - align_up(partials.int_bytes)) + workspace_alignment + decode;
 }
 
 }  // namespace attention

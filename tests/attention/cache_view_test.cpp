@@ -51,8 +51,12 @@ TEST_CASE("cache view preflight", "[attention][cache]") {
   CHECK(validate_cache_view(v).code() == StatusCode::invalid_argument);
   CHECK(validate_cache_view(v).message().find("FP8") != std::string_view::npos);
   v.dtype = KvDtype::fp8_e4m3;
-  v.head_dim = 96;
+  v.head_dim = 80;
   CHECK(validate_cache_view(v).code() == StatusCode::unsupported);
+  v.head_dim = 96;  // paged attention reads it (the CUDA-core decode and append refuse it)
+  CHECK(validate_cache_view(v).ok());
+  v.head_dim = 192;
+  CHECK(validate_cache_view(v).ok());
   v.head_dim = 64;
   v.page_size = 24;
   CHECK(validate_cache_view(v).code() == StatusCode::unsupported);

@@ -133,11 +133,17 @@ struct DecodeFixture {
   std::vector<float> q_values;  // [B * qt, H, 576] as the kernel reads them (bf16-rounded)
   std::vector<std::uint16_t> q_bits;
   std::vector<double> v_max;    // per request: largest |latent| it holds
+  bool ragged = false;          // query counts from qo_indptr (absorbed prefill chunks)
+  std::vector<std::int32_t> qo_indptr;  // [B + 1]
 
-  DecodeFixture(const DecodeCase& dc, std::mt19937_64& rng)
+  /// qo_lens: per-request query counts of the ragged form (each <= dc.query_tokens), or
+  /// empty for dc.query_tokens each.
+  DecodeFixture(const DecodeCase& dc, std::mt19937_64& rng, const std::vector<std::int32_t>& qo_lens = {})
       : c(dc), table(make_page_table(ragged_lengths(dc.page_size, dc.batch), dc.page_size, rng, dc.batch > 2)),
-        cache(dc.dtype, dc.mode, table.num_pages, dc.page_size) {
+        cache(dc.dtype, dc.mode, table.num_pages, dc.page_size), ragged(!qo_lens.empty()) {
     cache.static_scale = 0.05f;  // per_tensor: amax of ~22 maps to 448
+    qo_indptr.assign(1, 0);
+    for (std::size_t b = 0; b < c.batch; ++b) qo_indptr.push_back(qo_indptr.back() + (ragged ? qo_lens[b] : c.query_tokens));
     std::vector<float> latent(latent_dim), rope(rope_dim);
     v_max.assign(c.batch, 0.0);
     std::vector<char> written(static_cast<std::size_t>(table.num_pages) * static_cast<std::size_t>(c.page_size), 0);
@@ -163,7 +169,7 @@ struct DecodeFixture {
         }
       }
     }
-    const std::size_t q_count = c.batch * static_cast<std::size_t>(c.query_tokens * c.heads * qk_dim);
+    const std::size_t q_count = total_tokens() * static_cast<std::size_t>(c.heads * qk_dim);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     q_bits.resize(q_count);
     q_values.resize(q_count);
@@ -173,19 +179,25 @@ struct DecodeFixture {
     }
   }
 
+  std::size_t total_tokens() const { return static_cast<std::size_t>(qo_indptr.back()); }
+  int query_count(std::size_t b) const { return qo_indptr[b + 1] - qo_indptr[b]; }
+  std::size_t row_of(std::size_t b, int t, int h) const {
+    return (static_cast<std::size_t>(qo_indptr[b]) + static_cast<std::size_t>(t)) * static_cast<std::size_t>(c.heads) +
+           static_cast<std::size_t>(h);
+  }
+
   Reference reference(double sm_scale) const {
     Reference ref;
-    const std::size_t rows = c.batch * static_cast<std::size_t>(c.query_tokens * c.heads);
+    const std::size_t rows = total_tokens() * static_cast<std::size_t>(c.heads);
     ref.o.assign(rows * latent_dim, 0.0);
     ref.lse.assign(rows, -INFINITY);
     for (std::size_t b = 0; b < c.batch; ++b) {
       const auto pages = table.pages_of(b);
       const std::int64_t len = table.length(b);
-      for (int t = 0; t < c.query_tokens; ++t) {
-        const std::int64_t visible = std::max<std::int64_t>(0, len - c.query_tokens + t + 1);
+      for (int t = 0; t < query_count(b); ++t) {
+        const std::int64_t visible = std::max<std::int64_t>(0, len - query_count(b) + t + 1);
         for (int h = 0; h < c.heads; ++h) {
-          const std::size_t row = (b * static_cast<std::size_t>(c.query_tokens) + static_cast<std::size_t>(t)) *
-                                      static_cast<std::size_t>(c.heads) + static_cast<std::size_t>(h);
+          const std::size_t row = row_of(b, t, h);
           if (visible == 0) continue;
           std::vector<double> s(static_cast<std::size_t>(visible));
           double m = -INFINITY;
@@ -246,6 +258,8 @@ std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFi
 
   MlaDecodePlanArguments pa;
   pa.problem = {static_cast<std::int32_t>(c.batch), c.heads, c.query_tokens, c.page_size, c.dtype, c.mode};
+  pa.problem.ragged_queries = f.ragged;
+  if (f.ragged) pa.qo_indptr_host = f.qo_indptr;
   if (opt.block_table) {
     pa.seq_lens_host = seq_lens;
   } else {
@@ -269,7 +283,7 @@ std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFi
   if (!opt.split) CHECK_FALSE(plan->split_kv);
   if (plan_out != nullptr) *plan_out = *plan;
 
-  const std::size_t rows = c.batch * static_cast<std::size_t>(c.query_tokens * c.heads);
+  const std::size_t rows = f.total_tokens() * static_cast<std::size_t>(c.heads);
   auto q = upload(f.q_bits);
   auto o = upload(std::vector<std::uint16_t>(rows * latent_dim, from_float<bf16>(12345.0f).bits));  // poison
   auto lse = upload(std::vector<float>(rows, 777.0f));
@@ -311,10 +325,9 @@ void check_decode(const DecodeFixture& f, const std::vector<float>& o, const std
   std::size_t bad = 0;
   for (std::size_t b = 0; b < c.batch; ++b) {
     const bool aborted = !status.empty() && !kv::request_ok(status[b]);
-    for (int t = 0; t < c.query_tokens; ++t) {
+    for (int t = 0; t < f.query_count(b); ++t) {
       for (int h = 0; h < c.heads; ++h) {
-        const std::size_t row = (b * static_cast<std::size_t>(c.query_tokens) + static_cast<std::size_t>(t)) *
-                                    static_cast<std::size_t>(c.heads) + static_cast<std::size_t>(h);
+        const std::size_t row = f.row_of(b, t, h);
         if (aborted) {
           if (!(lse[row] == -INFINITY)) ++bad;
           for (int d = 0; d < latent_dim; ++d) if (!std::isnan(o[row * latent_dim + static_cast<std::size_t>(d)])) ++bad;
@@ -521,6 +534,64 @@ TEST_CASE("mla decode: every element and lse against FP64, split vs unsplit, CSR
       }
     }
   }
+}
+
+TEST_CASE("mla ragged absorbed prefill: chunks of 0..N query tokens, causal within the chunk") {
+  struct RaggedCase {
+    DecodeCase c;
+    std::vector<std::int32_t> qo_lens;
+  };
+  const RaggedCase cases[] = {
+      {{KvDtype::bf16, MlaScaleMode::none, 16, 24, 16, 4}, {1, 24, 0, 9}},
+      {{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, 12, 32, 3}, {12, 3, 7}},
+      {{KvDtype::fp8_e4m3, MlaScaleMode::per_tensor, 8, 20, 64, 4}, {20, 2, 5, 13}},
+      {{KvDtype::bf16, MlaScaleMode::none, 128, 3, 16, 3}, {3, 1, 2}},
+  };
+  const float sm_scale = 1.0f / std::sqrt(192.0f);
+  for (std::size_t i = 0; i < std::size(cases); ++i) {
+    const RaggedCase& rc = cases[i];
+    SECTION(describe(rc.c) + " ragged") {
+      auto rng = slimserve_test::make_rng(2610 + i);
+      DecodeFixture f(rc.c, rng, rc.qo_lens);
+      const Reference ref = f.reference(sm_scale);
+      {
+        INFO("unsplit, CSR");
+        auto [o, lse] = run_decode_case(f, RunOptions{}, sm_scale);
+        check_decode(f, o, lse, ref, {});
+      }
+      {
+        INFO("split, block table, one request aborted");
+        RunOptions opt;
+        opt.split = true;
+        opt.block_table = (i % 2) == 1;
+        opt.status.assign(rc.c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
+        opt.status[1] = {kv::RequestState::stale_tag, 0};
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, opt.status);
+      }
+    }
+  }
+  // The plan refuses counts past query_tokens, a short qo_indptr, and qo_indptr without the form.
+  MlaDecodePlanArguments pa;
+  const std::vector<std::int32_t> indptr{0, 1, 2}, last{5, 7};
+  pa.kv_indptr_host = indptr;
+  pa.last_page_len_host = last;
+  pa.num_sms = 4;
+  pa.problem = {2, 64, 16, 16, KvDtype::bf16, MlaScaleMode::none};
+  pa.problem.ragged_queries = true;
+  const std::vector<std::int32_t> good{0, 16, 20}, too_many{0, 17, 20}, short_indptr{0, 16};
+  pa.qo_indptr_host = good;
+  CHECK(make_mla_decode_plan(pa).ok());
+  pa.qo_indptr_host = too_many;
+  CHECK_FALSE(make_mla_decode_plan(pa).ok());
+  pa.qo_indptr_host = short_indptr;
+  CHECK_FALSE(make_mla_decode_plan(pa).ok());
+  pa.qo_indptr_host = good;
+  pa.problem.query_tokens = mla_max_chunk_query_tokens + 1;
+  CHECK(make_mla_decode_plan(pa).status().code() == StatusCode::unsupported);
+  pa.problem.query_tokens = 4;  // a valid uniform problem, but qo_indptr_host without the form
+  pa.problem.ragged_queries = false;
+  CHECK(make_mla_decode_plan(pa).status().code() == StatusCode::invalid_argument);
 }
 
 TEST_CASE("mla decode: bad problems are refused before launch") {

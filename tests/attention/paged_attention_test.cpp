@@ -1,14 +1,16 @@
 // Tensor-core paged attention against an FP64 reference computed from the stored (already
 // quantized) cache: ragged prefill chunks over cached prefixes (1, page-1, page, page+1, long),
 // decode and speculative verify, GQA 1/4/8 and MQA 64, FP8 e4m3/e5m2 x per-tensor/per-token
-// and BF16/FP16, head_dim 64/128/256, shuffled pages with holes and a shared prefix, split vs
+// and BF16/FP16, head_dim 64/96/128/192/256, shuffled pages with holes and a shared prefix, split vs
 // unsplit, sliding window, soft-cap, sinks, custom sm_scale, strided q/o, aborted requests,
-// bad page ids, preflight errors.
+// bad page ids, preflight errors; block-table vs CSR and one vs two K/V allocations
+// (bit-identical), block-table preflight.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <set>
@@ -16,6 +18,7 @@
 
 #include "attention_test_support.hpp"
 #include "slimserve/attention/paged_attention.hpp"
+#include "slimserve/kv/page_table_builder.hpp"
 
 using namespace attn_test;
 
@@ -186,20 +189,80 @@ struct RunConfig {
   const HostCache* cache_override = nullptr;
   const HostPageTable* table_override = nullptr;  // device table (e.g. with bad page ids)
   std::int64_t q_token_stride = 0, q_head_stride = 0;  // elements; 0 = packed
+  bool block_table = false;  // the 2-D block table + seq_lens instead of CSR
+  bool combined_kv = false;  // K and V pages interleaved in one allocation [pages, 2, page]
+  std::int64_t page_padding = 0;  // poisoned elements after each page (strided pages)
+  std::uint64_t seed = 0;         // for the garbage past each block-table row's pages
+  std::int32_t device_seq_len_bump = 0;  // added to request 0's device seq_len only
 };
 
+/// The same pages as `t` in block-table form: rows of `width` entries; the entries past a
+/// request's pages hold garbage (ids of other pages, ids outside the cache) that must never
+/// be read.
+struct HostBlockTable {
+  std::vector<std::int32_t> ids, seq_lens;
+  std::int32_t width = 0;
+};
+HostBlockTable to_block_table(const HostPageTable& t, std::int32_t page_size, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  HostBlockTable bt;
+  const std::size_t batch = t.lengths.size();
+  for (std::size_t b = 0; b < batch; ++b) bt.width = std::max(bt.width, t.indptr[b + 1] - t.indptr[b]);
+  bt.width += 3;
+  std::uniform_int_distribution<std::int32_t> any_page(0, t.num_pages - 1);
+  for (std::size_t b = 0; b < batch; ++b) {
+    const auto pages = t.pages_of(b);
+    for (std::int32_t j = 0; j < bt.width; ++j) {
+      const auto at = static_cast<std::size_t>(j);
+      bt.ids.push_back(at < pages.size() ? pages[at] : (j % 2 == 0 ? any_page(rng) : t.num_pages + 1000 * j + 7));
+    }
+    const std::int64_t len = t.indptr[b + 1] == t.indptr[b]
+                                 ? 0
+                                 : static_cast<std::int64_t>(t.indptr[b + 1] - t.indptr[b] - 1) * page_size +
+                                       t.last_page_len[b];
+    bt.seq_lens.push_back(static_cast<std::int32_t>(len));
+  }
+  return bt;
+}
+
 struct Output {
+  std::vector<std::uint16_t> o_bits;  // packed [tokens, H_qo, D], as written
   std::vector<float> o;    // packed [tokens, H_qo, D]
   std::vector<float> lse;
   PagedAttentionPlan plan;
 };
 
 Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
-  DeviceCache cache(rc.cache_override ? *rc.cache_override : f.cache);
+  const HostCache& host_cache = rc.cache_override ? *rc.cache_override : f.cache;
+  DeviceCache cache(host_cache);
+  // One allocation: page p is [K page | V page | padding], padding poisoned (0xFF is NaN in
+  // every stored format).
+  rt::DeviceBuffer<unsigned char> combined;
+  if (rc.combined_kv || rc.page_padding != 0) {
+    const auto ebytes = static_cast<std::size_t>(element_bytes(f.c.dtype));
+    const std::size_t page_bytes = host_cache.elements_total() / static_cast<std::size_t>(f.table.num_pages) * ebytes;
+    const std::size_t halves = rc.combined_kv ? 2 : 1;
+    const std::size_t stride_bytes = halves * page_bytes + static_cast<std::size_t>(rc.page_padding) * ebytes;
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(f.table.num_pages) * stride_bytes * (rc.combined_kv ? 1 : 2), 0xFF);
+    const std::size_t v_base = rc.combined_kv ? page_bytes : static_cast<std::size_t>(f.table.num_pages) * stride_bytes;
+    for (std::size_t page = 0; page < static_cast<std::size_t>(f.table.num_pages); ++page) {
+      std::memcpy(bytes.data() + page * stride_bytes, host_cache.k.data() + page * page_bytes, page_bytes);
+      std::memcpy(bytes.data() + v_base + page * stride_bytes, host_cache.v.data() + page * page_bytes, page_bytes);
+    }
+    combined = upload(bytes);
+    cache.view.k_pages = combined.data();
+    cache.view.v_pages = combined.data() + v_base;
+    cache.view.page_stride = static_cast<std::int64_t>(stride_bytes / ebytes);
+  }
   const HostPageTable& device_table = rc.table_override ? *rc.table_override : f.table;
   auto indptr = upload(device_table.indptr);
   auto indices = upload(device_table.indices);
   auto last = upload(device_table.last_page_len);
+  HostBlockTable block = to_block_table(device_table, f.c.page_size, rc.seed);
+  const std::vector<std::int32_t> host_seq_lens = block.seq_lens;
+  block.seq_lens[0] += rc.device_seq_len_bump;
+  auto block_ids = upload(block.ids);
+  auto seq_lens = upload(block.seq_lens);
   auto qo_indptr = upload(f.qo_indptr);
   const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
   const std::size_t d_dim = static_cast<std::size_t>(f.c.head_dim);
@@ -227,6 +290,7 @@ Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
   if (!opt.sinks.empty()) sinks_device = upload(opt.sinks);
 
   PagedAttentionPlanArguments plan_args{f.problem(opt.causal), f.qo_indptr, f.table.indptr, f.table.last_page_len};
+  if (rc.block_table) plan_args = {f.problem(opt.causal), f.qo_indptr, {}, {}, host_seq_lens};
   plan_args.allow_split = rc.allow_split;
   plan_args.num_sms = rc.num_sms;
   plan_args.ctas_per_sm = 1;
@@ -242,8 +306,12 @@ Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
 
   PagedAttentionArguments args;
   args.cache = cache.view;
-  args.table = kv::PageTableView{indptr.data(), indices.data(), last.data(), nullptr,
-                                 static_cast<std::int32_t>(f.c.kv_lengths.size()), f.c.page_size};
+  const auto batch = static_cast<std::int32_t>(f.c.kv_lengths.size());
+  if (rc.block_table) {
+    args.block_table = kv::BlockTableView{block_ids.data(), nullptr, seq_lens.data(), batch, block.width, f.c.page_size};
+  } else {
+    args.table = kv::PageTableView{indptr.data(), indices.data(), last.data(), nullptr, batch, f.c.page_size};
+  }
   args.request_status = rc.status != nullptr ? status_device.data() : nullptr;
   args.qo_indptr = qo_indptr.data();
   args.q = q.data();
@@ -262,7 +330,8 @@ Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
 
   Output out;
   out.plan = *plan;
-  for (auto bits : download(*o, f.q_bits.size())) out.o.push_back(from_activation(f.c.q_dtype, bits));
+  out.o_bits = download(*o, f.q_bits.size());
+  for (auto bits : out.o_bits) out.o.push_back(from_activation(f.c.q_dtype, bits));
   out.lse = download(*lse, f.tokens() * heads);
   return out;
 }
@@ -647,4 +716,271 @@ TEST_CASE("paged attention: plan shapes, kernel choice and the workspace bound",
   p.kv_dtype = KvDtype::bf16;
   CHECK(choose_attention_kernel(p, 1).kernel == AttentionKernel::cuda_core);
   CHECK(choose_attention_kernel(p, 64).kernel == AttentionKernel::tensor_core);
+}
+
+// ---- engine-shaped inputs: block table, one K/V allocation, strided pages ---------------------
+
+namespace {
+
+/// Bitwise equality of two runs' outputs and LSEs (NaN rows compare by their bits).
+void check_bit_identical(const Output& a, const Output& b) {
+  REQUIRE(a.o_bits.size() == b.o_bits.size());
+  REQUIRE(a.lse.size() == b.lse.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < a.o_bits.size(); ++i) differ += a.o_bits[i] != b.o_bits[i];
+  for (std::size_t i = 0; i < a.lse.size(); ++i) {
+    differ += std::memcmp(&a.lse[i], &b.lse[i], sizeof(float)) != 0;
+  }
+  CHECK(differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE("paged attention: block table and CSR forms give bit-identical outputs", "[attention][paged][inputs]") {
+  auto rng = slimserve_test::make_rng(1101);
+  using enum KvDtype;
+  const auto tensor = KvScaleMode::per_tensor;
+  const auto token = KvScaleMode::per_token;
+  for (const PagedCase& c : std::vector<PagedCase>{
+           // decode, ragged lengths 1, page-1, page, page+1, long; GQA 8 and 16
+           {fp8_e4m3, KvLayout::hnd, tensor, 128, 2, 8, 16, bf, {1, 15, 16, 17, 300}, {1, 1, 1, 1, 1}},
+           {fp8_e5m2, KvLayout::nhd, token, 64, 1, 16, 32, fp, {1, 31, 32, 33, 260}, {1, 1, 1, 1, 1}},
+           // prefill chunks over prefixes; GQA 1 and 4
+           {bf16, KvLayout::nhd, KvScaleMode::none, 64, 2, 1, 16, bf, {1, 15 + 4, 16 + 16, 17 + 2, 170}, {1, 15, 16, 17, 40}},
+           {fp8_e4m3, KvLayout::nhd, token, 64, 1, 4, 16, fp, {9, 16 + 15, 150}, {9, 15, 30}},
+           {fp8_e5m2, KvLayout::hnd, tensor, 64, 1, 4, 16, bf, {40, 17 + 100}, {40, 17}},
+           // MQA: 64 query heads on one FP16 KV head
+           {fp16, KvLayout::hnd, tensor, 64, 1, 64, 16, fp, {20, 150}, {1, 1}},
+       }) {
+    INFO("dtype " << to_string(c.dtype) << " scales " << to_string(c.scale_mode) << " D " << c.head_dim
+                  << " group " << c.group);
+    Fixture f(c, rng);
+    const Reference ref = reference(f, {});
+    for (bool split : {false, true}) {
+      RunConfig csr{split, split ? 4096 : 132};
+      RunConfig block = csr;
+      block.block_table = true;
+      block.seed = rng();
+      const Output a = run(f, {}, csr);
+      const Output b = run(f, {}, block);
+      check(f, b, ref);
+      check_bit_identical(a, b);
+    }
+  }
+}
+
+TEST_CASE("paged attention: K and V in one allocation or with strided pages give the same bits", "[attention][paged][inputs]") {
+  auto rng = slimserve_test::make_rng(1102);
+  using enum KvDtype;
+  for (const PagedCase& c : std::vector<PagedCase>{
+           {fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 64, 2, 4, 16, bf, {1, 17, 140}, {1, 17, 30}},
+           {bf16, KvLayout::hnd, KvScaleMode::none, 128, 1, 8, 32, bf, {31, 33, 200}, {1, 1, 1}},
+           {fp8_e5m2, KvLayout::hnd, KvScaleMode::per_tensor, 64, 1, 2, 16, fp, {16, 50}, {16, 3}},
+       }) {
+    INFO("dtype " << to_string(c.dtype) << " D " << c.head_dim);
+    Fixture f(c, rng);
+    const Reference ref = reference(f, {});
+    const Output separate = run(f, {});
+    check(f, separate, ref);
+    RunConfig combined;
+    combined.combined_kv = true;  // [pages, 2, page, H, D]
+    check_bit_identical(separate, run(f, {}, combined));
+    RunConfig padded;
+    padded.page_padding = 64;  // separate K and V, pages 64 poisoned elements apart
+    check_bit_identical(separate, run(f, {}, padded));
+    RunConfig everything = combined;  // one allocation, padded, block table, split
+    everything.page_padding = 32;
+    everything.block_table = true;
+    everything.allow_split = true;
+    everything.num_sms = 4096;
+    everything.seed = rng();
+    check(f, run(f, {}, everything), ref);
+  }
+}
+
+TEST_CASE("paged attention: block-table requests that are aborted or too long read nothing", "[attention][paged][inputs]") {
+  auto rng = slimserve_test::make_rng(1103);
+  Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 64, 1, 4, 16, bf, {20, 300, 33, 50}, {3, 1, 33, 10}}, rng);
+  std::vector<kv::RequestStatus> status(4, kv::RequestStatus{kv::RequestState::ok, -1});
+  status[1] = {kv::RequestState::stale_tag, 3};
+  status[3] = {kv::RequestState::page_out_of_range, 0};
+  std::set<int> live;
+  for (std::size_t b : {std::size_t{0}, std::size_t{2}}) {
+    for (int page : f.table.pages_of(b)) live.insert(page);
+  }
+  HostCache poisoned = f.cache;
+  for (std::size_t b : {std::size_t{1}, std::size_t{3}}) {
+    for (int page : f.table.pages_of(b)) {
+      if (live.count(page) != 0) continue;
+      for (int slot = 0; slot < f.c.page_size; ++slot) {
+        poisoned.k_token_scale[poisoned.scale_offset(page, slot, 0)] = NAN;
+        poisoned.v_token_scale[poisoned.scale_offset(page, slot, 0)] = NAN;
+        for (int d = 0; d < f.c.head_dim; ++d) {
+          poisoned.set_bits(poisoned.k, poisoned.offset(page, slot, 0, d), 0x7F);
+          poisoned.set_bits(poisoned.v, poisoned.offset(page, slot, 0, d), 0x7F);
+        }
+      }
+    }
+  }
+  const Reference ref = reference(f, {});
+  for (bool split : {false, true}) {
+    RunConfig rc{split, 4096, &status, &poisoned};
+    rc.block_table = true;
+    rc.seed = rng();
+    const std::vector<bool> aborted{false, true, false, true};
+    check(f, run(f, {}, rc), ref, &aborted);
+    // A device seq_len beyond its row (a table that skipped the host checks): that request
+    // is aborted on the device, the others are unaffected.
+    RunConfig too_long = rc;
+    too_long.status = nullptr;
+    too_long.cache_override = nullptr;
+    too_long.device_seq_len_bump = 16 * 64;
+    const std::vector<bool> only_first{true, false, false, false};
+    check(f, run(f, {}, too_long), ref, &only_first);
+  }
+}
+
+TEST_CASE("paged attention: bad block tables and page strides are refused before launch", "[attention][paged][inputs]") {
+  PagedAttentionProblem p;
+  p.batch_size = 2;
+  p.num_qo_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 128;
+  p.page_size = 16;
+  p.kv_dtype = KvDtype::fp8_e4m3;
+  const std::vector<std::int32_t> qo{0, 3, 5}, seq_lens{10, 40}, kv_indptr{0, 1, 4}, last{10, 8};
+  PagedAttentionPlanArguments args{p, qo, {}, {}, seq_lens};
+  args.num_sms = 132;
+  auto plan = make_paged_attention_plan(args);
+  REQUIRE(plan.ok());
+  CHECK(plan->max_kv_tokens == 40);
+
+  auto expect = [](const Status& s, StatusCode code, const char* fragment) {
+    INFO(s.to_string());
+    CHECK(s.code() == code);
+    CHECK(s.to_string().find(fragment) != std::string::npos);
+  };
+  {
+    auto a = args;  // both forms
+    a.kv_indptr_host = kv_indptr;
+    a.last_page_len_host = last;
+    expect(make_paged_attention_plan(a).status(), StatusCode::invalid_argument, "exactly one form");
+  }
+  {
+    const std::vector<std::int32_t> negative{10, -1};
+    auto a = args;
+    a.seq_lens_host = negative;
+    expect(make_paged_attention_plan(a).status(), StatusCode::invalid_argument, "seq_lens[1] = -1");
+  }
+  {
+    const std::vector<std::int32_t> short_lens{2, 40};  // request 0 has 3 query tokens
+    auto a = args;
+    a.seq_lens_host = short_lens;
+    expect(make_paged_attention_plan(a).status(), StatusCode::invalid_argument, "only 2 tokens");
+  }
+  {
+    auto a = args;
+    a.problem.head_dim = 96 + 1;
+    expect(make_paged_attention_plan(a).status(), StatusCode::unsupported, "head_dim 97");
+  }
+
+  // Run-time preflight (nothing is launched: every call fails before).
+  std::vector<unsigned char> cache_bytes(4 * 16 * 2 * 128 + 64);
+  float scales[2] = {0.5f, 0.5f};
+  PagedAttentionArguments run_args;
+  run_args.cache.k_pages = run_args.cache.v_pages =
+      reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(cache_bytes.data()) + 15) / 16 * 16);
+  run_args.cache.k_scale = &scales[0];
+  run_args.cache.v_scale = &scales[1];
+  run_args.cache.num_pages = 4;
+  run_args.cache.page_size = 16;
+  run_args.cache.num_kv_heads = 2;
+  run_args.cache.head_dim = 128;
+  run_args.cache.dtype = KvDtype::fp8_e4m3;
+  run_args.cache.scale_mode = KvScaleMode::per_tensor;
+  std::int32_t ints[8] = {};
+  run_args.block_table = kv::BlockTableView{ints, nullptr, ints, 2, 3, 16};  // 3 pages: 48 tokens
+  run_args.qo_indptr = ints;
+  alignas(16) std::uint16_t q[16] = {};
+  run_args.q = q;
+  run_args.o = q;
+  std::vector<unsigned char> ws(plan->layout.total_bytes + 16);
+  void* ws_aligned = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 15) / 16 * 16);
+  auto run_status = [&](const PagedAttentionArguments& a) {
+    return run_paged_attention(a, *plan, ws_aligned, plan->layout.total_bytes, nullptr);
+  };
+  {
+    auto a = run_args;  // rows of 2 pages hold 32 tokens; the plan has a request of 40
+    a.block_table.max_pages_per_request = 2;
+    expect(run_status(a), StatusCode::invalid_argument, "holds 32");
+  }
+  {
+    auto a = run_args;  // both forms
+    a.table = kv::PageTableView{ints, ints, ints, nullptr, 2, 16};
+    expect(run_status(a), StatusCode::invalid_argument, "exactly one");
+  }
+  {
+    auto a = run_args;  // neither
+    a.block_table = {};
+    expect(run_status(a), StatusCode::invalid_argument, "exactly one");
+  }
+  {
+    auto a = run_args;
+    a.block_table.batch_size = 3;
+    expect(run_status(a), StatusCode::invalid_argument, "block table has batch_size 3");
+  }
+  {
+    auto a = run_args;  // a page stride shorter than a page
+    a.cache.page_stride = 16 * 2 * 128 - 16;
+    expect(run_status(a), StatusCode::invalid_argument, "page_stride");
+  }
+  {
+    auto a = run_args;  // not a multiple of 16 bytes
+    a.cache.page_stride = 2 * 16 * 2 * 128 + 8;
+    expect(run_status(a), StatusCode::invalid_argument, "page_stride");
+  }
+  // Kernels that address packed pages refuse a strided view instead of writing elsewhere.
+  {
+    PagedKVCacheView strided = run_args.cache;
+    strided.page_stride = 2 * 16 * 2 * 128;
+    REQUIRE(validate_cache_view(strided).ok());
+    expect(require_packed_pages(strided, "append_kv"), StatusCode::unsupported, "append_kv takes packed pages");
+    strided.page_stride = 16 * 2 * 128;  // the packed stride, spelled out
+    CHECK(require_packed_pages(strided, "append_kv").ok());
+  }
+  // The host check of a block table (kv::validate_block_table, which upload_block_table runs)
+  // refuses entries outside the cache and lengths beyond the row, naming the request.
+  {
+    const std::vector<kv::PageId> ids{1, 2, 3, 9, 0, 0};
+    const std::vector<kv::PageTag> tags{1, 1, 1, 1, 1, 1};
+    const std::vector<std::int32_t> lens{40, 17};
+    kv::BlockTableView host{ids.data(), tags.data(), lens.data(), 2, 3, 16};
+    const Status s = kv::validate_block_table(host, 4);
+    CHECK(s.code() == StatusCode::out_of_range);
+    INFO(s.to_string());
+    const std::vector<std::int32_t> too_long{49, 17};
+    host.seq_lens = too_long.data();
+    expect(kv::validate_block_table(host, 4), StatusCode::invalid_argument, "seq_len 49");
+  }
+}
+
+TEST_CASE("paged attention: head_dim 96 and 192 over every cache type", "[attention][paged][head_dim]") {
+  auto rng = slimserve_test::make_rng(1104);
+  using enum KvDtype;
+  const auto tensor = KvScaleMode::per_tensor;
+  const auto token = KvScaleMode::per_token;
+  for (int d : {96, 192}) {
+    for (const PagedCase& c : std::vector<PagedCase>{
+             {bf16, KvLayout::nhd, KvScaleMode::none, d, 2, 4, 16, bf, {1, 17 + 15, 150}, {1, 15, 40}},
+             {fp16, KvLayout::hnd, tensor, d, 1, 8, 32, fp, {33, 140}, {1, 1}},
+             {fp8_e4m3, KvLayout::hnd, tensor, d, 2, 2, 16, bf, {16, 17 + 50, 140}, {16, 17, 1}},
+             {fp8_e4m3, KvLayout::nhd, token, d, 1, 4, 16, fp, {15, 150}, {15, 1}},
+             {fp8_e5m2, KvLayout::nhd, token, d, 1, 1, 16, bf, {20, 129}, {20, 9}},
+             {fp8_e5m2, KvLayout::hnd, tensor, d, 1, 16, 16, fp, {1, 200}, {1, 1}},
+         }) {
+      INFO("dtype " << to_string(c.dtype) << " scales " << to_string(c.scale_mode) << " D " << c.head_dim);
+      Fixture f(c, rng);
+      check_split_and_unsplit(f);
+    }
+  }
 }

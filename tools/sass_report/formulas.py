@@ -135,6 +135,22 @@ def paged_attention(args: list[str], problem: dict) -> Work:
     kv_bytes = batch * kv_heads * context * head_dim * kv_b * 2 * row_tiles
     qo_bytes = batch * query_tokens * kv_heads * group * head_dim * q_b * 2
     table_bytes = batch * math.ceil(context / page_size) * 4 * row_tiles
+    if problem.get("causal", False):
+        # Prefill: the query tokens are the request's last ones; row tile r (16 warps_m
+        # packed rows) reads K/V up to its last token. Every row tile of a request reads the
+        # same K/V: DRAM delivers it once, L2 (50 MiB) serves the re-reads, so K/V counts once.
+        cta_rows = 16 * warps_m
+        stage_trips = 0
+        for r in range(row_tiles):
+            last_token = min(query_tokens - 1, (cta_rows * (r + 1) - 1) // group)
+            visible = context - query_tokens + last_token + 1
+            stage_trips += math.ceil(visible / stage_tokens)
+        kv_once = batch * kv_heads * context * head_dim * kv_b * 2
+        return Work(threads=128, ctas=ctas, dram_bytes=kv_once + qo_bytes + table_bytes // row_tiles,
+                    iterations=batch * kv_heads * stage_trips, dynamic_smem=smem, inner_trips=warps_m,
+                    bytes_formula="K+V B·ctx·H_kv·D·bytes·2 once (L2 serves the row tiles) + Q+O",
+                    notes=[f"causal prefill, warps {warps_m}x{4 // warps_m}, stage {stage_tokens} tokens, "
+                           f"{row_tiles} row tiles, {stage_trips} stage trips per (request, KV head)"])
     return Work(threads=128, ctas=ctas, dram_bytes=kv_bytes + qo_bytes + table_bytes,
                 iterations=ctas * tiles, dynamic_smem=smem, inner_trips=warps_m,
                 bytes_formula="K+V B·ctx·H_kv·D·bytes·2·row tiles + Q+O + page ids",

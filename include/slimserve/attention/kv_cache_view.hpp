@@ -2,10 +2,15 @@
 /// \file
 /// \brief A non-owning view of a paged K/V cache: geometry, element type, layout and scales.
 ///
-/// Pages hold `page_size` tokens of every KV head. K and V live in two separate allocations of
-/// the same shape, in one of two layouts:
+/// Pages hold `page_size` tokens of every KV head. K and V are two arrays of the same shape, in
+/// one of two layouts:
 ///   NHD: [num_pages, page_size, num_kv_heads, head_dim]  (a token's heads are contiguous)
 ///   HND: [num_pages, num_kv_heads, page_size, head_dim]  (a head's tokens are contiguous)
+/// Pages are `page_stride` elements apart (0: packed, page_size * num_kv_heads * head_dim), so
+/// K and V may also share one allocation with their pages interleaved, [num_pages, 2, page]:
+/// v_pages = k_pages + page_size * num_kv_heads * head_dim, page_stride = twice that. Paged
+/// attention reads any page_stride; the other kernels (append, CUDA-core decode, dequantize,
+/// page moves) take packed pages only and refuse others (require_packed_pages).
 /// Scale convention (every path, K and V alike): stored = quantize(real / scale) with
 /// saturating round-to-nearest-even, real = stored * scale.
 ///   - KvScaleMode::none: scale 1 (16-bit caches only; FP8 must say where its scale is).
@@ -21,6 +26,7 @@
 #include <string_view>
 
 #include "slimserve/activation_dtype.hpp"
+#include "slimserve/attention/head_dims.hpp"
 #include "slimserve/config.hpp"
 #include "slimserve/status.hpp"
 
@@ -78,9 +84,8 @@ constexpr bool is_fp8(KvDtype dtype) noexcept { return element_bytes(dtype) == 1
 constexpr bool supported_page_size(int page_size) noexcept {
   return page_size == 16 || page_size == 32 || page_size == 64 || page_size == 128;
 }
-constexpr bool supported_head_dim(int head_dim) noexcept {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
+/// head_dims of a paged cache (and of paged attention): the typed list in head_dims.hpp.
+constexpr bool supported_head_dim(int head_dim) noexcept { return PagedHeadDims::contains(head_dim); }
 
 struct PagedKVCacheView {
   void* k_pages = nullptr;  ///< [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D]
@@ -96,7 +101,26 @@ struct PagedKVCacheView {
   KvDtype dtype = KvDtype::bf16;
   KvLayout layout = KvLayout::nhd;
   KvScaleMode scale_mode = KvScaleMode::none;
+  /// Elements from one page to the next in k_pages and in v_pages; 0 = packed. Per-token
+  /// scale arrays stay packed.
+  std::int64_t page_stride = 0;
 };
+
+/// Elements of one packed page: page_size * num_kv_heads * head_dim.
+constexpr std::int64_t packed_page_elements(const PagedKVCacheView& cache) {
+  return static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads * cache.head_dim;
+}
+
+/// For the kernels whose offsets assume packed pages (cache_offset): refuses a view with
+/// another page_stride, naming the kernel.
+inline Status require_packed_pages(const PagedKVCacheView& cache, std::string_view kernel) {
+  if (cache.page_stride != 0 && cache.page_stride != packed_page_elements(cache)) {
+    return make_status(StatusCode::unsupported, kernel, " takes packed pages (page_stride 0 or ",
+                       packed_page_elements(cache), " elements), got page_stride ", cache.page_stride,
+                       "; only paged attention reads interleaved or strided K/V pages");
+  }
+  return {};
+}
 
 /// Index of element `d` of (page, slot, head) in the page array; pass head_dim = 1 for the
 /// per-token scale arrays, which share the layout.

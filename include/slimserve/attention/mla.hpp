@@ -15,7 +15,10 @@
 /// (latent | rope) rows gives o [batch * query_tokens, num_heads, 512] in latent space, which
 /// the engine multiplies by W_UV. Request b owns query tokens [b * query_tokens, (b + 1) *
 /// query_tokens), the request's last positions (its new tokens are already appended): query
-/// token t sees positions <= length - query_tokens + t. A row that sees no token outputs 0
+/// token t sees positions <= length - query_tokens + t. Ragged absorbed prefill of short
+/// chunks: with `MlaDecodeProblem::ragged_queries` and the plan's qo_indptr_host, request b owns
+/// query tokens [qo_indptr[b], qo_indptr[b + 1]) instead (0 .. query_tokens of them, causal in
+/// the same way: token t of n sees positions <= length - n + t). A row that sees no token outputs 0
 /// with lse -inf. Aborted requests (tag check not ok, inconsistent device table): no page is
 /// read; output rows are NaN and lse is -inf.
 
@@ -67,18 +70,26 @@ constexpr bool supported_mla_heads(std::int32_t heads) noexcept {
   return heads == 8 || heads == 16 || heads == 32 || heads == 64 || heads == 128;
 }
 inline constexpr std::int32_t mla_max_query_tokens = 8;
+/// Largest query chunk per request of the ragged (prefill) form. Absorbed attention spends
+/// 2 x 1088 FLOPs per head, query and key against the non-absorbed 2 x 320 plus the prefix's
+/// up-projection (2 x 512 x 256 per head and key, once per chunk), so it does less work for
+/// chunks below ~170 tokens; past that, gather_mla_latent and non-absorbed prefill.
+inline constexpr std::int32_t mla_max_chunk_query_tokens = 128;
 
 /// Shapes and types shared by plan and run; run refuses a plan made for another problem.
 struct MlaDecodeProblem {
   std::int32_t batch_size = 0;
   std::int32_t num_heads = 0;
-  std::int32_t query_tokens = 1;  ///< 1 (decode) .. 8 (speculative verify)
+  std::int32_t query_tokens = 1;  ///< 1 (decode) .. 8 (speculative verify); ragged: the largest count
   std::int32_t page_size = 0;
   KvDtype kv_dtype = KvDtype::bf16;
   MlaScaleMode scale_mode = MlaScaleMode::none;
   ActivationDtype q_dtype = ActivationDtype::bf16;  ///< q and o (bf16 only)
   std::int32_t latent_dim = mla_latent_dim;
   std::int32_t rope_dim = mla_rope_dim;
+  /// Query counts per request from the plan's qo_indptr_host (each 0 .. query_tokens, and
+  /// query_tokens up to mla_max_chunk_query_tokens): absorbed prefill of short chunks.
+  bool ragged_queries = false;
   friend bool operator==(const MlaDecodeProblem&, const MlaDecodeProblem&) = default;
 };
 
@@ -92,6 +103,8 @@ struct MlaDecodePlanArguments {
   std::span<const std::int32_t> kv_indptr_host;      ///< [batch_size + 1]
   std::span<const std::int32_t> last_page_len_host;  ///< [batch_size]
   std::span<const std::int32_t> seq_lens_host;       ///< [batch_size]
+  /// Ragged form only (problem.ragged_queries): query rows per request, [batch_size + 1].
+  std::span<const std::int32_t> qo_indptr_host;
   std::int32_t num_sms = 0;  ///< 0 = ask the current device (plan_mla_decode)
   std::int32_t ctas_per_sm = 1;
   std::int32_t min_chunk_tokens = 256;  ///< no split chunk shorter than this
@@ -106,7 +119,7 @@ struct MlaDecodeWorkspaceLayout {
   std::size_t unit_request = 0;
   std::size_t unit_row_tile = 0;
   std::size_t unit_indptr = 0;
-  std::size_t qo_indptr = 0;  ///< [batch_size + 1] = b * query_tokens (for the merge)
+  std::size_t qo_indptr = 0;  ///< [batch_size + 1]: b * query_tokens, or the ragged qo_indptr
   std::size_t partial_o = 0;
   std::size_t partial_lse = 0;
   std::size_t int_bytes = 0;  ///< bytes of the int32 head (uploaded by the plan)
@@ -145,7 +158,7 @@ struct MlaDecodeArguments {
   const kv::RequestStatus* request_status = nullptr;  ///< [batch_size] device, or null
   const void* q = nullptr;  ///< q[token * q_token_stride + head * q_head_stride + d], d < 576
   void* o = nullptr;        ///< o[token * o_token_stride + head * o_head_stride + d], d < 512
-  float* lse = nullptr;     ///< [batch_size * query_tokens, num_heads] natural log, or null
+  float* lse = nullptr;     ///< [query tokens in all, num_heads] natural log, or null
   /// Strides in elements; 0 = packed. Multiples of 8.
   std::int64_t q_token_stride = 0, q_head_stride = 0;
   std::int64_t o_token_stride = 0, o_head_stride = 0;

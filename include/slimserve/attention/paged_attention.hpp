@@ -8,8 +8,8 @@
 ///      `paged_attention_workspace_bound(bound)` for one allocation that serves every step up
 ///      to a maximum batch / token count / context.
 ///   2. `plan_paged_attention(plan_args, workspace, bytes, stream)` validates the host copies
-///      of qo_indptr and the page table, picks the CTA shape and the KV split, and uploads the
-///      schedule (not capturable).
+///      of qo_indptr and the request lengths, picks the CTA shape and the KV split, and uploads
+///      the schedule (not capturable).
 ///   3. `run_paged_attention(args, plan, workspace, bytes, stream)` launches (capturable): it
 ///      reads qo_indptr, page ids, lengths, scales and tag-check verdicts from device memory.
 ///
@@ -20,6 +20,17 @@
 /// natural-log LSE per (token, query head), including the sink when sinks are given.
 /// Aborted requests (tag check not ok, inconsistent device table, qo_len > length): no page
 /// is read; output rows are NaN and lse is -inf.
+///
+/// The page table comes in either form (the same as MLA decode's): CSR (`table`: indptr,
+/// indices, last_page_len) or a 2-D block table (`block_table`: [batch, max_pages_per_request]
+/// page ids + seq_lens, row b holding ceil(seq_lens[b] / page_size) valid entries). Both are
+/// read from device memory at run time and give bit-identical outputs. Gate either with the
+/// tag check of the same form (kv::check_page_tags), which covers exactly the entries a
+/// request's length uses.
+///
+/// K and V are two allocations or one: `PagedKVCacheView::page_stride` is the distance
+/// between consecutive pages, so a combined [num_pages, 2, page, H, D] cache is
+/// k_pages = base, v_pages = base + page * H * D, page_stride = 2 * page * H * D.
 
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "slimserve/attention/decode_plan.hpp"
 #include "slimserve/attention/detail/stream.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/config.hpp"
@@ -60,15 +72,20 @@ struct AttentionKernelChoice {
 /// The static model's choice for a problem whose requests have at most `max_qo_len` query
 /// tokens: the CUDA-core decode kernel only for decode (qo_len <= 8) at GQA group <= 2 on a
 /// 16-bit cache, where it issues no more instructions per byte than the tensor-core kernel
-/// and has no padded mma rows; the tensor-core kernel everywhere else.
+/// and has no padded mma rows; the tensor-core kernel everywhere else. The plan then keeps the
+/// CUDA-core choice only when every request has the same qo_len (its query layout) and the
+/// batch fills the device unsplit (batch x KV heads >= SMs); otherwise it says why not.
 AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& problem,
                                               std::int32_t max_qo_len);
 
 struct PagedAttentionPlanArguments {
   PagedAttentionProblem problem;
   std::span<const std::int32_t> qo_indptr_host;      ///< [batch_size + 1]
+  /// Host copies of the lengths: the CSR table's indptr and last_page_len, or (block table)
+  /// seq_lens; exactly one form.
   std::span<const std::int32_t> kv_indptr_host;      ///< [batch_size + 1] (page table indptr)
   std::span<const std::int32_t> last_page_len_host;  ///< [batch_size]
+  std::span<const std::int32_t> seq_lens_host = {};  ///< [batch_size]
   /// Streaming multiprocessors to fill; 0 = ask the current device (plan_paged_attention).
   std::int32_t num_sms = 0;
   std::int32_t ctas_per_sm = 2;
@@ -100,16 +117,22 @@ struct PagedAttentionPlan {
   std::int32_t chunk_tokens = 0;
   std::int32_t num_work_items = 0;  ///< grid.x
   std::int32_t num_units = 0;       ///< (request, row tile) pairs: merge grid.x
+  std::int64_t max_kv_tokens = 0;   ///< longest request (a block table must hold its pages)
   PagedAttentionWorkspaceLayout layout;
   std::vector<std::int32_t> host_ints;
   AttentionKernelChoice choice;
+  /// choice == cuda_core: the CUDA-core decode schedule, uploaded at `decode_offset` of the
+  /// same workspace. run_paged_attention runs it unless the run asks for what only the
+  /// tensor-core kernel has (window, soft-cap, sinks, strided q/o, fused chunk K/V).
+  std::optional<DecodePlan> decode;
+  std::size_t decode_offset = 0;
 };
 
 /// Shape checks: head_dim, page size, GQA ratio, dtype pairing.
 Status validate_paged_attention_problem(const PagedAttentionProblem& problem);
 
 /// Validates the host arrays (monotone qo_indptr from 0, qo_len <= request length, page-table
-/// lengths) and builds the plan. `num_sms` must be set (plan_paged_attention fills it).
+/// lengths in one form) and builds the plan. `num_sms` must be set (plan_paged_attention fills it).
 Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArguments& args);
 
 /// Workspace bytes the plan for `args` needs.
@@ -126,9 +149,26 @@ struct PagedAttentionWorkspaceBound {
 };
 Result<std::size_t> paged_attention_workspace_bound(const PagedAttentionWorkspaceBound& bound);
 
+/// Fused (mixed-dtype) prefill: the chunk's own K/V, in q's dtype (e.g. the K/V columns of a
+/// fused QKV projection). When given, run_paged_attention writes them into the chunk's slots —
+/// the bytes `append_kv` writes with append_indptr = qo_indptr, per-token scales included —
+/// and the chunk's queries attend to them as given (not to their stored codes); the prefix
+/// before the chunk is read from the pages. Do not append the chunk beforehand: the page
+/// table already counts its tokens, their slots are what this call fills. No other request of
+/// the batch may read the chunk's slots (a shared prefix page is never a chunk's page).
+struct PagedAttentionChunkKv {
+  const void* k = nullptr;  ///< k[token * token_stride + kv_head * head_stride + d], token as in q
+  const void* v = nullptr;  ///< same indexing
+  /// Strides in elements; 0 means packed [tokens, num_kv_heads, head_dim]. Multiples of 8.
+  std::int64_t token_stride = 0, head_stride = 0;
+};
+
 struct PagedAttentionArguments {
   PagedKVCacheView cache;
-  kv::PageTableView table;                            ///< device arrays
+  /// The page table: CSR (table.indptr non-null) or block table (block_table.block_table),
+  /// exactly one; device arrays. expected_tags are not read here (the tag check reads them).
+  kv::PageTableView table;
+  kv::BlockTableView block_table;
   const kv::RequestStatus* request_status = nullptr;  ///< [batch_size] device, or null
   const std::int32_t* qo_indptr = nullptr;            ///< [batch_size + 1] device
   const void* q = nullptr;  ///< q[token * q_token_stride + head * q_head_stride + d]
@@ -141,11 +181,15 @@ struct PagedAttentionArguments {
   std::int32_t window_left = -1;  ///< >= 0: keys at positions >= query position - window_left
   float logit_soft_cap = 0.0f;    ///< > 0: s = cap * tanh(s / cap), s = sm_scale * q.k
   const float* sinks = nullptr;   ///< [num_qo_heads] device natural-log sink logits, or null
+  PagedAttentionChunkKv chunk_kv;  ///< fused prefill when chunk_kv.k is set (see above)
 };
 
 /// Builds the plan (make_paged_attention_plan; num_sms 0 asks the device) and uploads it.
 Result<PagedAttentionPlan> plan_paged_attention(PagedAttentionPlanArguments args, void* workspace,
                                                 std::size_t workspace_bytes, cudaStream_t stream);
+
+/// The kernel run_paged_attention launches for these arguments under this plan.
+AttentionKernel kernel_for_run(const PagedAttentionArguments& args, const PagedAttentionPlan& plan);
 
 /// Launch only: preflight against the plan, attention, and the merge when split. Capturable.
 Status run_paged_attention(const PagedAttentionArguments& args, const PagedAttentionPlan& plan,

@@ -10,23 +10,29 @@
 /// Warps. 4 * WarpsM warps: warp (wm, wn) owns m tile wm (16 rows) and latent group wn
 /// (values [128 wn, 128 wn + 128), the FP8 scale group) plus rope k step wn (values
 /// [16 wn, 16 wn + 16) of the 64). Per tile of `tile_tokens` tokens:
+///   P. producer: threads_per_token threads per token look its page up once and queue its
+///      16-byte chunks with cp.async at constant offsets (zero-filled past the end and for bad
+///      page ids, which are also masked); `stages` buffers in flight;
+///   0. FP8: each thread widens the chunks it queued to one fp16 tile (each value converted
+///      once); the rest is the 16-bit path with fp16 mma;
 ///   1. partial scores S_wn = Q[rows, group wn] . latent[tokens, group wn]^T * group scale
-///      + Q[rows, rope wn] . rope[tokens, rope wn]^T (fragments straight from ldmatrix,
-///      FP8 converted once per fragment: mma_fragments.cuh), written to shared memory;
+///      + Q[rows, rope wn] . rope[tokens, rope wn]^T (ldmatrix fragments), to shared memory;
 ///   2. 8 threads per row sum the 4 partials, mask, and run the exp2 online softmax (FP32);
-///      they publish P and the row's rescale factor;
-///   3. warp (wm, wn) accumulates O[rows, group wn] += P * scale_wn(token) * latent[tokens,
-///      group wn] — the latent is also V, so each warp reads the same 128 columns in both
-///      products. 128 columns x 16 rows = 64 FP32 accumulators per thread.
-/// The latent tile streams through `stages` shared-memory buffers with cp.async (zero-filled
-/// past the end and for bad page ids, which are also masked).
+///      they publish P as mma pairs (per scale group: P * scale_g(token) * 2^8) and the
+///      row's rescale factor;
+///   3. warp (wm, wn) accumulates O[rows, group wn] = alpha O + P_wn latent[tokens, group wn]
+///      (A operand by ldmatrix; the alpha multiply skipped when the warp's alphas are all 1) —
+///      the latent is also V, so each warp reads the same 128 columns in both products.
+///      128 columns x 16 rows = 64 FP32 accumulators per thread.
 ///
 /// Per-token group scales multiply S (FP32) and P (before rounding, by scale * 2^8 to keep
 /// P * scale in the fp16 normal range; undone at the end); a per-tensor scale multiplies the
-/// latent part of S and the output.
+/// latent part of S and the output. Query rows: request b owns [qo_indptr[b], qo_indptr[b+1])
+/// (decode: b * query_tokens ...; ragged prefill chunks), causal within them.
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
@@ -59,14 +65,15 @@ struct MlaDecodeParams {
   std::int32_t block_table_stride;
   const std::int32_t* seq_lens;     // [B]
   const kv::RequestStatus* status;  // [B] or null
-  // Queries [B * query_tokens, H, 576] and outputs [B * query_tokens, H, 512] (+ lse [.., H]).
+  // Queries [T, H, 576] and outputs [T, H, 512] (+ lse [T, H]); request b owns query tokens
+  // [qo_indptr[b], qo_indptr[b + 1]), its last positions (causal within them).
   const void* q;
   void* o;
   float* lse;
   std::int64_t q_token_stride, q_head_stride;
   std::int64_t o_token_stride, o_head_stride;
   std::int32_t num_heads;
-  std::int32_t query_tokens;
+  const std::int32_t* qo_indptr;  // [B + 1] (workspace, written by the plan)
   float score_scale;  // sm_scale * log2(e)
   // Schedule (workspace, written by the plan).
   const std::int32_t* work_request;
@@ -98,11 +105,19 @@ struct MlaDecodeTile {
   static constexpr int stages = 3;
   static constexpr int groups = mla_scale_groups;                  // one per warp column
   static constexpr int group_chunks = Group::row_chunks;  // 16-byte chunks of a group
-  static constexpr int latent_frags = 8;  // 16-wide k steps (16-bit) or chunks (FP8) per group
+  static constexpr int latent_frags = 8;  // 16-wide k steps per group
+  /// The mma reads the latent as 16-bit values: the cache's own for BF16; for FP8, a group
+  /// sub-tile converted once per tile (each value once) into this geometry.
+  using MmaGroup = KvRowGeometry<mma_input_t<KvT>, mla_scale_group>;
+  static constexpr int mma_group_chunks = MmaGroup::row_chunks;  // 16
   static constexpr int output_tiles = mla_scale_group / 8;  // n8 tiles of a group's O
   static constexpr int threads_per_row = threads / rows;   // 8
   static constexpr int tokens_per_thread = tile_tokens / threads_per_row;  // 4
+  static constexpr int p_row_words = tile_tokens / 2 + 4;  // 16 words of pairs + 4 of padding
+  static constexpr int threads_per_token = threads / tile_tokens;           // producer: 4 or 8
+  static constexpr int chunk_lanes_per_thread = 8 / threads_per_token;     // of the 8 chunk lanes
   static_assert(groups == 4 && threads_per_row == 8 && tile_tokens == 32);
+  static_assert(8 % threads_per_token == 0 && Group::row_chunks % 8 == 0 && Rope::row_chunks == 8);
   static_assert(group_chunks == (fp8 ? 8 : 16), "one group: 128 values");
 };
 
@@ -116,8 +131,14 @@ struct MlaDecodeSharedStorage {
     std::int32_t token_ok[Tile::tile_tokens];  // inside the range and on a valid page
   };
   Stage stages[Tile::stages];
-  float s_partial[Tile::groups][Tile::rows][Tile::tile_tokens];  // log2-unscaled partial scores
-  float p[Tile::rows][Tile::tile_tokens];                         // softmax weights (FP32)
+  /// FP8 only: the consumed tile's latent as fp16 group sub-tiles (MmaGroup geometry).
+  alignas(128) unsigned char converted[Tile::fp8 ? Tile::groups : 1]
+                                      [Tile::fp8 ? Tile::tile_tokens * Tile::MmaGroup::row_bytes : 16];
+  alignas(16) float s_partial[Tile::groups][Tile::rows][Tile::tile_tokens];  // log2-unscaled partial scores
+  /// P as packed mma-input pairs, the A operand of P.V read with ldmatrix: one copy per latent
+  /// group, multiplied by that group's per-token scale (per-token-group FP8), else copy 0 only.
+  /// Rows padded to 80 bytes so the 8 rows of an ldmatrix phase hit 8 bank groups.
+  alignas(16) std::uint32_t p_pairs[Tile::groups][Tile::rows][Tile::p_row_words];
   float alpha[Tile::rows];                                        // rescale of O this tile
   float row_max[Tile::rows];  // final running max (log2 units)
   float row_sum[Tile::rows];  // final running sum
@@ -153,12 +174,11 @@ template <class KvT, class QT, int WarpsM>
 __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
     mla_decode_kernel(const MlaDecodeParams p) {
   using Tile = MlaDecodeTile<KvT, WarpsM>;
-  using Latent = typename Tile::Latent;
   using Group = typename Tile::Group;
-  using Rope = typename Tile::Rope;
   using RopeGroup = typename Tile::RopeGroup;
   using MmaT = mma_input_t<KvT>;
   using Smem = MlaDecodeSharedStorage<KvT, WarpsM>;
+  using MmaGroup = typename Tile::MmaGroup;
   constexpr bool fp8 = Tile::fp8;
   auto& smem = rt::shared_storage<Smem>();
 
@@ -178,9 +198,10 @@ __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
 
   const std::int64_t kv_len = mla_request_length(p, b);
   const bool aborted = kv_len < 0 || !(p.status == nullptr || kv::request_ok(p.status[b]));
-  const std::int64_t valid_rows = static_cast<std::int64_t>(p.query_tokens) * p.num_heads;
+  const std::int64_t first_token = p.qo_indptr[b];
+  const std::int32_t query_count = p.qo_indptr[b + 1] - p.qo_indptr[b];
+  const std::int64_t valid_rows = static_cast<std::int64_t>(query_count) * p.num_heads;
   const std::int64_t tile_row0 = static_cast<std::int64_t>(row_tile) * Tile::rows;
-  const std::int64_t first_token = static_cast<std::int64_t>(b) * p.query_tokens;
   auto partial_row = [&](int r) { return static_cast<std::int64_t>(work) * Tile::rows + r; };
 
   if (aborted) {
@@ -204,7 +225,7 @@ __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
 
   // This split's KV range, cut at what the last query token of the tile can see.
   const std::int64_t last_row = (tile_row0 + Tile::rows < valid_rows ? tile_row0 + Tile::rows : valid_rows) - 1;
-  const std::int64_t max_query = kv_len - p.query_tokens + last_row / p.num_heads;
+  const std::int64_t max_query = kv_len - query_count + last_row / p.num_heads;
   const std::int64_t kv_begin = static_cast<std::int64_t>(split) * p.chunk_tokens;
   std::int64_t kv_end = split == num_splits - 1 ? kv_len : kv_begin + p.chunk_tokens;
   if (kv_end > kv_len) kv_end = kv_len;
@@ -230,7 +251,7 @@ SLIMSERVE_ATTENTION_UNROLL
         if (valid) {
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {
-            float x = activation_to_float<QT>(q, base + 16 * (8 * wn + s) + q_fragment_column<fp8>(t, e));
+            float x = activation_to_float<QT>(q, base + 16 * (8 * wn + s) + q_fragment_column<false>(t, e));
             if constexpr (!std::is_same_v<QT, MmaT>) {
               x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
             }
@@ -264,98 +285,134 @@ SLIMSERVE_ATTENTION_UNROLL
   const int soft_seg = tid % Tile::threads_per_row;
   const std::int64_t soft_packed = tile_row0 + soft_row;
   const bool soft_valid = soft_packed < valid_rows;
-  const std::int64_t soft_query = kv_len - p.query_tokens + soft_packed / p.num_heads;  // position
+  const std::int64_t soft_query = kv_len - query_count + soft_packed / p.num_heads;  // position
   float run_max = -INFINITY;
   float run_sum = 0.0f;
 
-  // Producer: every thread queues its 16-byte chunks of tile i into stage i % stages.
+  // Producer: threads_per_token threads share a token's record. The page lookup and the
+  // record address are computed once per thread and tile; thread `sub` copies the chunks whose
+  // logical index within a group is congruent to `sub` (mod threads_per_token), so the swizzled
+  // shared-memory offsets differ from one per-thread base by constants only.
+  const int producer_token = tid / Tile::threads_per_token;
+  const int producer_sub = tid % Tile::threads_per_token;
   auto produce = [&](std::int64_t i) {
     auto& stage = smem.stages[i % Tile::stages];
-    const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
-    constexpr int latent_chunks = Tile::tile_tokens * Latent::row_chunks;
-    constexpr int rope_chunks = Tile::tile_tokens * Rope::row_chunks;
-    constexpr int scale_chunks = Tile::tile_tokens;
-    for (int id = tid; id < latent_chunks + rope_chunks + scale_chunks; id += Tile::threads) {
-      int token, chunk;
-      if (id < latent_chunks) {
-        token = id / Latent::row_chunks;
-        chunk = id % Latent::row_chunks;
-      } else if (id < latent_chunks + rope_chunks) {
-        token = (id - latent_chunks) / Rope::row_chunks;
-        chunk = (id - latent_chunks) % Rope::row_chunks;
-      } else {
-        token = id - latent_chunks - rope_chunks;
-        chunk = 0;
-        if (!group_scales) continue;
+    const std::int64_t position = kv_begin + i * Tile::tile_tokens + producer_token;
+    const std::int32_t page = position < kv_end ? mla_page(p, b, position >> p.page_shift) : -1;
+    const bool ok = page >= 0;
+    const unsigned char* record =
+        p.pages + (ok ? (static_cast<std::int64_t>(page) * p.page_size + (position & (p.page_size - 1))) * p.token_bytes
+                      : 0);
+SLIMSERVE_ATTENTION_UNROLL
+    for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
+      const int lane_chunk = producer_sub + Tile::threads_per_token * k;  // 0..7
+      unsigned char* latent_dst = &stage.latent[0][0] + Group::byte_offset(producer_token, lane_chunk);
+      const unsigned char* latent_src = record + 16 * lane_chunk;
+SLIMSERVE_ATTENTION_UNROLL
+      for (int group = 0; group < Tile::groups; ++group) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int h = 0; h < Group::row_chunks / 8; ++h) {
+          arch::cp_async_16_zfill(latent_dst + group * sizeof(stage.latent[0]) + 128 * h,
+                                  latent_src + group * Group::row_bytes + 128 * h, ok);
+        }
       }
-      const std::int64_t position = tile_begin + token;
-      const std::int32_t page = position < kv_end ? mla_page(p, b, position >> p.page_shift) : -1;
-      const unsigned char* record =
-          p.pages + (page >= 0 ? (static_cast<std::int64_t>(page) * p.page_size + (position & (p.page_size - 1))) *
-                                     p.token_bytes
-                               : 0);
-      if (id < latent_chunks) {
-        arch::cp_async_16_zfill(stage.latent[chunk / Group::row_chunks] + Group::byte_offset(token, chunk % Group::row_chunks),
-                                record + 16 * chunk, page >= 0);
-      } else if (id < latent_chunks + rope_chunks) {
-        arch::cp_async_16_zfill(stage.rope[chunk / RopeGroup::row_chunks] +
-                                    RopeGroup::byte_offset(token, chunk % RopeGroup::row_chunks),
-                                record + p.rope_offset + 16 * chunk, page >= 0);
-      } else {
-        arch::cp_async_16_zfill(&stage.scales[token][0], record + p.scales_offset, page >= 0);
-      }
+      // Rope chunk `lane_chunk` (of 8) is chunk lane_chunk % 2 of warp column lane_chunk / 2.
+      arch::cp_async_16_zfill(stage.rope[lane_chunk / RopeGroup::row_chunks] +
+                                  RopeGroup::byte_offset(producer_token, lane_chunk % RopeGroup::row_chunks),
+                              record + p.rope_offset + 16 * lane_chunk, ok);
     }
-    if (tid < Tile::tile_tokens) {
-      const std::int64_t position = tile_begin + tid;
-      stage.token_ok[tid] = position < kv_end && mla_page(p, b, position >> p.page_shift) >= 0;
+    if (producer_sub == 0) {
+      if (group_scales) arch::cp_async_16_zfill(&stage.scales[producer_token][0], record + p.scales_offset, ok);
+      stage.token_ok[producer_token] = ok;
     }
   };
 
   auto consume = [&](std::int64_t i) {
     const auto& stage = smem.stages[i % Tile::stages];
     const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
-    // 1. Partial scores of group wn for m tile wm, all 32 tokens.
-    {
-      float s[4][4];
-      float r[4][4];
+    const unsigned char* mma_latent = stage.latent[wn];
+    if constexpr (fp8) {
+      static_assert(Group::row_chunks == 8, "an FP8 group is one 16-byte chunk per chunk lane");
+      // 0. Each FP8 value converted once: thread (producer_token, producer_sub) widens the same
+      // 16-byte chunks it queued (16 values -> two fp16 chunks). The previous tile's readers
+      // of `converted` passed the barrier at the top of this iteration.
 SLIMSERVE_ATTENTION_UNROLL
-      for (int n = 0; n < 4; ++n) {
+      for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
+        const int lane_chunk = producer_sub + Tile::threads_per_token * k;
+SLIMSERVE_ATTENTION_UNROLL
+        for (int group = 0; group < Tile::groups; ++group) {
+          const Vec16 codes = load16(stage.latent[group] + Group::byte_offset(producer_token, lane_chunk));
+          Vec16 wide[2];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int w = 0; w < 4; ++w) {
+            wide[w / 2].word[2 * (w % 2)] = fp8_pair_to_f16x2<KvT>(codes.word[w]);
+            wide[w / 2].word[2 * (w % 2) + 1] = fp8_pair_to_f16x2<KvT>(codes.word[w] >> 16);
+          }
+          unsigned char* dst = smem.converted[group];
+          store16(dst + MmaGroup::byte_offset(producer_token, 2 * lane_chunk), wide[0]);
+          store16(dst + MmaGroup::byte_offset(producer_token, 2 * lane_chunk + 1), wide[1]);
+        }
+      }
+      __syncthreads();
+      mma_latent = smem.converted[wn];
+    }
+    // 1. Partial scores of group wn for m tile wm: 16 tokens at a time (fewer live registers).
+SLIMSERVE_ATTENTION_UNROLL
+    for (int m = 0; m < 2; ++m) {
+      float s[2][4];
+      float r[2][4];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int n = 0; n < 2; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
         r[n][0] = r[n][1] = r[n][2] = r[n][3] = 0.0f;
       }
 SLIMSERVE_ATTENTION_UNROLL
-      for (int m = 0; m < 2; ++m) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int c = 0; c < Tile::group_chunks; c += 2) {
-          qk_chunk_pair<KvT, mla_scale_group>(s[2 * m], s[2 * m + 1], stage.latent[wn], 16 * m, c, q_latent, lane);
-        }
-        qk_chunk_pair<bf16, mla_rope_dim / 4>(r[2 * m], r[2 * m + 1], stage.rope[wn], 16 * m, 0, q_rope, lane);
+      for (int c = 0; c < Tile::mma_group_chunks; c += 2) {
+        qk_chunk_pair<MmaT, mla_scale_group>(s[0], s[1], mma_latent, 16 * m, c, q_latent, lane);
       }
+      qk_chunk_pair<bf16, mla_rope_dim / 4>(r[0], r[1], stage.rope[wn], 16 * m, 0, q_rope, lane);
 SLIMSERVE_ATTENTION_UNROLL
-      for (int n = 0; n < 4; ++n) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int token = 8 * n + 2 * t + (e & 1);
-          const int row = wm * 16 + g + 8 * (e >> 1);
-          const float scale = group_scales ? stage.scales[token][wn] : static_scale;
-          smem.s_partial[wn][row][token] = fmaf(s[n][e], scale, r[n][e]);
+      for (int n = 0; n < 2; ++n) {
+        const int token = 16 * m + 8 * n + 2 * t;  // and token + 1
+        float scale0 = static_scale;
+        float scale1 = static_scale;
+        if (group_scales) {
+          scale0 = stage.scales[token][wn];
+          scale1 = stage.scales[token + 1][wn];
         }
+        const int row = wm * 16 + g;
+        const float lo[2] = {fmaf(s[n][0], scale0, r[n][0]), fmaf(s[n][1], scale1, r[n][1])};
+        const float hi[2] = {fmaf(s[n][2], scale0, r[n][2]), fmaf(s[n][3], scale1, r[n][3])};
+        store_packed(&smem.s_partial[wn][row][token], lo);
+        store_packed(&smem.s_partial[wn][row + 8][token], hi);
       }
     }
     __syncthreads();
-    // 2. Online softmax: row soft_row, tokens [4 soft_seg, 4 soft_seg + 4).
+    // 2. Online softmax: row soft_row, tokens [4 soft_seg, 4 soft_seg + 4). P goes to shared
+    // memory as mma pairs, scaled per latent group when the cache has group scales.
     {
-      float x[Tile::tokens_per_thread];
+      constexpr int tokens = Tile::tokens_per_thread;
+      static_assert(tokens == 4, "one 16-byte partial-score load per group");
+      const int token0 = soft_seg * tokens;
+      float x[tokens];
+      {
+        float partial[Tile::groups][tokens];
+SLIMSERVE_ATTENTION_UNROLL
+        for (int group = 0; group < Tile::groups; ++group) {
+          const Vec16 v = load16(&smem.s_partial[group][soft_row][token0]);
+          std::memcpy(partial[group], &v, sizeof(v));
+        }
+SLIMSERVE_ATTENTION_UNROLL
+        for (int j = 0; j < tokens; ++j) {
+          x[j] = ((partial[0][j] + partial[1][j]) + (partial[2][j] + partial[3][j])) * p.score_scale;
+        }
+      }
       float tile_max = -INFINITY;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int j = 0; j < Tile::tokens_per_thread; ++j) {
-        const int token = soft_seg * Tile::tokens_per_thread + j;
-        const std::int64_t position = tile_begin + token;
-        float v = (smem.s_partial[0][soft_row][token] + smem.s_partial[1][soft_row][token]) +
-                  (smem.s_partial[2][soft_row][token] + smem.s_partial[3][soft_row][token]);
-        v *= p.score_scale;
-        const bool visible = soft_valid && stage.token_ok[token] != 0 && position <= soft_query;
-        x[j] = visible ? v : -INFINITY;
+      for (int j = 0; j < tokens; ++j) {
+        const std::int64_t position = tile_begin + token0 + j;
+        const bool visible = soft_valid && stage.token_ok[token0 + j] != 0 && position <= soft_query;
+        x[j] = visible ? x[j] : -INFINITY;
         tile_max = fmaxf(tile_max, x[j]);
       }
 SLIMSERVE_ATTENTION_UNROLL
@@ -365,12 +422,31 @@ SLIMSERVE_ATTENTION_UNROLL
       const float new_max = fmaxf(run_max, tile_max);
       const float base = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: p = 0
       const float alpha = exp2f(run_max - base);                 // 0 before the first token
+      float w[tokens];
       float sum = 0.0f;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int j = 0; j < Tile::tokens_per_thread; ++j) {
-        const float w = exp2f(x[j] - base);
-        sum += w;
-        smem.p[soft_row][soft_seg * Tile::tokens_per_thread + j] = w;
+      for (int j = 0; j < tokens; ++j) {
+        w[j] = exp2f(x[j] - base);
+        sum += w[j];
+      }
+      if (group_scales) {
+        float scales[tokens][Tile::groups];
+SLIMSERVE_ATTENTION_UNROLL
+        for (int j = 0; j < tokens; ++j) {
+          const Vec16 v = load16(&stage.scales[token0 + j][0]);
+          std::memcpy(scales[j], &v, sizeof(v));
+        }
+SLIMSERVE_ATTENTION_UNROLL
+        for (int group = 0; group < Tile::groups; ++group) {
+          const float h = per_token_p_headroom;
+          const std::uint32_t pairs[2] = {
+              pack_pair<MmaT>(w[0] * (scales[0][group] * h), w[1] * (scales[1][group] * h)),
+              pack_pair<MmaT>(w[2] * (scales[2][group] * h), w[3] * (scales[3][group] * h))};
+          store_packed(&smem.p_pairs[group][soft_row][token0 / 2], pairs);
+        }
+      } else {
+        const std::uint32_t pairs[2] = {pack_pair<MmaT>(w[0], w[1]), pack_pair<MmaT>(w[2], w[3])};
+        store_packed(&smem.p_pairs[0][soft_row][token0 / 2], pairs);
       }
 SLIMSERVE_ATTENTION_UNROLL
       for (int offset = 1; offset < Tile::threads_per_row; offset *= 2) {
@@ -381,35 +457,31 @@ SLIMSERVE_ATTENTION_UNROLL
       if (soft_seg == 0) smem.alpha[soft_row] = alpha;
     }
     __syncthreads();
-    // 3. O[rows of wm, group wn] = alpha O + (P * scale_wn) latent.
+    // 3. O[rows of wm, group wn] = alpha O + (P * scale_wn) latent; P fragments by ldmatrix.
     {
       const float alpha_lo = smem.alpha[wm * 16 + g];
       const float alpha_hi = smem.alpha[wm * 16 + g + 8];
+      // Once the running maxima settle (most tiles of a long context) every alpha is 1: the
+      // warp skips the 64 multiplies. The vote keeps the branch warp-uniform.
+      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) {
 SLIMSERVE_ATTENTION_UNROLL
-      for (int n = 0; n < Tile::output_tiles; ++n) {
-        o_acc[n][0] *= alpha_lo;
-        o_acc[n][1] *= alpha_lo;
-        o_acc[n][2] *= alpha_hi;
-        o_acc[n][3] *= alpha_hi;
+        for (int n = 0; n < Tile::output_tiles; ++n) {
+          o_acc[n][0] *= alpha_lo;
+          o_acc[n][1] *= alpha_lo;
+          o_acc[n][2] *= alpha_hi;
+          o_acc[n][3] *= alpha_hi;
+        }
       }
+      // ldmatrix.x4 of the 16 x 16 A tile: matrices (rows 0-7 | 8-15) x (tokens 0-7 | 8-15).
+      const std::uint32_t* p_row =
+          &smem.p_pairs[group_scales ? wn : 0][wm * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)][4 * (lane >> 4)];
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < 2; ++k) {
         std::uint32_t a[4];
+        arch::ldmatrix_x4(a, p_row + 8 * k);
 SLIMSERVE_ATTENTION_UNROLL
-        for (int j = 0; j < 2; ++j) {  // tokens 16 k + 8 j + 2 t, + 1
-          const int token = 16 * k + 8 * j + 2 * t;
-          float v0 = 1.0f, v1 = 1.0f;
-          if (group_scales) {
-            v0 = stage.scales[token][wn] * per_token_p_headroom;
-            v1 = stage.scales[token + 1][wn] * per_token_p_headroom;
-          }
-          const int row = wm * 16 + g;
-          a[2 * j] = pack_pair<MmaT>(smem.p[row][token] * v0, smem.p[row][token + 1] * v1);
-          a[2 * j + 1] = pack_pair<MmaT>(smem.p[row + 8][token] * v0, smem.p[row + 8][token + 1] * v1);
-        }
-SLIMSERVE_ATTENTION_UNROLL
-        for (int c = 0; c < Tile::group_chunks; c += 2) {
-          pv_chunk_pair<KvT, mla_scale_group>(o_acc, stage.latent[wn], 16 * k, c, a, lane);
+        for (int c = 0; c < Tile::mma_group_chunks; c += 2) {
+          pv_chunk_pair<MmaT, mla_scale_group>(o_acc, mma_latent, 16 * k, c, a, lane);
         }
       }
     }
@@ -450,7 +522,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int i = 0; i < 2; ++i) {
-          po[mla_scale_group * wn + output_column<fp8>(n, t, i)] = o_acc[n][2 * half + i] * norm;
+          po[mla_scale_group * wn + output_column<false>(n, t, i)] = o_acc[n][2 * half + i] * norm;
         }
       }
       continue;
@@ -463,7 +535,7 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 2; ++i) {
-        o[mla_scale_group * wn + output_column<fp8>(n, t, i)] = from_float<QT>(o_acc[n][2 * half + i] * norm);
+        o[mla_scale_group * wn + output_column<false>(n, t, i)] = from_float<QT>(o_acc[n][2 * half + i] * norm);
       }
     }
   }

@@ -4,8 +4,9 @@
 /// addressing, and the conversion of FP8 fragments to the mma input type in registers.
 ///
 /// A K/V tile in shared memory is [tokens, head_dim] in the stored type, one token per row of
-/// `row_chunks` 16-byte chunks, with the chunk index XOR-swizzled by the row so that the eight
-/// rows an ldmatrix reads fall in eight different bank groups.
+/// `row_chunks` 16-byte chunks (any even number: head_dim 96 and 192 included), with the chunk
+/// index XOR-swizzled by the row so that the eight rows an ldmatrix reads fall in different
+/// bank groups (`swizzle_chunk`).
 ///
 /// 16-bit caches feed ldmatrix results to mma.m16n8k16 unchanged. FP8 caches are read with the
 /// same ldmatrix instructions (pairs of FP8 bytes look like one 16-bit element) and converted
@@ -37,6 +38,44 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
 
+/// XOR swizzle of chunk `chunk` (< Chunks) of `row`, for rows of any even number of 16-byte
+/// chunks. The row is cut into aligned groups whose sizes are the powers of two that sum to
+/// Chunks, largest first (24 = 16 + 8, 12 = 8 + 4, 6 = 4 + 2); a chunk moves only inside its
+/// group, so the map is a permutation of the row. Inside a group of 8 or more, eight
+/// consecutive rows send one logical chunk to eight different physical chunks; a smaller
+/// group of n spreads them over n. A power-of-two row is one group: the original swizzle.
+SLIMSERVE_HOST_DEVICE constexpr int largest_power_of_two_at_most(int n) {
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+template <int Chunks>
+SLIMSERVE_HOST_DEVICE constexpr int swizzle_chunk(int row, int chunk) {
+  constexpr int group = largest_power_of_two_at_most(Chunks);
+  static_assert(Chunks >= 2 && Chunks % 2 == 0, "rows of an even number of 16-byte chunks");
+  const int in_group = group >= 8 ? chunk ^ (row & 7) : chunk ^ ((row / (8 / group)) & (group - 1));
+  if constexpr (group == Chunks) {
+    return in_group;
+  } else {
+    return chunk < group ? in_group : group + swizzle_chunk<Chunks - group>(row, chunk - group);
+  }
+}
+
+/// Every row's chunks map one-to-one onto the row (checked at compile time per geometry).
+template <int Chunks>
+constexpr bool swizzle_is_permutation() {
+  for (int row = 0; row < 16; ++row) {
+    bool used[Chunks] = {};
+    for (int chunk = 0; chunk < Chunks; ++chunk) {
+      const int physical = swizzle_chunk<Chunks>(row, chunk);
+      if (physical < 0 || physical >= Chunks || used[physical]) return false;
+      used[physical] = true;
+    }
+  }
+  return true;
+}
+
 /// Geometry of one K or V tile row (a token's head vector) in shared memory.
 template <class KvT, int HeadDim>
 struct KvRowGeometry {
@@ -45,17 +84,12 @@ struct KvRowGeometry {
   static constexpr int row_bytes = HeadDim * element_bytes;
   static constexpr int row_chunks = row_bytes / 16;  ///< 16-byte chunks per row
   static constexpr int chunk_elements = 16 / element_bytes;
-  static_assert(row_chunks % 2 == 0 && (row_chunks & (row_chunks - 1)) == 0,
-                "rows of a power-of-two number (>= 2) of 16-byte chunks");
+  static_assert(row_bytes % 32 == 0, "rows of an even number of 16-byte chunks: whole chunk pairs");
+  static_assert(swizzle_is_permutation<row_chunks>());
 
-  /// Physical chunk of logical `chunk` in `row`: eight consecutive rows map one logical chunk
-  /// to eight different 16-byte bank groups.
+  /// Physical chunk of logical `chunk` in `row` (swizzle_chunk).
   SLIMSERVE_HOST_DEVICE static constexpr int swizzle(int row, int chunk) {
-    if constexpr (row_chunks >= 8) {
-      return chunk ^ (row & 7);
-    } else {
-      return chunk ^ ((row / (8 / row_chunks)) & (row_chunks - 1));
-    }
+    return swizzle_chunk<row_chunks>(row, chunk);
   }
   SLIMSERVE_HOST_DEVICE static constexpr int byte_offset(int row, int chunk) {
     return row * row_bytes + swizzle(row, chunk) * 16;

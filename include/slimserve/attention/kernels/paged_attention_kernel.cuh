@@ -27,9 +27,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "slimserve/arch/cp_async.cuh"
+#include "slimserve/attention/kernels/chunk_kv.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
+#include "slimserve/attention/kernels/page_locator.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/kv/request_status.hpp"
@@ -51,13 +54,17 @@ struct PagedAttentionParams {
   std::int32_t page_size;
   std::int32_t page_shift;  // log2(page_size)
   std::int32_t num_kv_heads;
+  std::int64_t page_stride;  // elements from one page of k_pages (and of v_pages) to the next
   KvLayout layout;
   KvScaleMode scale_mode;
-  // Page table (CSR) and tag-check verdicts.
+  // Page table: CSR (indptr != null) or block table (page_locator.cuh), and tag-check verdicts.
   const std::int32_t* indptr;         // [B + 1]
   const std::int32_t* indices;        // [indptr[B]]
   const std::int32_t* last_page_len;  // [B]
-  const kv::RequestStatus* status;    // [B] or null
+  const std::int32_t* block_table;    // [B, block_table_stride]
+  std::int32_t block_table_stride;
+  const std::int32_t* seq_lens;     // [B]
+  const kv::RequestStatus* status;  // [B] or null
   // Queries and outputs (strides in elements).
   const std::int32_t* qo_indptr;  // [B + 1]: query tokens of request b
   const void* q;                  // q[token * q_token_stride + head * q_head_stride + d]
@@ -85,6 +92,8 @@ struct PagedAttentionParams {
   bool split_kv;
   float* partial_o;    // [W, H_kv, cta_rows, D]
   float* partial_lse;  // [W, H_kv, cta_rows] natural log (sinks excluded)
+  // Fused prefill (paged_prefill_fused_kernel): the chunk's own K/V and the writable cache.
+  ChunkKvParams chunk;
 };
 
 inline constexpr float paged_log2_e = 1.4426950408889634f;
@@ -100,15 +109,19 @@ struct PagedAttentionTile {
   static constexpr int threads = 128;
   static constexpr int warps = 4;
   static constexpr int stages = 3;
-  /// ~32 KiB of K + V per stage, 64..128 tokens.
+  /// ~32 KiB of K + V per stage, 64 or 128 tokens (head_dim 96 and 192: 64 for 16-bit).
   static constexpr int stage_tokens_raw = 32768 / (2 * Row::row_bytes);
-  static constexpr int stage_tokens = stage_tokens_raw < 64 ? 64 : (stage_tokens_raw > 128 ? 128 : stage_tokens_raw);
+  static constexpr int stage_tokens = stage_tokens_raw < 128 ? 64 : 128;
   static constexpr int warp_tokens = stage_tokens / warps;  // one sub-block
   static constexpr int score_tiles = warp_tokens / 8;       // n8 tiles of S per sub-block
   static constexpr int k_steps = HeadDim / 16;              // Q fragments
   static constexpr int output_tiles = HeadDim / 8;          // n8 tiles of O
   static constexpr int max_rows = 64;                       // cta_rows at warps_m = 4
   static constexpr int stage_chunks = stage_tokens * Row::row_chunks;  // per K (and per V)
+  /// CTAs per SM the registers are sized for (__launch_bounds__). 16-bit head_dim 64 stages
+  /// 128 tokens (~100 KB of shared memory), so 2 CTAs fit: saying so gives the compiler up to
+  /// 255 registers, where its own occupancy guess (168) spilled. Others: the default.
+  static constexpr int min_ctas_per_sm = (!Row::fp8 && HeadDim == 64) ? 2 : 1;
   static_assert(warp_tokens % 16 == 0, "sub-blocks of whole k steps");
   static_assert(stage_chunks % threads == 0, "whole chunks per thread");
   static_assert(stage_tokens <= threads, "one thread per token of a stage for its metadata");
@@ -136,15 +149,6 @@ struct PagedAttentionSharedStorage {
   } u;
 };
 
-/// Tokens of request b per the device page table; -1 when the table is inconsistent.
-SLIMSERVE_DEVICE inline std::int64_t paged_request_length(const PagedAttentionParams& p, std::int32_t b) {
-  const std::int32_t pages = p.indptr[b + 1] - p.indptr[b];
-  if (pages == 0) return 0;
-  const std::int32_t last = p.last_page_len[b];
-  if (pages < 0 || last < 1 || last > p.page_size) return -1;
-  return (static_cast<std::int64_t>(pages - 1) << p.page_shift) + last;
-}
-
 /// The one place the kernel consults the tag check: may request b's pages be read?
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE bool request_admitted(const PagedAttentionParams& p, std::int32_t b) {
   return p.status == nullptr || kv::request_ok(p.status[b]);
@@ -155,8 +159,10 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float activation_to_float(const void* bas
   return to_float(static_cast<const T*>(base)[index]);
 }
 
-template <class KvT, class QT, int HeadDim>
-__global__ void __launch_bounds__(128) paged_attention_kernel(const PagedAttentionParams p) {
+/// The kernel body. FusedChunk: the chunk's K/V come from `p.chunk` (chunk_kv.cuh) instead of
+/// the pages, and split 0 of each row tile writes its tokens' K/V into the pages.
+template <class KvT, class QT, int HeadDim, bool FusedChunk>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAttentionParams& p) {
   using Tile = PagedAttentionTile<KvT, HeadDim>;
   using Row = typename Tile::Row;
   using MmaT = mma_input_t<KvT>;
@@ -182,7 +188,7 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const PagedAttenti
 
   const std::int32_t qo_begin = p.qo_indptr[b];
   const std::int32_t qo_len = p.qo_indptr[b + 1] - qo_begin;
-  const std::int64_t kv_len = paged_request_length(p, b);
+  const std::int64_t kv_len = located_request_length(p, b);
   const bool aborted = kv_len < 0 || kv_len > INT32_MAX || qo_len < 0 || qo_len > kv_len || !request_admitted(p, b);
 
   // Rows of this CTA: (query token, query head) of each packed row; invalid rows are padding.
@@ -212,6 +218,20 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const PagedAttenti
     return;
   }
 
+  if constexpr (FusedChunk) {
+    // Split 0 of each row tile quantizes the chunk tokens whose first packed row it holds
+    // (each (token, KV head) once); nothing else reads those slots in this launch.
+    if (split == 0) {
+      const std::int64_t first = (tile_row0 + p.group_size - 1) / p.group_size;
+      std::int64_t last = (tile_row0 + p.cta_rows + p.group_size - 1) / p.group_size;
+      if (last > qo_len) last = qo_len;
+      append_chunk_tokens<KvT, QT, HeadDim>(p.chunk, located_request_pages(p, b), p.num_pages, p.page_shift,
+                                            p.num_kv_heads, p.layout, p.scale_mode, p.k_scale, p.v_scale,
+                                            kv_head, qo_begin, kv_len - qo_len, first, last, tid,
+                                            Tile::threads);
+    }
+  }
+
   // KV range: this split, cut to what the rows can see (causal end, window start).
   const std::int64_t last_row = valid_rows > 0 ? (tile_row0 + p.cta_rows < valid_rows ? tile_row0 + p.cta_rows : valid_rows) - 1 : tile_row0;
   const bool has_rows = tile_row0 < valid_rows;
@@ -227,17 +247,23 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const PagedAttenti
     if (kv_begin < first_visible) kv_begin = first_visible;
   }
   if (!has_rows || kv_end < kv_begin) kv_end = kv_begin;
+  // Fused: positions from chunk_start on are the chunk's own, read from p.chunk; the pages
+  // serve [kv_begin, page_end) only. Otherwise the pages serve the whole range.
+  const std::int64_t chunk_start = FusedChunk ? kv_len - qo_len : kv_end;
+  const std::int64_t page_end = kv_end < chunk_start ? kv_end : chunk_start;
+  const std::int64_t chunk_begin = kv_begin > chunk_start ? kv_begin : chunk_start;
 
-  const std::int32_t page_base = p.indptr[b];
+  // [pages of the request]: its CSR slice or its block-table row; read below kv_end only.
+  const std::int32_t* request_pages = located_request_pages(p, b);
   auto page_of = [&](std::int64_t position) -> std::int32_t {
-    const std::int32_t page = p.indices[page_base + static_cast<std::int32_t>(position >> p.page_shift)];
+    const std::int32_t page = request_pages[position >> p.page_shift];
     return (page >= 0 && page < p.num_pages) ? page : -1;
   };
   // One pass over the range's page ids: the common case (all valid) skips per-token checks.
   int bad_page = 0;
   {
     const std::int64_t first_page = kv_begin >> p.page_shift;
-    const std::int64_t end_page = kv_end > kv_begin ? ((kv_end - 1) >> p.page_shift) + 1 : first_page;
+    const std::int64_t end_page = page_end > kv_begin ? ((page_end - 1) >> p.page_shift) + 1 : first_page;
     for (std::int64_t i = first_page + tid; i < end_page; i += Tile::threads) {
       if (page_of(i << p.page_shift) < 0) bad_page = 1;
     }
@@ -299,22 +325,28 @@ SLIMSERVE_ATTENTION_UNROLL
 
   const KvT* k_pages = static_cast<const KvT*>(p.k_pages);
   const KvT* v_pages = static_cast<const KvT*>(p.v_pages);
-  const std::int64_t span = kv_end - kv_begin;
-  const std::int64_t num_tiles = (span + Tile::stage_tokens - 1) / Tile::stage_tokens;
+  const std::int64_t span = page_end > kv_begin ? page_end - kv_begin : 0;
+  const std::int64_t num_page_tiles = (span + Tile::stage_tokens - 1) / Tile::stage_tokens;
+  // Chunk tiles: the same stage bytes in the mma type's 16-bit rows (FP8: half the tokens).
+  using ChunkRow = KvRowGeometry<MmaT, HeadDim>;
+  constexpr int chunk_tile_tokens = Tile::stage_tokens * Row::element_bytes / ChunkRow::element_bytes;
+  static_assert(chunk_tile_tokens * ChunkRow::row_chunks == Tile::stage_chunks, "same stage bytes");
+  static_assert(chunk_tile_tokens % Tile::warp_tokens == 0, "whole sub-blocks per chunk tile");
+  const std::int64_t chunk_span = FusedChunk && kv_end > chunk_begin ? kv_end - chunk_begin : 0;
+  const std::int64_t num_tiles = num_page_tiles + (chunk_span + chunk_tile_tokens - 1) / chunk_tile_tokens;
 
   // Element offset of (page, slot, kv_head, 0) = page * page_stride + slot * slot_stride +
   // head_offset in both layouts.
-  const std::int64_t page_stride = static_cast<std::int64_t>(p.page_size) * p.num_kv_heads * HeadDim;
+  const std::int64_t page_stride = p.page_stride;
   const std::int32_t slot_stride = p.layout == KvLayout::nhd ? p.num_kv_heads * HeadDim : HeadDim;
   const std::int32_t head_offset = p.layout == KvLayout::nhd ? kv_head * HeadDim : kv_head * p.page_size * HeadDim;
   const std::int32_t slot_mask = p.page_size - 1;
-  const std::int32_t* request_pages = p.indices + page_base;
   const auto num_pages = static_cast<std::uint32_t>(p.num_pages);
-  const auto kv_end32 = static_cast<std::int32_t>(kv_end);
+  const auto page_end32 = static_cast<std::int32_t>(page_end);
 
   // Producer: every thread queues its chunks of K and V of tile `i` into stage `i % stages`
   // (one page-id load per chunk; rows of consecutive lanes are consecutive 16-byte chunks).
-  auto produce = [&](std::int64_t i) {
+  auto produce_pages = [&](std::int64_t i) {
     auto& stage = smem.u.stages[i % Tile::stages];
     const auto tile_begin = static_cast<std::int32_t>(kv_begin + i * Tile::stage_tokens);
 SLIMSERVE_ATTENTION_UNROLL
@@ -323,7 +355,7 @@ SLIMSERVE_ATTENTION_UNROLL
       const int token = chunk_id / Row::row_chunks;
       const int chunk = chunk_id % Row::row_chunks;
       const std::int32_t position = tile_begin + token;
-      const std::int32_t page = position < kv_end32 ? request_pages[position >> p.page_shift] : -1;
+      const std::int32_t page = position < page_end32 ? request_pages[position >> p.page_shift] : -1;
       const bool ok = static_cast<std::uint32_t>(page) < num_pages;
       const std::int64_t offset =
           ok ? page * page_stride + ((position & slot_mask) * slot_stride + head_offset + chunk * Row::chunk_elements) : 0;
@@ -334,7 +366,7 @@ SLIMSERVE_ATTENTION_UNROLL
     if (!all_pages_ok || per_token) {
       if (tid < Tile::stage_tokens) {
         const std::int32_t position = tile_begin + tid;
-        const std::int32_t page = position < kv_end32 ? page_of(position) : -1;
+        const std::int32_t page = position < page_end32 ? page_of(position) : -1;
         {
           float ks = page >= 0 ? 1.0f : NAN, vs = 1.0f;
           if (per_token && page >= 0) {
@@ -350,16 +382,61 @@ SLIMSERVE_ATTENTION_UNROLL
     }
   };
 
-  // Consumer: this warp's sub-blocks of the tile in stage `i % stages`.
-  auto consume = [&](std::int64_t i) {
-    const auto& stage = smem.u.stages[i % Tile::stages];
-    const std::int64_t tile_begin = kv_begin + i * Tile::stage_tokens;
+  // Fused producer of chunk tile `ci` (stage `i % stages`, i = num_page_tiles + ci): the
+  // chunk's K/V rows from the inputs (chunk_kv.cuh), zero past kv_end. Column scales undo the
+  // cache scale the kernel applies to page columns (per-tensor: 1 / scale; per-token: the P
+  // headroom only), so the inputs enter unscaled.
+  auto produce_chunk = [&](std::int64_t i) {
+    auto& stage = smem.u.stages[i % Tile::stages];
+    const std::int64_t tile_begin = chunk_begin + (i - num_page_tiles) * chunk_tile_tokens;
+    const QT* chunk_k = static_cast<const QT*>(p.chunk.k);
+    const QT* chunk_v = static_cast<const QT*>(p.chunk.v);
+SLIMSERVE_ATTENTION_UNROLL
+    for (int j = 0; j < Tile::stage_chunks / Tile::threads; ++j) {
+      const int chunk_id = tid + j * Tile::threads;
+      const int token = chunk_id / ChunkRow::row_chunks;
+      const int chunk = chunk_id % ChunkRow::row_chunks;
+      const std::int64_t position = tile_begin + token;
+      const bool ok = position < kv_end;
+      const std::int64_t row = ok ? (qo_begin + position - chunk_start) * p.chunk.token_stride + kv_head * p.chunk.head_stride : 0;
+      const int dst = ChunkRow::byte_offset(token, chunk);
+      if constexpr (fp8) {
+        stage_fp8_order_chunk<QT, false>(stage.k + dst, chunk_k + row, chunk, ok);
+        stage_fp8_order_chunk<QT, true>(stage.v + dst, chunk_v + row, chunk, ok);
+      } else {
+        arch::cp_async_16_zfill(stage.k + dst, chunk_k + row + chunk * ChunkRow::chunk_elements, ok);
+        arch::cp_async_16_zfill(stage.v + dst, chunk_v + row + chunk * ChunkRow::chunk_elements, ok);
+      }
+    }
+    if (tid < chunk_tile_tokens) {
+      const bool tensor_scaled = p.scale_mode == KvScaleMode::per_tensor;
+      stage.k_token_scale[tid] = tensor_scaled ? 1.0f / k_static : 1.0f;
+      stage.v_token_scale[tid] = tensor_scaled ? 1.0f / v_static : (per_token ? per_token_p_headroom : 1.0f);
+    }
+  };
+  auto produce = [&](std::int64_t i) {
+    if constexpr (FusedChunk) {
+      if (i >= num_page_tiles) {
+        produce_chunk(i);
+        return;
+      }
+    }
+    produce_pages(i);
+  };
+
+  // Consumer: this warp's sub-blocks of a tile of `tile_tokens` tokens whose rows have the
+  // geometry of `Elem` (the stored type for page tiles, the mma type for chunk tiles);
+  // positions from tile_end on are masked.
+  auto consume_tile = [&](auto elem_tag, const auto& stage, std::int64_t tile_begin, int tile_tokens,
+                          std::int64_t tile_end, bool tile_pages_ok, bool column_scales) {
+    using Elem = typename decltype(elem_tag)::type;
+    using TileRow = KvRowGeometry<Elem, HeadDim>;
     for (int sub = wn; sub < Tile::warps; sub += warps_n) {
       const int row0 = sub * Tile::warp_tokens;
       const std::int64_t block_begin = tile_begin + row0;
-      if (block_begin >= kv_end) break;  // warp-uniform: nothing left in this tile
+      if (row0 >= tile_tokens || block_begin >= tile_end) break;  // warp-uniform: nothing left
       const std::int64_t block_last = block_begin + Tile::warp_tokens - 1;
-      const bool needs_mask = !all_pages_ok || block_last >= kv_end ||
+      const bool needs_mask = !tile_pages_ok || block_last >= tile_end ||
                               (p.causal && block_last > min_query) ||
                               (windowed && block_begin < max_query - p.window_left);
 
@@ -369,8 +446,8 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int m = 0; m < Tile::warp_tokens / 16; ++m) {
 SLIMSERVE_ATTENTION_UNROLL
-        for (int c = 0; c < Row::row_chunks; c += 2) {
-          qk_chunk_pair<KvT, HeadDim>(s[2 * m], s[2 * m + 1], stage.k, row0 + 16 * m, c, q_frag, lane);
+        for (int c = 0; c < TileRow::row_chunks; c += 2) {
+          qk_chunk_pair<Elem, HeadDim>(s[2 * m], s[2 * m + 1], stage.k, row0 + 16 * m, c, q_frag, lane);
         }
       }
 
@@ -408,7 +485,7 @@ SLIMSERVE_ATTENTION_UNROLL
             }
             if constexpr (masked) {
               const std::int64_t position = tile_begin + column;
-              bool visible = row_valid[half] && position < kv_end && (all_pages_ok || !std::isnan(column_k_scale[n][e & 1]));
+              bool visible = row_valid[half] && position < tile_end && (tile_pages_ok || !std::isnan(column_k_scale[n][e & 1]));
               if (p.causal) visible = visible && position <= query_position[half];
               if (windowed) visible = visible && position >= query_position[half] - p.window_left;
               if (!visible) x = -INFINITY;
@@ -458,11 +535,11 @@ SLIMSERVE_ATTENTION_UNROLL
       };
       using yes = std::true_type;
       using no = std::false_type;
-      if (needs_mask || soft_capped || per_token) {
+      if (needs_mask || soft_capped || column_scales) {
         if (soft_capped) {
-          if (per_token) softmax(yes{}, yes{}, yes{}); else softmax(yes{}, yes{}, no{});
+          if (column_scales) softmax(yes{}, yes{}, yes{}); else softmax(yes{}, yes{}, no{});
         } else {
-          if (per_token) softmax(yes{}, no{}, yes{}); else softmax(yes{}, no{}, no{});
+          if (column_scales) softmax(yes{}, no{}, yes{}); else softmax(yes{}, no{}, no{});
         }
       } else {
         softmax(no{}, no{}, no{});  // the steady state of plain decode and prefill
@@ -470,11 +547,23 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < Tile::warp_tokens / 16; ++k) {
 SLIMSERVE_ATTENTION_UNROLL
-        for (int c = 0; c < Row::row_chunks; c += 2) {
-          pv_chunk_pair<KvT, HeadDim>(o_acc, stage.v, row0 + 16 * k, c, p_frag[k], lane);
+        for (int c = 0; c < TileRow::row_chunks; c += 2) {
+          pv_chunk_pair<Elem, HeadDim>(o_acc, stage.v, row0 + 16 * k, c, p_frag[k], lane);
         }
       }
     }
+  };
+  auto consume = [&](std::int64_t i) {
+    const auto& stage = smem.u.stages[i % Tile::stages];
+    if constexpr (FusedChunk) {
+      if (i >= num_page_tiles) {
+        consume_tile(std::type_identity<MmaT>{}, stage, chunk_begin + (i - num_page_tiles) * chunk_tile_tokens,
+                     chunk_tile_tokens, kv_end, true, p.scale_mode != KvScaleMode::none);
+        return;
+      }
+    }
+    consume_tile(std::type_identity<KvT>{}, stage, kv_begin + i * Tile::stage_tokens, Tile::stage_tokens,
+                 page_end, all_pages_ok, per_token);
   };
 
   // Pipeline: stages - 1 tiles in flight ahead of the one being consumed.
@@ -568,6 +657,20 @@ SLIMSERVE_ATTENTION_UNROLL
       if (p.lse != nullptr && d0 == 0) p.lse[token * p.num_qo_heads + head] = lse;
     }
   }
+}
+
+template <class KvT, class QT, int HeadDim>
+__global__ void __launch_bounds__(128, (PagedAttentionTile<KvT, HeadDim>::min_ctas_per_sm))
+    paged_attention_kernel(const PagedAttentionParams p) {
+  paged_attention_body<KvT, QT, HeadDim, false>(p);
+}
+
+/// Fused (mixed-dtype) prefill: the chunk attends to its own K/V from the inputs and writes
+/// them into its page slots (chunk_kv.cuh).
+template <class KvT, class QT, int HeadDim>
+__global__ void __launch_bounds__(128, (PagedAttentionTile<KvT, HeadDim>::min_ctas_per_sm))
+    paged_prefill_fused_kernel(const PagedAttentionParams p) {
+  paged_attention_body<KvT, QT, HeadDim, true>(p);
 }
 
 // ---- split-KV merge ---------------------------------------------------------------------------

@@ -1,0 +1,42 @@
+#pragma once
+/// \file
+/// \brief The head dims each attention kernel family is instantiated for, as typed lists: the
+/// dispatch tables are generated from them and the preflights consult them, so adding a
+/// head_dim to a family is one edit here. Plain C++ (no CUDA header).
+
+#include <cstddef>
+#include <string>
+
+#include "slimserve/config.hpp"
+
+SLIMSERVE_NAMESPACE_BEGIN
+namespace attention {
+
+template <int... Dims>
+struct HeadDimList {
+  static constexpr std::size_t size = sizeof...(Dims);
+  static constexpr bool contains(int head_dim) noexcept { return ((head_dim == Dims) || ...); }
+  /// f.template operator()<D>() for each D, in order.
+  template <class F>
+  static constexpr void for_each(F&& f) {
+    (f.template operator()<Dims>(), ...);
+  }
+  /// "64, 96, 128" for error messages.
+  static std::string describe() {
+    std::string text;
+    ((text += (text.empty() ? "" : ", ") + std::to_string(Dims)), ...);
+    return text;
+  }
+};
+
+/// The paged K/V cache and tensor-core paged attention (prefill, decode, verify). Rows of any
+/// even number of 16-byte chunks are swizzled (kernels/mma_fragments.cuh), so 96 and 192 work.
+using PagedHeadDims = HeadDimList<64, 96, 128, 192, 256>;
+
+/// The CUDA-core decode, append_kv and dequantize_pages kernels (a head vector is a
+/// power-of-two group of lanes): a cache of another head_dim from PagedHeadDims is read by
+/// paged attention and written by the engine; these kernels refuse it.
+using VectorKernelHeadDims = HeadDimList<64, 128, 256>;
+
+}  // namespace attention
+SLIMSERVE_NAMESPACE_END
