@@ -144,23 +144,39 @@ int demo_int4_moe() {
   dn.topk_weights = d_weights.data();
   dn.c = d_out->data();
 
-  // Plan once for the largest batch (graph-friendly: run only launches), then run.
+  // Plan once for the largest batch (graph-friendly: runs only launch). The layer aligns its
+  // routing once; the up and down projections both read that alignment.
   MoeGemmOptions options;
   options.max_tokens = 64;
+  const MoeRoutingArguments routing_args{tokens, top_k, experts, d_ids.data()};
+  Result<MoeRoutingPlan> routing_plan = plan_moe_routing(routing_args, {options.max_tokens});
   Result<MoeGemmPlan> up_plan = plan_moe_gemm(up, options);
   Result<MoeGemmPlan> down_plan = plan_moe_gemm(dn, options);
-  if (!up_plan.ok() || !down_plan.ok()) {
-    fmt::print("int4 moe: plan failed: {}\n",
-               (!up_plan.ok() ? up_plan.status() : down_plan.status()).to_string());
+  if (!routing_plan.ok() || !up_plan.ok() || !down_plan.ok()) {
+    const Status failed = !routing_plan.ok() ? routing_plan.status()
+                          : !up_plan.ok()    ? up_plan.status()
+                                             : down_plan.status();
+    fmt::print("int4 moe: plan failed: {}\n", failed.to_string());
     return 1;
   }
-  auto workspace = rt::DeviceBuffer<unsigned char>::create(
-      std::max(up_plan->workspace_bytes(), down_plan->workspace_bytes()));
-  if (!workspace.ok()) return 1;
-  Status status = run_moe_gemm(up, *up_plan, workspace->data(), workspace->size_bytes(), nullptr);
+  auto routing_workspace = rt::DeviceBuffer<unsigned char>::create(routing_plan->workspace_bytes());
+  auto gemm_workspace = rt::DeviceBuffer<unsigned char>::create(
+      std::max(up_plan->gemm_workspace_bytes(), down_plan->gemm_workspace_bytes()));
+  if (!routing_workspace.ok() || !gemm_workspace.ok()) return 1;
+  Result<MoeRouting> routing = run_moe_routing(routing_args, *routing_plan, routing_workspace->data(),
+                                               routing_workspace->size_bytes(), nullptr);
+  Status status = routing.status();
   if (status.ok()) {
-    status = run_moe_gemm(dn, *down_plan, workspace->data(), workspace->size_bytes(), nullptr);
+    status = run_moe_gemm(up, *up_plan, *routing, gemm_workspace->data(),
+                          gemm_workspace->size_bytes(), nullptr);
   }
+  if (status.ok()) {
+    status = run_moe_gemm(dn, *down_plan, *routing, gemm_workspace->data(),
+                          gemm_workspace->size_bytes(), nullptr);
+  }
+  // After the step: the device-side check of the router's ids (an engine reads this word
+  // with its other per-step outputs; here it synchronizes).
+  if (status.ok()) status = read_moe_routing_status(*routing, nullptr);
   std::vector<std::uint16_t> out(static_cast<std::size_t>(tokens * hidden));
   if (status.ok()) status = d_out->download(out);
   if (status.ok()) status = rt::stream_synchronize(nullptr);

@@ -26,6 +26,15 @@
 /// Everything is FP32-accumulated, deterministic, CUDA-graph friendly: the plan bounds every
 /// size by (max_tokens, top_k, E) and `run_moe_gemm` only launches (unless asked to validate
 /// the routing on the host, which synchronizes).
+///
+/// One alignment per layer: the up and down projections of a layer route the same pairs, so
+/// an engine aligns once (`plan_moe_routing` + `run_moe_routing` give a `MoeRouting`) and
+/// passes that routing to both `run_moe_gemm` calls; each GEMM then needs only its own
+/// `gemm_workspace_bytes()` (the down projection's FP32 partials; none for gate+up). The
+/// alignment validates the ids on the device: out-of-range ids (< 0 or >= E) are counted in a
+/// device status word and their pairs skipped by both GEMMs; `read_moe_routing_status` turns
+/// that word into a Status after the step (it synchronizes; the engine may instead copy the
+/// word itself, e.g. with its other per-step outputs).
 
 #include <cstddef>
 #include <cstdint>
@@ -94,10 +103,60 @@ struct MoeWorkspaceLayout {
   std::size_t tile_offset_offset = 0;   ///< int32 [E + 1]: exclusive scan; [E] = tiles used
   std::size_t tile_expert_offset = 0;   ///< int32 [max_tiles]
   std::size_t tile_rows_offset = 0;     ///< int32 [max_tiles * 16]: pair per row, P = padding
+  std::size_t status_offset = 0;        ///< MoeRoutingStatusWord: the device-side id check
   std::size_t sort_scratch_offset = 0;  ///< CUB's temporary storage (GPU build)
   std::size_t sort_scratch_bytes = 0;
-  std::size_t partials_offset = 0;      ///< FP32 [P, n] (down_weighted_sum)
+  /// End of the routing part (everything above); the GEMM's own part starts here.
+  std::size_t gemm_offset = 0;
+  std::size_t partials_offset = 0;      ///< FP32 [P, n] (down_weighted_sum), at gemm_offset
   std::size_t total_bytes = 0;
+  std::size_t routing_bytes() const { return gemm_offset; }
+  std::size_t gemm_bytes() const { return total_bytes - gemm_offset; }
+};
+
+/// The alignment's device-side check of the ids, written by every run of the alignment.
+struct MoeRoutingStatusWord {
+  std::int32_t invalid_pairs;  ///< pairs whose id is outside 0..E-1 (skipped by the GEMMs)
+  std::int32_t first_invalid;  ///< the smallest such pair index (token * top_k + slot), or -1
+  std::int32_t first_id;       ///< its id
+  std::int32_t reserved;
+};
+
+/// The routing of one step: the router's output, as the alignment reads it.
+struct MoeRoutingArguments {
+  std::int64_t num_tokens = 0;   ///< T >= 1
+  std::int64_t top_k = 0;        ///< 1..num_experts
+  std::int64_t num_experts = 0;  ///< E
+  const std::int32_t* topk_ids = nullptr;  ///< [T, top_k] device ids
+};
+
+struct MoeRoutingOptions {
+  std::int64_t max_tokens = 0;  ///< the largest T this plan serves; 0: num_tokens
+  MoeAlignMethod align = MoeAlignMethod::automatic;
+};
+
+struct MoeRoutingPlan {
+  std::int64_t max_tokens = 0;
+  std::int64_t top_k = 0;
+  std::int64_t num_experts = 0;
+  MoeAlignMethod align = MoeAlignMethod::serial;
+  std::int64_t max_tiles = 0;
+  MoeWorkspaceLayout workspace;  ///< the routing part only (gemm_bytes() == 0)
+  std::size_t workspace_bytes() const { return workspace.total_bytes; }
+};
+
+/// One step's aligned routing (device pointers into the routing workspace): valid until that
+/// workspace is reused or the ids change. Pass it to the up and the down `run_moe_gemm`.
+struct MoeRouting {
+  const std::int32_t* topk_ids = nullptr;     ///< [T, top_k] the ids it was aligned from
+  const std::int32_t* tile_expert = nullptr;  ///< [max_tiles]
+  const std::int32_t* tile_rows = nullptr;    ///< [max_tiles, 16] pair per row (P: padding)
+  const std::int32_t* tiles_used = nullptr;   ///< [1]
+  const MoeRoutingStatusWord* status = nullptr;  ///< the device-side id check
+  std::int64_t num_tokens = 0;
+  std::int64_t top_k = 0;
+  std::int64_t num_experts = 0;
+  std::int64_t max_tiles = 0;  ///< row tiles for num_tokens in the worst routing (the grid)
 };
 
 struct MoeGemmPlan {
@@ -115,7 +174,10 @@ struct MoeGemmPlan {
   /// Where the group scales are applied (the FP64 model the results match).
   GroupScaling scaling = GroupScaling::per_weight;
   MoeWorkspaceLayout workspace;
+  /// Routing + GEMM: what `run_moe_gemm` without a MoeRouting needs.
   std::size_t workspace_bytes() const { return workspace.total_bytes; }
+  /// The GEMM's own part: what `run_moe_gemm` with a MoeRouting needs.
+  std::size_t gemm_workspace_bytes() const { return workspace.gemm_bytes(); }
 };
 
 /// Rows per tile of the grouped kernel (each expert's rows are padded to a multiple).
@@ -128,9 +190,33 @@ Status can_implement(const MoeGemmArguments& args);
 Result<MoeGemmPlan> plan_moe_gemm(const MoeGemmArguments& args, const MoeGemmOptions& options = {});
 
 /// Alignment, grouped GEMM and (down) combine on `stream`. `args.num_tokens` may be any value
-/// up to the plan's max_tokens.
+/// up to the plan's max_tokens. Convenience for a lone GEMM: a layer aligns once instead
+/// (below). Its routing part's status word is at `plan.workspace.status_offset`.
 Status run_moe_gemm(const MoeGemmArguments& args, const MoeGemmPlan& plan, void* workspace,
                     std::size_t workspace_bytes, CUstream_st* stream);
+
+/// Preflight (top_k in 1..E, T >= 1, ids pointer) and the routing workspace for up to
+/// options.max_tokens tokens. Launches nothing.
+Result<MoeRoutingPlan> plan_moe_routing(const MoeRoutingArguments& args,
+                                        const MoeRoutingOptions& options = {});
+
+/// The alignment on `stream` (launches only: graph-capturable). The ids are checked on the
+/// device (see MoeRoutingStatusWord); nothing here synchronizes.
+Result<MoeRouting> run_moe_routing(const MoeRoutingArguments& args, const MoeRoutingPlan& plan,
+                                   void* workspace, std::size_t workspace_bytes,
+                                   CUstream_st* stream);
+
+/// The grouped GEMM and (down) combine over an aligned routing (shared by the layer's up and
+/// down projections); `workspace` is the GEMM's own part (`plan.gemm_workspace_bytes()`, may
+/// be null when that is 0). The routing must have been aligned from args' ids, T, top_k, E.
+Status run_moe_gemm(const MoeGemmArguments& args, const MoeGemmPlan& plan,
+                    const MoeRouting& routing, void* workspace, std::size_t workspace_bytes,
+                    CUstream_st* stream);
+
+/// After the step: copies the routing's status word to the host (synchronizes `stream`) and
+/// returns out_of_range naming the first bad token, slot and id, with the count of skipped
+/// pairs; ok when every id was in range.
+Status read_moe_routing_status(const MoeRouting& routing, CUstream_st* stream);
 
 /// Host check of a routing: every id in 0..num_experts-1 (the message names the first bad
 /// token, slot and id).

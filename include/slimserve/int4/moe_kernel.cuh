@@ -26,6 +26,7 @@ struct MoeRoutingView {
   std::int32_t* tile_offset;     ///< [E + 1]
   std::int32_t* tile_expert;     ///< [max_tiles]
   std::int32_t* tile_rows;       ///< [max_tiles * moe_tile_rows]
+  MoeRoutingStatusWord* status;  ///< [1] the device-side id check
   int pairs;                     ///< P = T * top_k
   int experts;                   ///< E
   int max_tiles;
@@ -80,9 +81,20 @@ __global__ void moe_expert_ranges_kernel(const MoeRoutingView r) {
 
 /// Step 5 (after the scan of tile_count into tile_offset): each tile's expert and rows; rows
 /// past an expert's count and tiles past the used ones hold the padding pair P.
+/// The first thread also writes the status word: the invalid bucket (key E) holds the pairs
+/// with out-of-range ids, after the valid ones and in pair order (the sort is stable).
 __global__ void moe_fill_tiles_kernel(const MoeRoutingView r) {
   const int used = r.tile_offset[r.experts];
   const int stride = static_cast<int>(gridDim.x * blockDim.x);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const int valid = r.expert_start[r.experts];
+    MoeRoutingStatusWord word{r.pairs - valid, -1, 0, 0};
+    if (word.invalid_pairs > 0) {
+      word.first_invalid = r.sorted_pairs[valid];
+      word.first_id = r.topk_ids[word.first_invalid];
+    }
+    *r.status = word;
+  }
   for (int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); t < r.max_tiles; t += stride) {
     int expert = -1;
     if (t < used) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -120,6 +121,10 @@ double ulp_of(ActivationType type, double value) {
   return std::ldexp(1.0, std::ilogb(std::fmax(std::fabs(value), min_normal)) - mantissa_bits);
 }
 
+void check_against_reference(const MoeCase& test, const ExpertWeights& experts,
+                             const Routing& routing, const std::vector<std::uint16_t>& a,
+                             const std::vector<std::uint16_t>& first);
+
 /// Runs one case twice (bitwise equal: deterministic) and checks every element.
 void run_moe_case(const MoeCase& test, std::mt19937_64& rng) {
   const ActivationType type = test.type;
@@ -170,14 +175,45 @@ void run_moe_case(const MoeCase& test, std::mt19937_64& rng) {
   auto workspace = rt::DeviceBuffer<unsigned char>::create(plan->workspace_bytes());
   REQUIRE(workspace.ok());
 
+  // The second run aligns once through the explicit routing (as a layer does for up and
+  // down) and must give the same bits as the convenience path.
+  const MoeRoutingArguments routing_args{test.tokens, test.top_k, test.experts, d_ids.data()};
+  Result<MoeRoutingPlan> routing_plan = plan_moe_routing(routing_args);
+  REQUIRE(routing_plan.ok());
+  auto routing_workspace = rt::DeviceBuffer<unsigned char>::create(routing_plan->workspace_bytes());
+  REQUIRE(routing_workspace.ok());
+  auto gemm_workspace =
+      rt::DeviceBuffer<unsigned char>::create(std::max<std::size_t>(plan->gemm_workspace_bytes(), 1));
+  REQUIRE(gemm_workspace.ok());
+  const bool all_valid = test.routing != RoutingKind::with_invalid;
+
   std::vector<std::uint16_t> first;
   for (int run = 0; run < 2; ++run) {
     REQUIRE(d_c->fill_bytes(0xFF).ok());        // poison: NaN in both types
     REQUIRE(workspace->fill_bytes(run == 0 ? 0xFF : 0x7F).ok());  // stale workspace is ignored
-    const Status status =
-        run_moe_gemm(args, *plan, workspace->data(), workspace->size_bytes(), nullptr);
-    INFO(status.to_string());
-    REQUIRE(status.ok());
+    if (run == 0) {
+      const Status status = run_moe_gemm(args, *plan, workspace->data(), workspace->size_bytes(), nullptr);
+      INFO(status.to_string());
+      REQUIRE(status.ok());
+    } else {
+      REQUIRE(routing_workspace->fill_bytes(0x7F).ok());
+      REQUIRE(gemm_workspace->fill_bytes(0x7F).ok());
+      Result<MoeRouting> aligned = run_moe_routing(routing_args, *routing_plan, routing_workspace->data(),
+                                                   routing_workspace->size_bytes(), nullptr);
+      REQUIRE(aligned.ok());
+      const Status status = run_moe_gemm(args, *plan, *aligned, gemm_workspace->data(),
+                                         gemm_workspace->size_bytes(), nullptr);
+      INFO(status.to_string());
+      REQUIRE(status.ok());
+      const Status check = read_moe_routing_status(*aligned, nullptr);
+      INFO(check.to_string());
+      CHECK(check.ok() == all_valid);
+      if (!all_valid) {
+        CHECK(check.code() == StatusCode::out_of_range);
+        CHECK(check.message().find("topk_ids[0, 0] = " + std::to_string(test.experts)) !=
+              std::string_view::npos);
+      }
+    }
     std::vector<std::uint16_t> c(out_count + slimserve_test::c_guard);
     REQUIRE(d_c->download(c).ok());
     REQUIRE(rt::stream_synchronize(nullptr).ok());
@@ -190,7 +226,17 @@ void run_moe_case(const MoeCase& test, std::mt19937_64& rng) {
     }
   }
 
-  // FP64 reference: each pair's row times its expert's exact weights (a loop of dense GEMMs).
+  check_against_reference(test, experts, routing, a, first);
+}
+
+/// FP64 reference: each pair's row times its expert's exact weights (a loop of dense GEMMs),
+/// every element of `first` (the kernel's output).
+void check_against_reference(const MoeCase& test, const ExpertWeights& experts,
+                             const Routing& routing, const std::vector<std::uint16_t>& a,
+                             const std::vector<std::uint16_t>& first) {
+  const ActivationType type = test.type;
+  const bool gate_up = test.epilogue == MoeEpilogue::gate_up_silu;
+  const std::int64_t pairs = test.tokens * test.top_k;
   auto a_at = [&](std::int64_t row, std::int64_t i) {
     return activation_to_float(type, a[static_cast<std::size_t>(row * test.k + i)]);
   };
@@ -305,6 +351,120 @@ TEST_CASE("MoE routings: empty experts, one expert takes every token, dropped in
 }
 
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+TEST_CASE("MoE layer: the up and down projections share one alignment") {
+  auto rng = slimserve_test::make_rng(46);
+  struct LayerCase {
+    ActivationType type;
+    std::int64_t tokens, top_k, experts;
+    RoutingKind kind;
+  };
+  const std::array<LayerCase, 4> cases = {{
+      {ActivationType::bf16, 1, 1, 4, RoutingKind::random},
+      {ActivationType::fp16, 7, 2, 6, RoutingKind::one_hot_expert},
+      {ActivationType::bf16, 64, 8, 12, RoutingKind::empty_experts},
+      {ActivationType::fp16, 9, 2, 5, RoutingKind::with_invalid},
+  }};
+  const std::int64_t hidden = 64, intermediate = 48, group = 16;
+  for (const LayerCase& layer : cases) {
+    CAPTURE(layer.tokens, layer.top_k, layer.experts, static_cast<int>(layer.kind));
+    const std::int64_t pairs = layer.tokens * layer.top_k;
+    const MoeCase up_case{layer.type, MoeEpilogue::gate_up_silu, layer.tokens, layer.top_k,
+                          layer.experts, hidden, 2 * intermediate, group, true, layer.kind};
+    const MoeCase down_case{layer.type, MoeEpilogue::down_weighted_sum, layer.tokens, layer.top_k,
+                            layer.experts, intermediate, hidden, group, false, layer.kind};
+    const ExpertWeights up_w = make_experts(
+        layer.experts, MatrixSpec{hidden, 2 * intermediate, group, true, false, layer.type}, rng);
+    const ExpertWeights down_w = make_experts(
+        layer.experts, MatrixSpec{intermediate, hidden, group, false, false, layer.type}, rng);
+    const Routing routing = make_routing(layer.kind, layer.tokens, layer.top_k, layer.experts, rng);
+    const std::vector<std::uint16_t> x = slimserve_test::random_activations(
+        layer.type, static_cast<std::size_t>(layer.tokens * hidden), rng);
+    auto d_x = to_device(x);
+    auto d_up_b = to_device(up_w.packed);
+    auto d_up_s = to_device(up_w.scales);
+    auto d_down_b = to_device(down_w.packed);
+    auto d_down_s = to_device(down_w.scales);
+    auto d_down_z = to_device(down_w.zeros);
+    auto d_ids = to_device(routing.ids);
+    auto d_weights = to_device(routing.weights);
+    auto d_inter = rt::DeviceBuffer<std::uint16_t>::create(static_cast<std::size_t>(pairs * intermediate));
+    auto d_out = rt::DeviceBuffer<std::uint16_t>::create(static_cast<std::size_t>(layer.tokens * hidden));
+    REQUIRE(d_inter.ok());
+    REQUIRE(d_out.ok());
+    REQUIRE(d_inter->fill_bytes(0xFF).ok());
+    REQUIRE(d_out->fill_bytes(0xFF).ok());
+
+    MoeGemmArguments up;
+    up.activation = layer.type;
+    up.epilogue = MoeEpilogue::gate_up_silu;
+    up.num_tokens = layer.tokens;
+    up.top_k = layer.top_k;
+    up.num_experts = layer.experts;
+    up.k = hidden;
+    up.n = 2 * intermediate;
+    up.group_size = group;
+    up.a = d_x.data();
+    up.b = d_up_b.data();
+    up.scales = d_up_s.data();
+    up.topk_ids = d_ids.data();
+    up.topk_weights = d_weights.data();
+    up.c = d_inter->data();
+    MoeGemmArguments down = up;
+    down.epilogue = MoeEpilogue::down_weighted_sum;
+    down.k = intermediate;
+    down.n = hidden;
+    down.a = d_inter->data();
+    down.b = d_down_b.data();
+    down.scales = d_down_s.data();
+    down.zeros = d_down_z.data();
+    down.c = d_out->data();
+
+    const MoeRoutingArguments routing_args{layer.tokens, layer.top_k, layer.experts, d_ids.data()};
+    Result<MoeRoutingPlan> routing_plan = plan_moe_routing(routing_args);
+    Result<MoeGemmPlan> up_plan = plan_moe_gemm(up);
+    Result<MoeGemmPlan> down_plan = plan_moe_gemm(down);
+    REQUIRE(routing_plan.ok());
+    REQUIRE(up_plan.ok());
+    REQUIRE(down_plan.ok());
+    CHECK(up_plan->gemm_workspace_bytes() == 0);  // gate+up writes its output directly
+    CHECK(down_plan->gemm_workspace_bytes() >= static_cast<std::size_t>(pairs * hidden) * sizeof(float));
+    auto routing_workspace = rt::DeviceBuffer<unsigned char>::create(routing_plan->workspace_bytes());
+    auto gemm_workspace = rt::DeviceBuffer<unsigned char>::create(down_plan->gemm_workspace_bytes());
+    REQUIRE(routing_workspace.ok());
+    REQUIRE(gemm_workspace.ok());
+    REQUIRE(routing_workspace->fill_bytes(0xFF).ok());
+    REQUIRE(gemm_workspace->fill_bytes(0xFF).ok());
+
+    // One plan+run step aligns the layer; both projections read that routing.
+    Result<MoeRouting> aligned = run_moe_routing(routing_args, *routing_plan, routing_workspace->data(),
+                                                 routing_workspace->size_bytes(), nullptr);
+    REQUIRE(aligned.ok());
+    REQUIRE(run_moe_gemm(up, *up_plan, *aligned, nullptr, 0, nullptr).ok());
+    REQUIRE(run_moe_gemm(down, *down_plan, *aligned, gemm_workspace->data(),
+                         gemm_workspace->size_bytes(), nullptr).ok());
+    const Status check = read_moe_routing_status(*aligned, nullptr);
+    CHECK(check.ok() == (layer.kind != RoutingKind::with_invalid));
+
+    std::vector<std::uint16_t> inter(static_cast<std::size_t>(pairs * intermediate));
+    std::vector<std::uint16_t> out(static_cast<std::size_t>(layer.tokens * hidden));
+    REQUIRE(d_inter->download(inter).ok());
+    REQUIRE(d_out->download(out).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    check_against_reference(up_case, up_w, routing, x, inter);
+    if (layer.kind == RoutingKind::with_invalid) {
+      // the skipped pairs' intermediate rows are never written (NaN poison); the down
+      // projection skips those pairs too, so give the reference finite values there
+      for (std::size_t pair = 0; pair < routing.ids.size(); ++pair) {
+        if (valid_id(routing.ids[pair], layer.experts)) continue;
+        for (std::int64_t i = 0; i < intermediate; ++i) {
+          inter[pair * static_cast<std::size_t>(intermediate) + static_cast<std::size_t>(i)] = 0;
+        }
+      }
+    }
+    check_against_reference(down_case, down_w, routing, inter, out);
+  }
+}
+
 TEST_CASE("MoE with T = 1000, top-8 (release only: heavy under the sanitizers)") {
   auto rng = slimserve_test::make_rng(43);
   run_moe_case({ActivationType::bf16, MoeEpilogue::down_weighted_sum, 1000, 8, 16, 64, 16, 64,
@@ -394,6 +554,61 @@ TEST_CASE("MoE preflight: top_k > E, K not a group multiple, bad ids, short work
   CHECK(plan_moe_gemm(good, MoeGemmOptions{0, MoeAlignMethod::device, false}).status().code() ==
         StatusCode::unsupported);
 #endif
+
+  // The explicit routing: top_k > E refused at plan; bad ids reported by the device-side
+  // check after the step (no host sync in the run), their pairs skipped.
+  MoeRoutingArguments routing_args{tokens, top_k, experts, d_ids.data()};
+  MoeRoutingArguments too_many = routing_args;
+  too_many.top_k = experts + 1;
+  CHECK(plan_moe_routing(too_many).status().code() == StatusCode::invalid_argument);
+  CHECK(plan_moe_routing(too_many).status().message().find("top_k = 5") != std::string_view::npos);
+  MoeRoutingArguments no_ids = routing_args;
+  no_ids.topk_ids = nullptr;
+  CHECK(plan_moe_routing(no_ids).status().code() == StatusCode::invalid_argument);
+  Result<MoeRoutingPlan> routing_plan = plan_moe_routing(routing_args);
+  REQUIRE(routing_plan.ok());
+  auto routing_workspace = rt::DeviceBuffer<unsigned char>::create(routing_plan->workspace_bytes());
+  REQUIRE(routing_workspace.ok());
+  CHECK(run_moe_routing(routing_args, *routing_plan, routing_workspace->data(),
+                        routing_plan->workspace_bytes() - 1, nullptr)
+            .status()
+            .code() == StatusCode::resource_exhausted);
+  MoeRoutingArguments longer = routing_args;
+  longer.num_tokens = tokens + 1;
+  CHECK(run_moe_routing(longer, *routing_plan, routing_workspace->data(),
+                        routing_workspace->size_bytes(), nullptr)
+            .status()
+            .code() == StatusCode::invalid_argument);
+  const std::vector<std::vector<std::int32_t>> bad_routings = {
+      {0, 1, 2, -1, 1, 2},  // token 1, slot 1: < 0
+      {0, 4, 2, 3, 9, 2},   // token 0, slot 1: == E (and token 2, slot 0: > E)
+      {0, 1, 2, 3, 1, 2},   // all in range
+  };
+  const std::vector<std::string> messages = {"topk_ids[1, 1] = -1", "topk_ids[0, 1] = 4", ""};
+  for (std::size_t i = 0; i < bad_routings.size(); ++i) {
+    REQUIRE(d_ids.upload(bad_routings[i]).ok());
+    REQUIRE(routing_workspace->fill_bytes(0xFF).ok());
+    Result<MoeRouting> aligned = run_moe_routing(routing_args, *routing_plan, routing_workspace->data(),
+                                                 routing_workspace->size_bytes(), nullptr);
+    REQUIRE(aligned.ok());
+    const Status routing_status = read_moe_routing_status(*aligned, nullptr);
+    INFO(routing_status.to_string());
+    if (messages[i].empty()) {
+      CHECK(routing_status.ok());
+      continue;
+    }
+    CHECK(routing_status.code() == StatusCode::out_of_range);
+    CHECK(routing_status.message().find(messages[i]) != std::string_view::npos);
+    CHECK(routing_status.message().find(i == 1 ? "2 pair(s)" : "1 pair(s)") != std::string_view::npos);
+    // a routing aligned from other ids or another T is refused by the GEMM
+    MoeGemmArguments other = good;
+    auto d_other_ids = to_device(bad_routings[i]);
+    other.topk_ids = d_other_ids.data();
+    Result<MoeGemmPlan> gemm_plan = plan_moe_gemm(good);
+    REQUIRE(gemm_plan.ok());
+    CHECK(run_moe_gemm(other, *gemm_plan, *aligned, nullptr, 0, nullptr).code() ==
+          StatusCode::invalid_argument);
+  }
 }
 
 #if defined(SLIMSERVE_PLATFORM_CUDA)
