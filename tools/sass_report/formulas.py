@@ -122,7 +122,7 @@ def paged_attention(args: list[str], problem: dict) -> Work:
     splits = problem.get("splits", 1)
     kv_b, q_b = dtype_bytes(kv), dtype_bytes(q)
     row_bytes = head_dim * kv_b
-    stage_tokens = min(128, max(64, 32768 // (2 * row_bytes)))
+    stage_tokens = 64 if 32768 // (2 * row_bytes) < 128 else 128  # PagedAttentionTile::stage_tokens
     rows = query_tokens * group
     warps_m = 1 if rows <= 16 else (2 if rows <= 32 else 4)
     row_tiles = math.ceil(rows / (16 * warps_m))
