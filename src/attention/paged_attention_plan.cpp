@@ -2,22 +2,20 @@
 #include <cstdint>
 #include <limits>
 
+#include "plan_support.hpp"
 #include "slimserve/attention/paged_attention.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
 namespace {
 
-constexpr std::size_t workspace_alignment = 256;
+using detail::ceil_div;
+constexpr auto align_up = detail::align_workspace;
+constexpr std::size_t workspace_alignment = detail::plan_workspace_alignment;
+
 /// Split chunks are whole multiples of this many tokens (the largest stage of any tile).
 constexpr std::int32_t chunk_granule = 128;
 constexpr std::int32_t cta_warps = 4;
-
-constexpr std::size_t align_up(std::size_t bytes) {
-  return (bytes + workspace_alignment - 1) / workspace_alignment * workspace_alignment;
-}
-
-constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 /// Tokens per pipeline stage of the kernel (kernels/paged_attention_kernel.cuh: ~32 KiB of
 /// K + V, clamped to 64..128, whole multiples of 64).
@@ -133,17 +131,9 @@ Schedule make_schedule(const PagedAttentionPlanArguments& args, const std::vecto
   std::int64_t chunk_granules = std::max<std::int64_t>(1, ceil_div(max_kv, chunk_granule));
   if (args.allow_split && units * p.num_kv_heads < max_ctas && max_kv > 0) {
     // Smallest chunk (most parallelism) whose CTAs fit in one wave.
-    std::int64_t lo = std::min(chunk_granules, std::max<std::int64_t>(1, ceil_div(args.min_chunk_tokens, chunk_granule)));
-    std::int64_t hi = chunk_granules;
-    while (lo < hi) {
-      const std::int64_t mid = lo + (hi - lo) / 2;
-      if (items_for(mid * chunk_granule) * p.num_kv_heads <= max_ctas) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    chunk_granules = lo;
+    chunk_granules = detail::smallest_fitting_chunk(
+        ceil_div(args.min_chunk_tokens, chunk_granule), chunk_granules,
+        [&](std::int64_t granules) { return items_for(granules * chunk_granule) * p.num_kv_heads <= max_ctas; });
   }
   s.chunk_tokens = chunk_granules * chunk_granule;
   for (std::int32_t b : s.unit_request) {
