@@ -79,6 +79,13 @@ def _empty_like(x, shape=None, dtype=None):
     return module.empty(shape, dtype=x.dtype if dtype is None else dtype)
 
 
+class _TensorShape:
+    """Pointer, shape and dtype of a part of a tensor (the K or V half of a combined cache)."""
+
+    def __init__(self, ptr: int, shape, dtype: str):
+        self.ptr, self.shape, self.dtype = ptr, tuple(shape), dtype
+
+
 class DeviceArray:
     """Memory the library allocated (emulator memory, or GPU memory in the CUDA build), for the
     small index arrays the wrappers upload."""
@@ -397,11 +404,24 @@ def _activation(x, name: str, dtype: Optional[str]) -> int:
 
 class PagedKVCache:
     """K and V page arrays, [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D]
-    (HND), with their element type and scales. FP8 pages are uint8 arrays plus `dtype`."""
+    (HND), with their element type and scales. FP8 pages are uint8 arrays plus `dtype`.
+    One combined allocation [num_pages, 2, ...] (K page, then V page) is passed as k_pages with
+    v_pages=None: `page_stride` is then twice a page (only paged attention reads it)."""
 
     def __init__(self, k_pages, v_pages, *, layout: str = "NHD", dtype: Optional[str] = None,
                  k_scale=None, v_scale=None, k_token_scales=None, v_token_scales=None):
-        k, v = _tensor(k_pages, name="k_pages"), _tensor(v_pages, name="v_pages")
+        self.page_stride = 0  # elements between pages; 0: packed
+        if v_pages is None:
+            kv = _tensor(k_pages, name="kv_pages")
+            if len(kv.shape) != 5 or kv.shape[1] != 2:
+                raise ValueError(f"slimserve: combined kv_pages {kv.shape} must be [num_pages, 2, ...] (5-D)")
+            page = kv.shape[2] * kv.shape[3] * kv.shape[4]
+            element = 1 if (dtype or kv.dtype) in ("fp8_e4m3", "fp8_e5m2", "float8_e4m3fn", "float8_e5m2", "uint8") else 2
+            k = _TensorShape(kv.ptr, (kv.shape[0],) + kv.shape[2:], kv.dtype)
+            v = _TensorShape(kv.ptr + page * element, k.shape, kv.dtype)
+            self.page_stride = 2 * page
+        else:
+            k, v = _tensor(k_pages, name="k_pages"), _tensor(v_pages, name="v_pages")
         if k.shape != v.shape or len(k.shape) != 4:
             raise ValueError(f"slimserve: k_pages {k.shape} and v_pages {v.shape} must be equal 4-D shapes")
         dtype = dtype or k.dtype
@@ -653,3 +673,8 @@ except ImportError:
     _torch = None
 if _torch is not None:
     from . import torch_ops  # noqa: F401,E402
+
+
+# ---- ABI 2: tensor-core paged attention and MLA (slimserve.attention) --------------------------
+from .attention import (MlaCache, MlaDecodeWrapper, PagedAttentionWrapper, mla_append,  # noqa: E402
+                        mla_record_bytes, validate_block_table)
