@@ -13,6 +13,8 @@
 #include <utility>
 
 #include "c_support.hpp"
+#include "slimserve/attention/decode.hpp"
+#include "slimserve/attention/dequantize.hpp"
 #include "slimserve/attention/mla.hpp"
 #include "slimserve/attention/mla_cache_view.hpp"
 #include "slimserve/attention/paged_attention.hpp"
@@ -347,6 +349,34 @@ slimserve_status slimserve_paged_attention_run(const slimserve_paged_attention_p
     attention::PagedAttentionArguments a;
     SLIMSERVE_RETURN_IF_ERROR(to_run_arguments(*plan, args, a));
     return attention::run_paged_attention(a, plan->plan, workspace, workspace_bytes, stream);
+  });
+}
+
+slimserve_status slimserve_merge_attention_states(const slimserve_merge_args* args, slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    slimserve_merge_args a;
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a));
+    attention::MergeArguments cpp;
+    cpp.partial_o = a.partial_o;
+    cpp.partial_lse = a.partial_lse;
+    cpp.split_indptr = a.split_indptr;
+    cpp.batch_size = a.batch_size;
+    cpp.rows_per_request = a.rows_per_request;
+    cpp.head_dim = a.head_dim;
+    cpp.o = a.o;
+    cpp.lse = a.lse;
+    SLIMSERVE_RETURN_IF_ERROR(to_activation(a.out_dtype, "activation dtype", cpp.out_dtype));
+    return attention::merge_attention_states(cpp, stream);
+  });
+}
+
+slimserve_status slimserve_dequantize_pages(const slimserve_kv_cache* cache, const int32_t* page_ids,
+                                            int32_t num_listed, void* k_out, void* v_out, slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    attention::PagedKVCacheView view;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(cache, view));
+    return attention::dequantize_pages(view, page_ids, num_listed, static_cast<ss::bf16*>(k_out),
+                                       static_cast<ss::bf16*>(v_out), stream);
   });
 }
 

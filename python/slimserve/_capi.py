@@ -178,6 +178,23 @@ class MlaDecodeArgs(Structure):
                 ("sm_scale", c_float)]
 
 
+class MlaBound(Structure):
+    _fields_ = [("struct_size", c_size_t), ("problem", MlaProblem), ("num_sms", c_int32),
+                ("ctas_per_sm", c_int32)]
+
+
+class MlaGatherArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("cache", MlaCache), ("table", POINTER(PageTableView)),
+                ("statuses", c_void_p), ("token_indptr", c_void_p), ("out", c_void_p),
+                ("out_stride", c_int64), ("num_rows", c_int32)]
+
+
+class MergeArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("partial_o", c_void_p), ("partial_lse", c_void_p),
+                ("split_indptr", c_void_p), ("batch_size", c_int32), ("rows_per_request", c_int32),
+                ("head_dim", c_int32), ("out_dtype", c_int32), ("o", c_void_p), ("lse", c_void_p)]
+
+
 def versioned(struct_type):
     """A zeroed ABI-2 struct with struct_size set (0 is every field's default)."""
     value = struct_type()
@@ -269,12 +286,16 @@ _SIGNATURES = {
     "slimserve_paged_attention_plan_destroy": (None, [H]),
     "slimserve_paged_attention_plan_get_info": (S, [H, POINTER(PagedAttentionPlanInfo)]),
     "slimserve_paged_attention_run": (S, [H, POINTER(PagedAttentionArgs), c_void_p, c_size_t, c_void_p]),
+    "slimserve_merge_attention_states": (S, [POINTER(MergeArgs), c_void_p]),
+    "slimserve_dequantize_pages": (S, [POINTER(KvCache), c_void_p, c_int32, c_void_p, c_void_p, c_void_p]),
     "slimserve_mla_record_bytes": (c_int64, [c_int32, c_int32]),
     "slimserve_mla_append": (S, [POINTER(MlaAppendArgs), c_void_p]),
     "slimserve_mla_workspace_size": (S, [POINTER(MlaPlanArgs), POINTER(c_size_t)]),
+    "slimserve_mla_workspace_bound": (S, [POINTER(MlaBound), POINTER(c_size_t)]),
     "slimserve_mla_plan_create": (S, [POINTER(MlaPlanArgs), c_void_p, c_size_t, c_void_p, POINTER(H)]),
     "slimserve_mla_plan_destroy": (None, [H]),
     "slimserve_mla_decode_run": (S, [H, POINTER(MlaDecodeArgs), c_void_p, c_size_t, c_void_p]),
+    "slimserve_mla_gather": (S, [POINTER(MlaGatherArgs), c_void_p]),
 }
 
 

@@ -13,6 +13,7 @@
  *  - fused mixed-dtype prefill into an FP8 e4m3 cache from strided chunk K/V: the same cache
  *    bytes as slimserve_append_kv, outputs against the reference (prefix from the FP8 pages,
  *    the chunk as given);
+ *  - BF16 dequantization of listed FP8 pages, and the merge of partial states (cascades);
  *  - MLA: append (chunk form), absorbed decode with 2 query tokens over a block table, and
  *    the prefix gather, for BF16 and FP8 per-token-group caches;
  *  - refusals with their messages: struct sizes, strides, overlapping outputs, short
@@ -919,6 +920,39 @@ static void test_fused_prefill_fp8(void) {
   check_outputs("fused FP8 prefill", &s, &ref, &options, o_host, FHQ * FD, FD, lse_host, ldexp(1.0, -12));
   free_reference(&ref);
 
+  /* Pages dequantized to BF16: real = stored * scale (exact here: a power-of-two scale); an id
+   * outside the cache gives a NaN page. */
+  {
+    const int32_t listed[3] = {indices[0], indices[entries - 1], FPAGES + 5};
+    void* d_listed = upload(listed, sizeof listed);
+    void* d_k_out = device_filled((size_t)(3 * page_elements) * sizeof(uint16_t), 0);
+    void* d_v_out = device_filled((size_t)(3 * page_elements) * sizeof(uint16_t), 0);
+    uint16_t* k_out = malloc((size_t)(3 * page_elements) * sizeof(uint16_t));
+    uint16_t* v_out = malloc((size_t)(3 * page_elements) * sizeof(uint16_t));
+    long bad = 0;
+    cache.k_pages = d_k;
+    cache.v_pages = d_v;
+    CHECK_OK(slimserve_dequantize_pages(&cache, d_listed, 3, d_k_out, d_v_out, NULL));
+    download(k_out, d_k_out, (size_t)(3 * page_elements) * sizeof(uint16_t));
+    download(v_out, d_v_out, (size_t)(3 * page_elements) * sizeof(uint16_t));
+    for (p = 0; p < 2; ++p) {
+      for (i = 0; i < page_elements; ++i) {
+        const size_t at = (size_t)(listed[p] * page_elements + i);
+        bad += from_bf16(k_out[p * page_elements + i]) != from_e4m3(k_fused[at]) * (double)scale;
+        bad += from_bf16(v_out[p * page_elements + i]) != from_e4m3(v_fused[at]) * (double)scale;
+      }
+    }
+    for (i = 0; i < page_elements; ++i) bad += !isnan(from_bf16(k_out[2 * page_elements + i]));
+    EXPECT(bad == 0);
+    EXPECT_REFUSED(slimserve_dequantize_pages(&cache, d_listed, -1, d_k_out, d_v_out, NULL),
+                   SLIMSERVE_INVALID_ARGUMENT, "num_listed");
+    free(k_out);
+    free(v_out);
+    release(d_listed);
+    release(d_k_out);
+    release(d_v_out);
+  }
+
   /* Fused prefill writes packed pages only; one chunk input without the other is refused. */
   args.kv_page_stride = 2 * page_elements;
   EXPECT_REFUSED(slimserve_paged_attention_run(plan, &args, d_workspace, bytes, NULL), SLIMSERVE_UNSUPPORTED,
@@ -943,6 +977,65 @@ static void test_fused_prefill_fp8(void) {
   release(d_prefix_v); release(d_token_request); release(d_token_position); release(d_qkv); release(d_chunk_k);
   release(d_chunk_v); release(d_indptr); release(d_indices); release(d_last); release(d_tags);
   release(d_qo_indptr); release(d_o); release(d_lse); release(d_workspace);
+}
+
+/* ---- merging partial states (cascades) --------------------------------------------------- */
+
+static void test_merge(void) {
+  enum { ROWS = 4, MD = 64, PARTIALS = 5 };
+  const int32_t split_indptr[4] = {0, 2, 2, 5}; /* request 1 has no partial */
+  float partial_o[PARTIALS * ROWS * MD], partial_lse[PARTIALS * ROWS], lse[3 * ROWS];
+  uint16_t o[3 * ROWS * MD];
+  void *d_partial_o, *d_partial_lse, *d_split, *d_o, *d_lse;
+  slimserve_merge_args args;
+  int32_t b, r, p, i;
+  long bad = 0;
+  for (i = 0; i < PARTIALS * ROWS * MD; ++i) partial_o[i] = (float)uniform();
+  for (i = 0; i < PARTIALS * ROWS; ++i) partial_lse[i] = (float)(3.0 * uniform());
+  partial_lse[3 * ROWS + 1] = -INFINITY; /* an empty partial of request 2 weighs nothing */
+  d_partial_o = upload(partial_o, sizeof partial_o);
+  d_partial_lse = upload(partial_lse, sizeof partial_lse);
+  d_split = upload(split_indptr, sizeof split_indptr);
+  d_o = device_filled(sizeof o, 0x7f);
+  d_lse = device_filled(sizeof lse, 0x7f);
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.partial_o = d_partial_o;
+  args.partial_lse = d_partial_lse;
+  args.split_indptr = d_split;
+  args.batch_size = 3;
+  args.rows_per_request = ROWS;
+  args.head_dim = MD;
+  args.out_dtype = SLIMSERVE_ACT_BF16;
+  args.o = d_o;
+  args.lse = d_lse;
+  CHECK_OK(slimserve_merge_attention_states(&args, NULL));
+  download(o, d_o, sizeof o);
+  download(lse, d_lse, sizeof lse);
+  for (b = 0; b < 3; ++b) {
+    for (r = 0; r < ROWS; ++r) {
+      double m = -INFINITY, sum = 0.0, want_lse;
+      for (p = split_indptr[b]; p < split_indptr[b + 1]; ++p) m = fmax(m, (double)partial_lse[p * ROWS + r]);
+      for (p = split_indptr[b]; p < split_indptr[b + 1]; ++p) sum += exp((double)partial_lse[p * ROWS + r] - m);
+      want_lse = sum > 0.0 ? m + log(sum) : -INFINITY;
+      bad += want_lse == -INFINITY ? !(lse[b * ROWS + r] == -INFINITY)
+                                   : !(fabs((double)lse[b * ROWS + r] - want_lse) <= 1e-5 * fabs(want_lse) + 1e-6);
+      for (i = 0; i < MD; ++i) {
+        double want = 0.0, got = from_bf16(o[(b * ROWS + r) * MD + i]);
+        for (p = split_indptr[b]; p < split_indptr[b + 1]; ++p) {
+          if (sum > 0.0) want += exp((double)partial_lse[p * ROWS + r] - m) / sum * (double)partial_o[(p * ROWS + r) * MD + i];
+        }
+        bad += !(fabs(got - want) <= ldexp(1.0, -8) * fabs(want) + 1e-6);
+      }
+    }
+  }
+  EXPECT(bad == 0);
+  args.head_dim = 80;
+  EXPECT_REFUSED(slimserve_merge_attention_states(&args, NULL), SLIMSERVE_UNSUPPORTED, "head_dim 80");
+  args.head_dim = MD;
+  args.out_dtype = 3;
+  EXPECT_REFUSED(slimserve_merge_attention_states(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "activation dtype");
+  release(d_partial_o); release(d_partial_lse); release(d_split); release(d_o); release(d_lse);
 }
 
 /* ---- MLA ---------------------------------------------------------------------------------- */
@@ -1262,6 +1355,7 @@ int main(void) {
   EXPECT(slimserve_c_abi_version() >= 2);
   test_paged_attention_bf16();
   test_fused_prefill_fp8();
+  test_merge();
   test_mla(SLIMSERVE_KV_BF16, SLIMSERVE_MLA_SCALE_NONE);
   test_mla(SLIMSERVE_KV_FP8_E4M3, SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP);
   if (failures != 0) {

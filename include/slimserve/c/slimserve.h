@@ -671,6 +671,34 @@ SLIMSERVE_C_API slimserve_status slimserve_paged_attention_run(
     const slimserve_paged_attention_plan* plan, const slimserve_paged_attention_args* args,
     void* workspace, size_t workspace_bytes, slimserve_stream stream);
 
+/* Merge of partial attention states (cascades: a shared prefix's partial and each request's
+ * own, or split-KV partials): request b's row r is the softmax-weighted merge of partials
+ * p in [split_indptr[b], split_indptr[b + 1]): o = sum_p exp(lse_p - L) o_p with
+ * L = log sum_p exp(lse_p). A partial with lse -inf (empty) weighs nothing; a NaN lse (an
+ * aborted request's partial) makes the row NaN with lse -inf. */
+typedef struct slimserve_merge_args {
+  size_t struct_size;
+  const float* partial_o;       /* device [P, rows_per_request, head_dim] */
+  const float* partial_lse;     /* device [P, rows_per_request] natural log */
+  const int32_t* split_indptr;  /* device [batch_size + 1] */
+  int32_t batch_size;
+  int32_t rows_per_request;     /* e.g. query tokens x heads of one request */
+  int32_t head_dim;
+  slimserve_activation_dtype out_dtype;
+  void* o;                      /* device [batch_size, rows_per_request, head_dim] */
+  float* lse;                   /* device [batch_size, rows_per_request], or NULL */
+} slimserve_merge_args;
+SLIMSERVE_C_API slimserve_status slimserve_merge_attention_states(const slimserve_merge_args* args,
+                                                                  slimserve_stream stream);
+
+/* Listed pages of a (packed) cache dequantized to BF16, real = stored * scale: k_out, v_out
+ * device [num_listed, page_size, num_kv_heads, head_dim] (NHD whatever the cache layout). A
+ * listed id outside the cache gives a NaN page instead of a read. */
+SLIMSERVE_C_API slimserve_status slimserve_dequantize_pages(const slimserve_kv_cache* cache,
+                                                            const int32_t* page_ids,
+                                                            int32_t num_listed, void* k_out,
+                                                            void* v_out, slimserve_stream stream);
+
 /* ---- MLA: multi-head latent attention (DeepSeek-V3 / Kimi K2) --------------------------- */
 
 /* A paged latent cache: one record per token, [num_pages, page_size, record bytes]
