@@ -14,8 +14,9 @@
  *    bytes as slimserve_append_kv, outputs against the reference (prefix from the FP8 pages,
  *    the chunk as given);
  *  - BF16 dequantization of listed FP8 pages, and the merge of partial states (cascades);
- *  - MLA: append (chunk form), absorbed decode with 2 query tokens over a block table, and
- *    the prefix gather, for BF16 and FP8 per-token-group caches;
+ *  - MLA: append (chunk form), absorbed decode with 2 query tokens over a block table, ragged
+ *    absorbed prefill (0 .. 5 rows per request) over CSR, and the prefix gather, for BF16 and
+ *    FP8 (per-token-group and per-tensor scale) caches;
  *  - refusals with their messages: struct sizes, strides, overlapping outputs, short
  *    workspaces (outputs untouched), out-of-range ids, bad options, plan / run mismatch.
  * Every output element is compared; outputs are poisoned before each run. The seed is fresh
@@ -1043,7 +1044,9 @@ static void test_merge(void) {
 enum { LATENT = 512, ROPE = 64, QK = 576, MHEADS = 8, MPAGE = 16, MPAGES = 16, QT = 2 };
 
 /* latent (512) | rope (64) of one cached token, dequantized. */
-static void mla_token(const uint8_t* record, slimserve_kv_dtype dtype, double* out) {
+static void mla_token(const uint8_t* record, slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode,
+                      float tensor_scale, double* out) {
+  const int32_t rope_at = mode == SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP ? LATENT + 16 : LATENT;
   int32_t i;
   uint16_t bits;
   if (dtype == SLIMSERVE_KV_BF16) {
@@ -1054,22 +1057,76 @@ static void mla_token(const uint8_t* record, slimserve_kv_dtype dtype, double* o
     return;
   }
   for (i = 0; i < LATENT; ++i) {
-    float group_scale;
-    memcpy(&group_scale, record + LATENT + 4 * (i / 128), sizeof group_scale);
+    float group_scale = tensor_scale;
+    if (mode == SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP) memcpy(&group_scale, record + LATENT + 4 * (i / 128), sizeof group_scale);
     out[i] = from_e4m3(record[i]) * (double)group_scale;
   }
   for (i = 0; i < ROPE; ++i) {
-    memcpy(&bits, record + LATENT + 16 + 2 * i, sizeof bits);
+    memcpy(&bits, record + rope_at + 2 * i, sizeof bits);
     out[LATENT + i] = from_bf16(bits);
   }
 }
 
+/* FP64 reference of absorbed MLA: request b's rows [qo[b], qo[b + 1]); its query token t of
+ * n sees positions <= len - n + t; keys are latent | rope, values the latent. */
+static void check_mla(const char* what, int32_t batch, const int32_t* kv_len, const int32_t* qo_indptr,
+                      double* const* keys, const uint16_t* q, const uint16_t* o, const float* lse, float sm_scale,
+                      slimserve_kv_dtype dtype) {
+  int32_t b, t, h, p, i;
+  long bad = 0;
+  for (b = 0; b < batch; ++b) {
+    const int32_t n = qo_indptr[b + 1] - qo_indptr[b];
+    double v_max = 0.0;
+    for (i = 0; i < kv_len[b] * QK; ++i) {
+      if (i % QK < LATENT) v_max = fmax(v_max, fabs(keys[b][i]));
+    }
+    for (t = 0; t < n; ++t) {
+      const int32_t row = qo_indptr[b] + t, last_position = kv_len[b] - n + t;
+      for (h = 0; h < MHEADS; ++h) {
+        const uint16_t* qh = q + (size_t)((row * MHEADS + h) * QK);
+        double m = -INFINITY, sum = 0.0, want_o[LATENT], score[64];
+        memset(want_o, 0, sizeof want_o);
+        for (p = 0; p <= last_position; ++p) {
+          double dot = 0.0;
+          for (i = 0; i < QK; ++i) dot += from_bf16(qh[i]) * keys[b][p * QK + i];
+          score[p] = dot * (double)sm_scale;
+          m = fmax(m, score[p]);
+        }
+        for (p = 0; p <= last_position; ++p) {
+          const double w = exp(score[p] - m);
+          sum += w;
+          for (i = 0; i < LATENT; ++i) want_o[i] += w * keys[b][p * QK + i];
+        }
+        {
+          const double got_lse = (double)lse[row * MHEADS + h], want_lse = m + log(sum);
+          if (!(fabs(got_lse - want_lse) <= 2e-3 + 1e-4 * fabs(want_lse))) {
+            if (bad++ < 5) fprintf(stderr, "%s: lse row %d head %d: %f, want %f\n", what, row, h, got_lse, want_lse);
+          }
+        }
+        for (i = 0; i < LATENT; ++i) {
+          const double want = want_o[i] / sum;
+          const double got = from_bf16(o[(size_t)((row * MHEADS + h) * LATENT + i)]);
+          /* P is rounded to the mma type (BF16: 2^-9 relative; FP8 path: fp16) and o to BF16. */
+          const double tolerance = (dtype == SLIMSERVE_KV_BF16 ? 6e-3 : 3e-3) * v_max + 8e-3 * fabs(want) + 1e-6;
+          if (!(fabs(got - want) <= tolerance)) {
+            if (bad++ < 5) fprintf(stderr, "%s: o row %d head %d d %d: %f, want %f\n", what, row, h, i, got, want);
+          }
+        }
+      }
+    }
+  }
+  if (bad != 0) fprintf(stderr, "%s: %ld elements out of tolerance\n", what, bad);
+  EXPECT(bad == 0);
+}
+
 static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
   static const int32_t kv_len[3] = {2, MPAGE + 1, 45};
-  const int32_t batch = 3, rows = batch * QT;
+  const int32_t batch = 3, rows = batch * QT + 1; /* + 1: the ragged step below has 7 rows */
   const int64_t record = slimserve_mla_record_bytes(dtype, mode);
   const float sm_scale = 0.0721687836f; /* 1 / sqrt(192) */
-  int32_t indptr[4], last[3], indices[MPAGES], block[3 * 5], b, i, t, h, p, entries = 0, width = 5, new_tokens = 0;
+  const float tensor_scale = 3.0f / 448.0f; /* per_tensor: the calibrated amax of the latent / 448 */
+  void* d_tensor_scale = upload(&tensor_scale, sizeof tensor_scale);
+  int32_t indptr[4], last[3], indices[MPAGES], block[3 * 5], b, i, p, entries = 0, width = 5, new_tokens = 0;
   int32_t append_indptr[4];
   uint32_t tags[MPAGES], block_tags[3 * 5];
   uint16_t *latent, *rope, *q, *o, *gathered;
@@ -1089,7 +1146,7 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
   size_t bytes = 0, bound_bytes = 0;
   long bad = 0;
 
-  EXPECT(record == (dtype == SLIMSERVE_KV_BF16 ? 1152 : 656));
+  EXPECT(record == (dtype == SLIMSERVE_KV_BF16 ? 1152 : mode == SLIMSERVE_MLA_SCALE_PER_TENSOR ? 640 : 656));
   indptr[0] = append_indptr[0] = 0;
   for (b = 0; b < batch; ++b) {
     const int32_t count = (kv_len[b] + MPAGE - 1) / MPAGE;
@@ -1153,6 +1210,7 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
   append.cache.page_size = MPAGE;
   append.cache.dtype = dtype;
   append.cache.scale_mode = mode;
+  if (mode == SLIMSERVE_MLA_SCALE_PER_TENSOR) append.cache.latent_scale = d_tensor_scale;
   append.table = &table;
   append.latent_new = d_latent;
   append.rope_new = d_rope;
@@ -1169,7 +1227,7 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
     for (p = 0; p < kv_len[b]; ++p) {
       const int32_t page = indices[indptr[b] + p / MPAGE];
       const int32_t token = append_indptr[b] + p;
-      mla_token(pages + (size_t)((page * MPAGE + p % MPAGE) * record), dtype, keys[b] + p * QK);
+      mla_token(pages + (size_t)((page * MPAGE + p % MPAGE) * record), dtype, mode, tensor_scale, keys[b] + p * QK);
       if (dtype == SLIMSERVE_KV_BF16) { /* BF16 stores the inputs exactly */
         for (i = 0; i < LATENT; ++i) bad += keys[b][p * QK + i] != from_bf16(latent[token * LATENT + i]);
       } else { /* FP8: within half an e4m3 step of the input */
@@ -1219,48 +1277,50 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
   download(o, d_o, (size_t)(rows * MHEADS * LATENT) * sizeof(uint16_t));
   download(lse, d_lse, (size_t)(rows * MHEADS) * sizeof(float));
 
-  /* FP64 reference: query token t of request b sees positions <= len - QT + t. */
-  bad = 0;
-  for (b = 0; b < batch; ++b) {
-    double v_max = 0.0;
-    for (i = 0; i < kv_len[b] * QK; ++i) {
-      if (i % QK < LATENT) v_max = fmax(v_max, fabs(keys[b][i]));
-    }
-    for (t = 0; t < QT; ++t) {
-      const int32_t row = b * QT + t, last_position = kv_len[b] - QT + t;
-      for (h = 0; h < MHEADS; ++h) {
-        const uint16_t* qh = q + (size_t)((row * MHEADS + h) * QK);
-        double m = -INFINITY, sum = 0.0, want_o[LATENT], score[64];
-        memset(want_o, 0, sizeof want_o);
-        for (p = 0; p <= last_position; ++p) {
-          double dot = 0.0;
-          for (i = 0; i < QK; ++i) dot += from_bf16(qh[i]) * keys[b][p * QK + i];
-          score[p] = dot * (double)sm_scale;
-          m = fmax(m, score[p]);
-        }
-        for (p = 0; p <= last_position; ++p) {
-          const double w = exp(score[p] - m);
-          sum += w;
-          for (i = 0; i < LATENT; ++i) want_o[i] += w * keys[b][p * QK + i];
-        }
-        {
-          const double got_lse = (double)lse[row * MHEADS + h], want_lse = m + log(sum);
-          if (!(fabs(got_lse - want_lse) <= 2e-3 + 1e-4 * fabs(want_lse))) {
-            if (bad++ < 5) fprintf(stderr, "MLA lse row %d head %d: %f, want %f\n", row, h, got_lse, want_lse);
-          }
-        }
-        for (i = 0; i < LATENT; ++i) {
-          const double want = want_o[i] / sum;
-          const double got = from_bf16(o[(size_t)((row * MHEADS + h) * LATENT + i)]);
-          const double tolerance = (dtype == SLIMSERVE_KV_BF16 ? 6e-3 : 3e-3) * v_max + 8e-3 * fabs(want) + 1e-6;
-          if (!(fabs(got - want) <= tolerance)) {
-            if (bad++ < 5) fprintf(stderr, "MLA o row %d head %d d %d: %f, want %f\n", row, h, i, got, want);
-          }
-        }
-      }
-    }
+  {
+    int32_t qo_indptr[4];
+    for (b = 0; b <= batch; ++b) qo_indptr[b] = b * QT;
+    check_mla("MLA decode", batch, kv_len, qo_indptr, keys, q, o, lse, sm_scale, dtype);
   }
-  EXPECT(bad == 0);
+
+  /* Ragged absorbed prefill: request b owns rows [qo[b], qo[b + 1]) (0 .. 5 of them), CSR table. */
+  {
+    const int32_t qo_indptr[4] = {0, 2, 2, 7};
+    slimserve_mla_plan* ragged = NULL;
+    size_t ragged_bytes = 0;
+    void* d_ragged_workspace;
+    memset(&plan_args, 0, sizeof plan_args);
+    plan_args.struct_size = sizeof plan_args;
+    plan_args.problem.batch_size = batch;
+    plan_args.problem.num_heads = MHEADS;
+    plan_args.problem.query_tokens = 5;
+    plan_args.problem.page_size = MPAGE;
+    plan_args.problem.kv_dtype = dtype;
+    plan_args.problem.scale_mode = mode;
+    plan_args.problem.q_dtype = SLIMSERVE_ACT_BF16;
+    plan_args.problem.ragged_queries = 1;
+    plan_args.kv_indptr_host = indptr;
+    plan_args.last_page_len_host = last;
+    plan_args.qo_indptr_host = qo_indptr;
+    CHECK_OK(slimserve_mla_workspace_size(&plan_args, &ragged_bytes));
+    CHECK_OK(slimserve_device_alloc(ragged_bytes, &d_ragged_workspace));
+    CHECK_OK(slimserve_mla_plan_create(&plan_args, d_ragged_workspace, ragged_bytes, NULL, &ragged));
+    args.block_table = NULL;
+    args.table = &table;
+    CHECK_OK(slimserve_memset_async(d_o, 0x7f, (size_t)(rows * MHEADS * LATENT) * sizeof(uint16_t), NULL));
+    CHECK_OK(slimserve_mla_decode_run(ragged, &args, d_ragged_workspace, ragged_bytes, NULL));
+    download(o, d_o, (size_t)(rows * MHEADS * LATENT) * sizeof(uint16_t));
+    download(lse, d_lse, (size_t)(rows * MHEADS) * sizeof(float));
+    check_mla("MLA ragged", batch, kv_len, qo_indptr, keys, q, o, lse, sm_scale, dtype);
+    args.table = NULL;
+    args.block_table = &block_table;
+    slimserve_mla_plan_destroy(ragged);
+    release(d_ragged_workspace);
+    plan_args.problem.query_tokens = QT;
+    plan_args.problem.ragged_queries = 0;
+    plan_args.kv_indptr_host = plan_args.last_page_len_host = plan_args.qo_indptr_host = NULL;
+    plan_args.seq_lens_host = kv_len;
+  }
 
   /* The prefix gather: BF16 rows [latent | rope] with a padded stride. */
   {
@@ -1344,7 +1404,7 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
   free(latent); free(rope); free(q); free(o); free(lse); free(pages);
   release(d_pages); release(d_latent); release(d_rope); release(d_indptr); release(d_indices); release(d_last);
   release(d_tags); release(d_append_indptr); release(d_block); release(d_block_tags); release(d_seq_lens);
-  release(d_q); release(d_o); release(d_lse); release(d_workspace);
+  release(d_q); release(d_o); release(d_lse); release(d_workspace); release(d_tensor_scale);
 }
 
 int main(void) {
@@ -1358,6 +1418,7 @@ int main(void) {
   test_merge();
   test_mla(SLIMSERVE_KV_BF16, SLIMSERVE_MLA_SCALE_NONE);
   test_mla(SLIMSERVE_KV_FP8_E4M3, SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP);
+  test_mla(SLIMSERVE_KV_FP8_E4M3, SLIMSERVE_MLA_SCALE_PER_TENSOR);
   if (failures != 0) {
     fprintf(stderr, "c_attention_test: %d checks failed\n", failures);
     return 1;
