@@ -61,12 +61,14 @@ class PagedAttentionWrapper:
 
     def plan(self, qo_indptr, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
              kv_indptr=None, kv_indices=None, last_page_len=None, block_table=None, seq_lens=None,
-             kv_dtype: str = "bfloat16", q_dtype: Optional[str] = None, causal: bool = True,
+             expected_tags=None, kv_dtype: str = "bfloat16", q_dtype: Optional[str] = None, causal: bool = True,
              num_sms: int = 0, min_chunk_tokens: int = 0, allow_split: bool = True,
              workspace: Optional[DeviceArray] = None, stream=None) -> None:
         """Either the CSR table (kv_indptr, kv_indices, last_page_len) or the block table
         ([batch, max_pages] page ids, seq_lens). Host arrays; the plan uploads its copies.
-        `workspace` (optional) is used as given, so a short one is refused."""
+        `expected_tags` (the tags the requests hold their pages under, shaped like kv_indices
+        or the block table) enables `check_tags`. `workspace` (optional) is used as given, so
+        a short one is refused."""
         qo = _ints(qo_indptr)
         q_dtype = q_dtype or (kv_dtype if kv_dtype in ACTIVATION_DTYPES else "bfloat16")
         args = _capi.versioned(_capi.PagedAttentionPlanArgs)
@@ -93,18 +95,41 @@ class PagedAttentionWrapper:
         self._destroy_plan()
         _check(_lib.slimserve_paged_attention_plan_create(byref(args), self._workspace.ptr, self._workspace.nbytes,
                                                           _stream(stream), byref(self._plan)))
+        tags = None
+        if expected_tags is not None:
+            tags = np.ascontiguousarray(np.asarray(expected_tags), np.uint32)
+            ids = host[1] if block_table is not None else host[2]
+            if tags.shape != ids.shape:
+                raise ValueError(f"slimserve: expected_tags {tags.shape} must be shaped like the page ids {ids.shape}")
+            host.append(tags)
         device = [DeviceArray(a, stream) for a in host]
         self._arrays = device
+        tags_ptr = device[-1].ptr if tags is not None else None
         self._qo_indptr = device[0]
         self._table = self._block_table = None
         if block_table is not None:
-            self._block_table = _capi.BlockTableView(device[1].ptr, None, device[2].ptr, len(qo) - 1,
+            self._block_table = _capi.BlockTableView(device[1].ptr, tags_ptr, device[2].ptr, len(qo) - 1,
                                                      block.shape[1], page_size)
         else:
-            self._table = _capi.PageTableView(device[1].ptr, device[2].ptr, device[3].ptr, None, len(qo) - 1,
+            self._table = _capi.PageTableView(device[1].ptr, device[2].ptr, device[3].ptr, tags_ptr, len(qo) - 1,
                                               page_size)
         self.problem = args.problem
         self.num_tokens = int(qo[-1])
+
+    def check_tags(self, tags, statuses: RequestStatuses, *, writers=None, stream=None) -> None:
+        """The tag check over the planned table (CSR or block table): one verdict per request in
+        `statuses`, which `run(..., statuses=statuses)` then honours (needs expected_tags)."""
+        if not self._plan:
+            raise RuntimeError("slimserve: PagedAttentionWrapper.check_tags before plan")
+        keep = DeviceArray(np.ascontiguousarray(writers, np.uint32), stream) if writers is not None else None
+        writer_ptr = keep.ptr if keep is not None else None
+        if self._block_table is not None:
+            _check(_lib.slimserve_check_block_tags(byref(self._block_table), tags._handle, writer_ptr, None,
+                                                   statuses.ptr, None, _stream(stream)))
+        else:
+            _check(_lib.slimserve_check_page_tags_owned(byref(self._table), tags._handle, writer_ptr, None,
+                                                        statuses.ptr, None, _stream(stream)))
+        _check(_lib.slimserve_stream_synchronize(_stream(stream)))  # `keep` is freed next
 
     @property
     def info(self) -> dict:

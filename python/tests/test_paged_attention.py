@@ -248,3 +248,42 @@ def test_mla_absorbed_decode_matches_reference(rng):
                 tolerance = 6e-3 * np.abs(keys[:, :512]).max() + 8e-3 * np.abs(want) + 1e-6
                 assert (np.abs(got - want) <= tolerance).all(), (b, t, h, np.abs(got - want).max())
                 assert abs(lse[row, h] - (s.max() + np.log(w.sum()))) <= 2e-3 + 1e-4 * abs(s.max())
+
+
+def test_stale_page_aborts_exactly_its_request(rng):
+    pool, tags = ss.PagePool(PAGES), ss.DeviceTags(PAGES)
+    handles = pool.allocate(PAGES - 1)
+    order = rng.permutation(len(handles))
+    counts = [-(-n // PAGE) for n in KV_LEN]
+    width = max(counts) + 1
+    block = np.full((len(KV_LEN), width), 999, np.int32)
+    block_tags = np.zeros(block.shape, np.uint32)
+    at = 0
+    for b, c in enumerate(counts):
+        for i in range(c):
+            page_id, tag = handles[order[at]]
+            block[b, i], block_tags[b, i] = page_id, tag
+            at += 2  # holes
+    pages = [block[b, :c] for b, c in enumerate(counts)]
+    k, v, k_seq, v_seq = _fp16_cache(rng, pages)
+    stale = block[2, 1], block_tags[2, 1]
+    pool.release([stale])  # request 2's second page goes back to the pool: its tag moves on
+    pool.allocate(1)
+    tags.sync(pool)
+    qo_indptr = np.concatenate([[0], np.cumsum(QO_LEN)]).astype(np.int32)
+    q = rng.uniform(-1, 1, (int(qo_indptr[-1]), HQ, D)).astype(np.float16)
+    wrapper = ss.PagedAttentionWrapper()
+    wrapper.plan(qo_indptr, HQ, HKV, D, PAGE, block_table=block, seq_lens=np.array(KV_LEN, np.int32),
+                 expected_tags=block_tags, kv_dtype="float16")
+    statuses = ss.RequestStatuses(len(KV_LEN))
+    wrapper.check_tags(tags, statuses)
+    assert statuses.to_host(len(KV_LEN)) == [("ok", -1), ("ok", -1), ("stale_tag", 1), ("ok", -1)]
+    out = np.full_like(q, 0)
+    lse = np.zeros(q.shape[:2], np.float32)
+    wrapper.run(q, ss.PagedKVCache(k, v, dtype="float16"), out=out, lse=lse, statuses=statuses)
+    ref_o, ref_lse = _reference(q, k_seq, v_seq, qo_indptr, 1 / np.sqrt(D))
+    aborted = slice(qo_indptr[2], qo_indptr[3])
+    assert np.isnan(out[aborted]).all() and (lse[aborted] == -np.inf).all()
+    keep = np.ones(len(q), bool)
+    keep[aborted] = False
+    _check(out[keep], lse[keep], ref_o[keep], ref_lse[keep], 1.0, 2.0 ** -12)
