@@ -18,8 +18,10 @@
  *    ELF version node SLIMSERVE_C_1, those added by ABI 2 under SLIMSERVE_C_2, so a binary
  *    built against an earlier header keeps loading. slimserve_c_abi_version() must be at least
  *    the SLIMSERVE_C_ABI_VERSION the caller was compiled with.
- *  - Structs added in ABI 2 that may grow begin with `size_t struct_size`, which the caller
- *    sets to sizeof of the struct it compiled (memset to 0 first: 0 is every field's default).
+ *  - The argument structs added in ABI 2 (*_args, *_bound, *_plan_info) begin with
+ *    `size_t struct_size`, which the caller sets to sizeof of the struct it compiled (memset
+ *    to 0 first: 0 is every field's default). The views they hold (block table, problem, MLA
+ *    cache) are fixed, as ABI 1's structs are; new fields go into the argument structs.
  *    The library reads only that many bytes; a larger struct from a newer header is accepted
  *    when the fields this library does not know are zero, and refused (SLIMSERVE_UNSUPPORTED)
  *    otherwise, so no request is silently dropped.
@@ -534,7 +536,8 @@ typedef struct slimserve_block_table_view {
 
 /* Host preflight of a host copy (block_table, expected_tags and seq_lens host arrays): every
  * page a request's length uses is a real page of the cache (not the guard page 0, not outside
- * 0 .. num_pages - 1), every length fits its row; the message names the request and entry. */
+ * 0 .. num_pages - 1) with a tag some owner held (not 0), every length fits its row; the
+ * message names the request and entry. */
 SLIMSERVE_C_API slimserve_status slimserve_validate_block_table(
     const slimserve_block_table_view* host_table, int32_t num_pages);
 
