@@ -1,18 +1,23 @@
 #pragma once
 // What every translation unit of the C ABI shares: the thread's last message, the guard that
-// turns a Status (or an exception) into a code, and the conversions of the plain structs that
-// more than one group of entry points takes (page tables, the K/V cache view). Internal: the
+// turns a Status (or an exception) into a code, the conversions of the plain structs that more
+// than one group of entry points takes (page tables, block tables, the K/V cache view, enums),
+// and the ABI-2 struct_size convention. Internal: the
 // library is linked with hidden visibility, so nothing here is exported.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
+#include <utility>
 #include <exception>
 #include <limits>
 #include <new>
 #include <type_traits>
 
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/activation_dtype.hpp"
 #include "slimserve/c/slimserve.h"
 #include "slimserve/kv/device_tag_array.hpp"
 #include "slimserve/kv/page_table_view.hpp"
@@ -79,6 +84,70 @@ inline const kv::RequestStatus* to_statuses(const slimserve_request_status* stat
 /// validated.
 Status to_cache(const slimserve_kv_cache* c, attention::PagedKVCacheView& out,
                 std::int64_t page_stride = 0);
+
+// ---- shared by the attention and MLA entry points (ABI 2) ----------------------------------
+
+inline kv::BlockTableView to_block_view(const slimserve_block_table_view& t) {
+  return {t.block_table, t.expected_tags, t.seq_lens, t.batch_size, t.max_pages_per_request, t.page_size};
+}
+
+inline Status to_activation(std::int32_t value, const char* name, ss::ActivationDtype& out) {
+  SLIMSERVE_RETURN_IF_ERROR(to_enum(value, name, out));
+  if (!attention::is_valid(out)) return make_status(StatusCode::invalid_argument, "unknown ", name, " ", value);
+  return {};
+}
+inline Status to_kv_dtype(std::int32_t value, attention::KvDtype& out) {
+  SLIMSERVE_RETURN_IF_ERROR(to_enum(value, "KV dtype", out));
+  if (!attention::is_valid(out)) return make_status(StatusCode::invalid_argument, "unknown KV dtype ", value);
+  return {};
+}
+
+/// A host array of `count` entries, or none when the pointer is null.
+inline std::span<const std::int32_t> host_span(const std::int32_t* data, std::size_t count) {
+  return data == nullptr ? std::span<const std::int32_t>() : std::span<const std::int32_t>(data, count);
+}
+
+/// Exactly one form of host lengths: CSR (kv_indptr + last_page_len) or block table (seq_lens).
+inline Status check_length_form(const std::int32_t* kv_indptr, const std::int32_t* last_page_len,
+                         const std::int32_t* seq_lens, std::int32_t batch) {
+  const bool csr = kv_indptr != nullptr || last_page_len != nullptr;
+  if (csr == (seq_lens != nullptr)) {
+    return make_status(StatusCode::invalid_argument, "give the host lengths in one form: kv_indptr_host + ",
+                       "last_page_len_host (CSR) or seq_lens_host (block table), exactly one");
+  }
+  if (csr && (kv_indptr == nullptr || (batch > 0 && last_page_len == nullptr))) {
+    return make_status(StatusCode::invalid_argument, "the CSR form needs both kv_indptr_host and last_page_len_host");
+  }
+  return {};
+}
+
+/// Rows of `rows` x `heads` vectors of `inner` elements at (row * row_stride + head *
+/// head_stride) must not overlap: o is written by many CTAs at once. Sorted by stride, each
+/// dimension's stride must clear everything inside it.
+inline Status check_disjoint_rows(const char* name, std::int64_t rows, std::int64_t row_stride, std::int64_t heads,
+                           std::int64_t head_stride, std::int64_t inner) {
+  std::array<std::pair<std::int64_t, std::int64_t>, 2> dims{{{row_stride, rows}, {head_stride, heads}}};
+  std::sort(dims.begin(), dims.end());
+  std::int64_t span = inner;
+  for (const auto& [stride, extent] : dims) {
+    if (extent <= 1) continue;
+    if (stride < span) {
+      return make_status(StatusCode::invalid_argument, name, " strides (token ", row_stride, ", head ", head_stride,
+                         ") make rows of ", inner, " elements overlap for ", rows, " tokens x ", heads,
+                         " heads: outputs would be written twice");
+    }
+    span = stride * (extent - 1) + span;
+  }
+  return {};
+}
+
+
+/// The plan handles keep the host-side size the run's output check needs.
+template <class Handle, class Made>
+Status hand_out(Made made, std::int64_t rows, Handle** out) {
+  *out = new Handle{std::move(made), rows};
+  return {};
+}
 
 /// SMs of the current device (0 in a plan's num_sms): resolved here once, so that the size
 /// query, the bound and the plan of one call sequence agree on it.
