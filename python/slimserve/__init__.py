@@ -121,6 +121,8 @@ class PagePool:
     def __init__(self, num_pages: int):
         self._handle = c_void_p()
         self._dependents = []  # weak references to caches / page sets built on this pool
+        self._open_dependents = 0  # of those, not yet destroyed (see _close_or_defer)
+        self._close_pending = False
         _check(_lib.slimserve_page_pool_create(num_pages, byref(self._handle)))
         self.num_pages = num_pages
 
@@ -158,15 +160,40 @@ class PagePool:
     def close(self) -> None:
         """Frees the pool, after whatever was built on it: at interpreter exit the garbage
         collector may finalize a pool before its cache, so the order is enforced here."""
-        for dependent in getattr(self, "_dependents", []):
-            alive = dependent()
-            if alive is not None:
-                alive.close()
-        if getattr(self, "_handle", None):
+        if _close_or_defer(self):
             _lib.slimserve_page_pool_destroy(self._handle)
             self._handle = None
 
     __del__ = close
+
+
+def _close_or_defer(owner) -> bool:
+    """Whether `owner` (a pool or prefix cache with a live handle) may be destroyed now. Its
+    dependents (caches, page sets) are closed first; the C ABI needs them destroyed before it.
+    The garbage collector clears weak references before it runs finalizers and finalizes a
+    cycle in any order, so a dependent it has not finalized yet may be out of reach here: then
+    the destroy is deferred to that dependent's close (_dependent_closed)."""
+    for dependent in getattr(owner, "_dependents", []):
+        alive = dependent()
+        if alive is not None:
+            alive.close()
+    if not getattr(owner, "_handle", None):
+        return False
+    if getattr(owner, "_open_dependents", 0) > 0:
+        owner._close_pending = True
+        return False
+    return True
+
+
+def _dependent_closed(owner) -> None:
+    owner._open_dependents -= 1
+    if owner._open_dependents == 0 and owner._close_pending:
+        owner.close()
+
+
+def _depend_on(owner, dependent) -> None:
+    owner._dependents.append(weakref.ref(dependent))
+    owner._open_dependents += 1
 
 
 class PrefixCache:
@@ -176,9 +203,11 @@ class PrefixCache:
         self._pool = pool  # the cache must not outlive its pool
         self._handle = c_void_p()
         self._dependents = []
+        self._open_dependents = 0
+        self._close_pending = False
         self.page_size = page_size
         _check(_lib.slimserve_prefix_cache_create(pool._handle, page_size, hash_seed, byref(self._handle)))
-        pool._dependents.append(weakref.ref(self))
+        _depend_on(pool, self)
 
     def match(self, tokens: Sequence[int], salt: int = 0, adapter_id: int = 0) -> List[PageHandle]:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
@@ -200,13 +229,10 @@ class PrefixCache:
         return inserted.value
 
     def close(self) -> None:
-        for dependent in getattr(self, "_dependents", []):
-            alive = dependent()
-            if alive is not None:
-                alive.close()
-        if getattr(self, "_handle", None):
+        if _close_or_defer(self):
             _lib.slimserve_prefix_cache_destroy(self._handle)
             self._handle = None
+            _dependent_closed(self._pool)
 
     __del__ = close
 
@@ -221,9 +247,9 @@ class RequestSets:
         self._handle = c_void_p()
         _check(_lib.slimserve_request_sets_create(pool._handle, cache._handle if cache else None,
                                                   max_requests, page_size, byref(self._handle)))
-        pool._dependents.append(weakref.ref(self))
+        _depend_on(pool, self)
         if cache is not None:
-            cache._dependents.append(weakref.ref(self))
+            _depend_on(cache, self)
 
     @staticmethod
     def _plan(plan: _capi.PagePlan) -> dict:
@@ -288,6 +314,9 @@ class RequestSets:
         if getattr(self, "_handle", None):
             _lib.slimserve_request_sets_destroy(self._handle)
             self._handle = None
+            if self._cache is not None:
+                _dependent_closed(self._cache)
+            _dependent_closed(self._pool)
 
     __del__ = close
 
