@@ -6,10 +6,14 @@ import slimserve as ss
 
 
 class _RecordingLibrary:
-    """Forwards to the C library and records the destroy calls, in order."""
+    """Forwards to the C library and records the destroy calls of the handles it is told to
+    watch, in order (other tests' garbage may be collected meanwhile)."""
 
     def __init__(self, lib):
-        self._lib, self.destroyed = lib, []
+        self._lib, self.destroyed, self.watched = lib, [], set()
+
+    def watch(self, *objects):
+        self.watched.update(o._handle.value for o in objects)
 
     def __getattr__(self, name):
         function = getattr(self._lib, name)
@@ -17,7 +21,8 @@ class _RecordingLibrary:
             return function
 
         def destroy(handle):
-            self.destroyed.append(name)
+            if getattr(handle, "value", handle) in self.watched:
+                self.destroyed.append(name)
             return function(handle)
         return destroy
 
@@ -28,6 +33,7 @@ def test_pool_finalized_first_waits_for_its_dependents(monkeypatch):
     pool = ss.PagePool(8)
     cache = ss.PrefixCache(pool, 16)
     sets = ss.RequestSets(pool, cache, 4, 16)
+    recorder.watch(pool, cache, sets)
     # What the collector does with a cycle: it clears weak references, then finalizes in any
     # order; here the pool first, then the cache, then the page sets.
     pool._dependents.clear()
@@ -45,11 +51,13 @@ def test_explicit_close_and_cycles_destroy_each_once(monkeypatch):
     monkeypatch.setattr(ss, "_lib", recorder)
     pool = ss.PagePool(8)
     cache = ss.PrefixCache(pool, 16)
+    recorder.watch(pool, cache)
     pool.close()  # closes the cache first
     assert recorder.destroyed == ["slimserve_prefix_cache_destroy", "slimserve_page_pool_destroy"]
     cache.close()
     pool = ss.PagePool(8)
     cache = ss.PrefixCache(pool, 16)
+    recorder.watch(pool, cache)
     cache.cycle = cache
     del pool, cache
     gc.collect()
