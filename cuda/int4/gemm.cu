@@ -89,10 +89,10 @@ constexpr std::array<T, A + B> concat(const std::array<T, A>& a, const std::arra
 
 // One width per key. A 128-column decode tile for groups >= 64 under stream-K with M > 1
 // would halve the FP32 partials of each tile two blocks share (M = 16, n = 28672, k = 8192,
-// 132 SMs: 1.8% of the weight bytes instead of 3.6%), but its mainloop costs 3.06 (BF16) /
-// 2.88 (FP16) warp-instructions per 16 B against 2.48 / 2.29 for 256 columns (sm_90a SASS
-// report, same build): by the static model the narrower tile is the slower one, by ≈ 3.5%
-// (docs/int4-gemm.md, Schedules).
+// 132 SMs: 1.8% of the weight bytes instead of 3.6%), but its mainloop costs 2.98 (BF16) /
+// 2.79 (FP16) warp-instructions per 16 B against 2.40 / 2.20 for 256 columns (sm_90a SASS
+// report): by the static model a tie for BF16 and 1.7% faster for FP16, and only if the
+// partials reach DRAM rather than staying in L2 (docs/int4-gemm.md, Schedules).
 /// The one list of supported fused kernels: {bf16, fp16} x {decode, wide tile} x group span
 /// {16, 32, >= 64 (incl. per-channel)}. Adding a span or a tile is an edit here (a second
 /// width of one key too: `find_fused_kernel` takes the plan's block_n).
