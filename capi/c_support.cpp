@@ -4,10 +4,6 @@
 #include <algorithm>
 #include <string>
 
-#if !defined(SLIMSERVE_EMULATE)
-#include <cuda_runtime.h>
-#endif
-
 namespace slimserve_capi {
 namespace {
 thread_local std::string last_error;
@@ -23,21 +19,6 @@ slimserve_status record(const Status& status) {
 }
 
 const char* last_error_message() { return last_error.c_str(); }
-
-std::int32_t current_device_sm_count() {
-#if defined(SLIMSERVE_EMULATE)
-  return 8;  // the emulator has no SMs; the façades' own fallback, a small grid
-#else
-  int device = 0;
-  int count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 1;
-  }
-  return std::max(count, 1);
-#endif
-}
 
 Status to_cache(const slimserve_kv_cache* c, attention::PagedKVCacheView& out,
                 std::int64_t page_stride) {

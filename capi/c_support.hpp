@@ -149,10 +149,6 @@ Status hand_out(Made made, std::int64_t rows, Handle** out) {
   return {};
 }
 
-/// SMs of the current device (0 in a plan's num_sms): resolved here once, so that the size
-/// query, the bound and the plan of one call sequence agree on it.
-std::int32_t current_device_sm_count();
-
 /// Reads a caller's struct that begins with `size_t struct_size` (ABI 2 convention): at least
 /// the `minimum` bytes this library's first version of the struct had; bytes past what this
 /// library knows must be zero (a newer header's fields left at their defaults), otherwise the

@@ -113,7 +113,6 @@ slimserve_status slimserve_mla_workspace_size(const slimserve_mla_plan_args* arg
     if (bytes == nullptr) return null_argument("bytes");
     attention::MlaDecodePlanArguments plan_args;
     SLIMSERVE_RETURN_IF_ERROR(to_mla_plan_arguments(args, plan_args));
-    if (plan_args.num_sms == 0) plan_args.num_sms = current_device_sm_count();
     auto size = attention::mla_decode_workspace_size(plan_args);
     if (!size.ok()) return size.status();
     *bytes = *size;
@@ -128,7 +127,7 @@ slimserve_status slimserve_mla_workspace_bound(const slimserve_mla_bound* bound,
     SLIMSERVE_RETURN_IF_ERROR(read_versioned(bound, "bound", b));
     attention::MlaDecodeWorkspaceBound cpp;
     SLIMSERVE_RETURN_IF_ERROR(to_mla_problem(b.problem, cpp.problem));
-    cpp.num_sms = b.num_sms != 0 ? b.num_sms : current_device_sm_count();
+    cpp.num_sms = b.num_sms;  // 0: the C++ bound asks the current device
     if (b.ctas_per_sm != 0) cpp.ctas_per_sm = b.ctas_per_sm;
     auto size = attention::mla_decode_workspace_bound(cpp);
     if (!size.ok()) return size.status();
@@ -144,7 +143,6 @@ slimserve_status slimserve_mla_plan_create(const slimserve_mla_plan_args* args, 
     *out = nullptr;
     attention::MlaDecodePlanArguments plan_args;
     SLIMSERVE_RETURN_IF_ERROR(to_mla_plan_arguments(args, plan_args));
-    if (plan_args.num_sms == 0) plan_args.num_sms = current_device_sm_count();
     if (workspace == nullptr) return null_argument("workspace");
     auto plan = attention::plan_mla_decode(plan_args, workspace, workspace_bytes, stream);
     if (!plan.ok()) return plan.status();

@@ -152,7 +152,6 @@ slimserve_status slimserve_paged_attention_workspace_size(const slimserve_paged_
     if (bytes == nullptr) return null_argument("bytes");
     attention::PagedAttentionPlanArguments plan_args;
     SLIMSERVE_RETURN_IF_ERROR(to_plan_arguments(args, plan_args));
-    if (plan_args.num_sms == 0) plan_args.num_sms = current_device_sm_count();
     auto size = attention::paged_attention_workspace_size(plan_args);
     if (!size.ok()) return size.status();
     *bytes = *size;
@@ -170,7 +169,7 @@ slimserve_status slimserve_paged_attention_workspace_bound(const slimserve_paged
     SLIMSERVE_RETURN_IF_ERROR(to_problem(b.problem, cpp.problem));
     cpp.max_total_qo_tokens = b.max_total_qo_tokens;
     cpp.max_kv_tokens = b.max_kv_tokens;
-    cpp.num_sms = b.num_sms != 0 ? b.num_sms : current_device_sm_count();
+    cpp.num_sms = b.num_sms;  // 0: the C++ bound asks the current device
     if (b.ctas_per_sm != 0) cpp.ctas_per_sm = b.ctas_per_sm;
     auto size = attention::paged_attention_workspace_bound(cpp);
     if (!size.ok()) return size.status();
@@ -187,7 +186,6 @@ slimserve_status slimserve_paged_attention_plan_create(const slimserve_paged_att
     *out = nullptr;
     attention::PagedAttentionPlanArguments plan_args;
     SLIMSERVE_RETURN_IF_ERROR(to_plan_arguments(args, plan_args));
-    if (plan_args.num_sms == 0) plan_args.num_sms = current_device_sm_count();
     if (workspace == nullptr) return null_argument("workspace");
     auto plan = attention::plan_paged_attention(plan_args, workspace, workspace_bytes, stream);
     if (!plan.ok()) return plan.status();

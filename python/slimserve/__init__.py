@@ -707,3 +707,6 @@ if _torch is not None:
 # ---- ABI 2: tensor-core paged attention and MLA (slimserve.attention) --------------------------
 from .attention import (MlaCache, MlaDecodeWrapper, PagedAttentionWrapper, mla_append,  # noqa: E402
                         mla_record_bytes, validate_block_table)
+
+# ---- ABI 2: INT4 mixture-of-experts GEMM (slimserve.moe) -----------------------------------------
+from .moe import MoeGemm, MoeRouter, MoeRouting, stack_experts, validate_moe_routing  # noqa: E402

@@ -3,7 +3,8 @@
 Kept in the same order as the header; `load()` finds the shared library, checks the ABI
 version (the library's must be at least ABI_VERSION) and declares every function's argument and
 result types, so a mismatch is a Python TypeError rather than memory corruption. Structs of ABI 2
-that begin with `struct_size` get it set by `versioned()`.
+that begin with `struct_size` get it set by `versioned()`. tests/test_capi_layout.py compiles the
+header and compares every struct's size and fields' offsets with these declarations.
 """
 from __future__ import annotations
 
@@ -195,6 +196,36 @@ class MergeArgs(Structure):
                 ("head_dim", c_int32), ("out_dtype", c_int32), ("o", c_void_p), ("lse", c_void_p)]
 
 
+class MoeRoutingArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("num_tokens", c_int64), ("top_k", c_int64),
+                ("num_experts", c_int64), ("topk_ids", c_void_p), ("max_tokens", c_int64),
+                ("align", c_int32)]
+
+
+class MoeRoutingStatus(Structure):
+    _fields_ = [("invalid_pairs", c_int32), ("first_invalid", c_int32), ("first_id", c_int32),
+                ("reserved", c_int32)]
+
+
+class MoeRouting(Structure):
+    _fields_ = [("topk_ids", c_void_p), ("tile_expert", c_void_p), ("tile_rows", c_void_p),
+                ("tiles_used", c_void_p), ("status", c_void_p), ("num_tokens", c_int64),
+                ("top_k", c_int64), ("num_experts", c_int64), ("max_tiles", c_int64)]
+
+
+class MoeGemmArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("activation", c_int32), ("epilogue", c_int32),
+                ("num_tokens", c_int64), ("top_k", c_int64), ("num_experts", c_int64),
+                ("k", c_int64), ("n", c_int64), ("group_size", c_int64), ("a", c_void_p),
+                ("b", c_void_p), ("scales", c_void_p), ("zeros", c_void_p), ("topk_ids", c_void_p),
+                ("topk_weights", c_void_p), ("c", c_void_p), ("max_tokens", c_int64)]
+
+
+class MoeGemmPlanInfo(Structure):
+    _fields_ = [("struct_size", c_size_t), ("max_tokens", c_int64), ("max_tiles", c_int64),
+                ("workspace_bytes", c_size_t), ("scaling", c_int32)]
+
+
 def versioned(struct_type):
     """A zeroed ABI-2 struct with struct_size set (0 is every field's default)."""
     value = struct_type()
@@ -296,6 +327,19 @@ _SIGNATURES = {
     "slimserve_mla_plan_destroy": (None, [H]),
     "slimserve_mla_decode_run": (S, [H, POINTER(MlaDecodeArgs), c_void_p, c_size_t, c_void_p]),
     "slimserve_mla_gather": (S, [POINTER(MlaGatherArgs), c_void_p]),
+    "slimserve_moe_routing_workspace_size": (S, [POINTER(MoeRoutingArgs), POINTER(c_size_t)]),
+    "slimserve_moe_routing_plan_create": (S, [POINTER(MoeRoutingArgs), POINTER(H)]),
+    "slimserve_moe_routing_plan_destroy": (None, [H]),
+    "slimserve_moe_routing_run": (S, [H, POINTER(MoeRoutingArgs), c_void_p, c_size_t, c_void_p,
+                                       POINTER(MoeRouting)]),
+    "slimserve_moe_routing_read_status": (S, [POINTER(MoeRouting), c_void_p]),
+    "slimserve_moe_validate_routing": (S, [c_void_p, c_int64, c_int64, c_int64]),
+    "slimserve_moe_gemm_workspace_size": (S, [POINTER(MoeGemmArgs), POINTER(c_size_t)]),
+    "slimserve_moe_gemm_plan_create": (S, [POINTER(MoeGemmArgs), POINTER(H)]),
+    "slimserve_moe_gemm_plan_destroy": (None, [H]),
+    "slimserve_moe_gemm_plan_get_info": (S, [H, POINTER(MoeGemmPlanInfo)]),
+    "slimserve_moe_gemm_run": (S, [H, POINTER(MoeGemmArgs), POINTER(MoeRouting), c_void_p, c_size_t,
+                                    c_void_p]),
 }
 
 

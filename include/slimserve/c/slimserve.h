@@ -828,6 +828,163 @@ typedef struct slimserve_mla_gather_args {
 SLIMSERVE_C_API slimserve_status slimserve_mla_gather(const slimserve_mla_gather_args* args,
                                                       slimserve_stream stream);
 
+/* ---- INT4 mixture-of-experts GEMM (docs/int4-gemm.md) ------------------------------------ */
+
+/* An MoE layer routes each token to top_k of E experts; the engine's router gives expert ids
+ * and weights, [T, top_k] each, in device memory. A layer aligns its routing once and passes
+ * it to both grouped W4A16 GEMMs:
+ *   1. once (host): slimserve_moe_routing_plan_create and slimserve_moe_gemm_plan_create for
+ *      up to max_tokens tokens; their workspace size queries bound every step up to it (one
+ *      allocation serves the engine's whole life, CUDA graphs included);
+ *   2. each step: slimserve_moe_routing_run sorts the T * top_k (token, slot) pairs by expert
+ *      on the device and checks the ids there (launches only, capturable), giving a
+ *      slimserve_moe_routing;
+ *   3. slimserve_moe_gemm_run with that routing, for gate+up (SLIMSERVE_MOE_GATE_UP_SILU:
+ *      mid[pair] = silu(x W_gate) * (x W_up), pair = token * top_k + slot) and for down
+ *      (SLIMSERVE_MOE_DOWN_WEIGHTED_SUM: out[token] = sum over slots, in slot order, of the
+ *      router weight * (mid[pair] W_down)); FP32 accumulation, deterministic, no atomics;
+ *   4. after the step: slimserve_moe_routing_read_status (synchronizes), or copy the 16-byte
+ *      slimserve_moe_routing_status word with the step's other outputs.
+ * An expert id outside 0 .. E - 1 makes no kernel read outside its inputs: its pair is
+ * skipped by both GEMMs (its gate+up row is not written and adds nothing to the token's down
+ * output) and counted in the status word. */
+
+typedef int32_t slimserve_moe_epilogue;
+enum { SLIMSERVE_MOE_GATE_UP_SILU = 0, SLIMSERVE_MOE_DOWN_WEIGHTED_SUM = 1 };
+/* How the alignment sorts pairs by expert. */
+typedef int32_t slimserve_moe_align_method;
+enum {
+  SLIMSERVE_MOE_ALIGN_AUTOMATIC = 0, /* CUB on the GPU, serial in the emulator */
+  SLIMSERVE_MOE_ALIGN_SERIAL = 1,    /* one thread, stable counting sort (also on the GPU) */
+  SLIMSERVE_MOE_ALIGN_DEVICE = 2     /* CUB radix sort + scan (CUDA build only) */
+};
+
+/* The router's output as the alignment reads it. One struct serves the plan (which reads the
+ * sizes and options and keeps no pointer) and every step's run (which reads T and the ids). */
+typedef struct slimserve_moe_routing_args {
+  size_t struct_size;
+  int64_t num_tokens;       /* T: 1 .. the plan's max_tokens */
+  int64_t top_k;            /* 1 .. num_experts */
+  int64_t num_experts;      /* E */
+  const int32_t* topk_ids;  /* device [T, top_k] expert ids, 4-byte aligned */
+  int64_t max_tokens;       /* plan only: the largest T it serves; 0: num_tokens */
+  slimserve_moe_align_method align; /* plan only; 0: automatic */
+} slimserve_moe_routing_args;
+
+/* The alignment's device-side check of the ids (device memory, written by every run). */
+typedef struct slimserve_moe_routing_status {
+  int32_t invalid_pairs; /* pairs whose id is outside 0 .. E - 1 (skipped by the GEMMs) */
+  int32_t first_invalid; /* the smallest such pair (token * top_k + slot), or -1 */
+  int32_t first_id;      /* its id */
+  int32_t reserved;
+} slimserve_moe_routing_status;
+
+/* One step's aligned routing: device pointers into the routing workspace plus the sizes and
+ * ids it was aligned from. Written by slimserve_moe_routing_run; pass it to both GEMMs as it
+ * is. Valid until the routing workspace is reused or the ids change; a GEMM refuses a routing
+ * aligned from other ids or sizes. */
+typedef struct slimserve_moe_routing {
+  const int32_t* topk_ids;    /* [T, top_k] the ids it was aligned from */
+  const int32_t* tile_expert; /* [max_tiles] expert of each 16-row tile */
+  const int32_t* tile_rows;   /* [max_tiles, 16] pair of each row (T * top_k: padding) */
+  const int32_t* tiles_used;  /* [1] */
+  const slimserve_moe_routing_status* status;
+  int64_t num_tokens;
+  int64_t top_k;
+  int64_t num_experts;
+  int64_t max_tiles; /* row tiles of the worst routing of T tokens (the GEMMs' grid) */
+} slimserve_moe_routing;
+
+typedef struct slimserve_moe_routing_plan slimserve_moe_routing_plan;
+
+/* Bytes of the routing workspace for every step up to max_tokens (the plan's). */
+SLIMSERVE_C_API slimserve_status slimserve_moe_routing_workspace_size(
+    const slimserve_moe_routing_args* args, size_t* bytes);
+/* Preflight (1 <= top_k <= E, T >= 1, the ids pointer) and sizes; launches nothing. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_routing_plan_create(
+    const slimserve_moe_routing_args* args, slimserve_moe_routing_plan** out);
+SLIMSERVE_C_API void slimserve_moe_routing_plan_destroy(slimserve_moe_routing_plan* plan);
+/* The alignment of args' T tokens on `stream` (launches only: capturable). `workspace`:
+ * device, 256-byte aligned, at least the size query's bytes (else
+ * SLIMSERVE_RESOURCE_EXHAUSTED). Writes *out only on success. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_routing_run(
+    const slimserve_moe_routing_plan* plan, const slimserve_moe_routing_args* args,
+    void* workspace, size_t workspace_bytes, slimserve_stream stream,
+    slimserve_moe_routing* out);
+/* After the step: copies the routing's status word to the host (synchronizes `stream`):
+ * SLIMSERVE_OUT_OF_RANGE naming the first bad token, slot and id and the count of skipped
+ * pairs, SLIMSERVE_OK when every id was in range. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_routing_read_status(
+    const slimserve_moe_routing* routing, slimserve_stream stream);
+/* Host check of a host copy of the ids: every id in 0 .. num_experts - 1
+ * (SLIMSERVE_OUT_OF_RANGE names the first bad token, slot and id). */
+SLIMSERVE_C_API slimserve_status slimserve_moe_validate_routing(const int32_t* host_topk_ids,
+                                                                int64_t num_tokens,
+                                                                int64_t top_k,
+                                                                int64_t num_experts);
+
+/* One grouped GEMM of a layer. Each expert's weights are packed exactly as the dense GEMM's
+ * (slimserve_int4_weights_info of one expert: k x n), the E experts laid end to end. The
+ * element type of a, c, scales and zeros is `activation`; device pointers, 16-byte aligned. */
+typedef struct slimserve_moe_gemm_args {
+  size_t struct_size;
+  slimserve_activation_dtype activation;
+  slimserve_moe_epilogue epilogue;
+  int64_t num_tokens;   /* T: 1 .. the plan's max_tokens */
+  int64_t top_k;        /* 1 .. num_experts */
+  int64_t num_experts;  /* E */
+  int64_t k;            /* reduction size: multiple of 16 and of group_size */
+  int64_t n;            /* expert columns: gate+up [gate | up] 2 x intermediate (multiple of
+                           32), down hidden (multiple of 16) */
+  int64_t group_size;   /* a power of two >= 16 dividing k, or k */
+  const void* a;        /* gate+up: [T, k] tokens; down: [T * top_k, k] in pair order */
+  const uint32_t* b;    /* [E][k/16, n/16, 32] packed */
+  const void* scales;   /* [E][k/group_size, n] */
+  const void* zeros;    /* [E][k/group_size, n], or NULL (symmetric: z = 8) */
+  const int32_t* topk_ids;    /* [T, top_k] device: the ids the routing was aligned from */
+  const float* topk_weights;  /* [T, top_k] device router weights (down only; else NULL) */
+  void* c;              /* gate+up: [T * top_k, n / 2] in pair order; down: [T, n] */
+  int64_t max_tokens;   /* plan only: the largest T it serves; 0: num_tokens */
+} slimserve_moe_gemm_args;
+
+typedef struct slimserve_moe_gemm_plan slimserve_moe_gemm_plan;
+
+/* Bytes of the GEMM's own workspace (with a routing) for every step up to max_tokens: the
+ * down projection's FP32 partials [max_tokens * top_k, n]; 0 for gate+up. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_workspace_size(
+    const slimserve_moe_gemm_args* args, size_t* bytes);
+/* Preflight (shapes, group size, top_k <= E, pointers, alignment) and sizes; launches
+ * nothing. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_plan_create(
+    const slimserve_moe_gemm_args* args, slimserve_moe_gemm_plan** out);
+SLIMSERVE_C_API void slimserve_moe_gemm_plan_destroy(slimserve_moe_gemm_plan* plan);
+
+/* Where the group scales are applied: the FP64 model the results match (docs/int4-gemm.md). */
+typedef int32_t slimserve_group_scaling;
+enum {
+  SLIMSERVE_SCALING_PER_WEIGHT = 0,   /* w = round_T((q - z) * s), as slimserve_int4_weights_dequantize */
+  SLIMSERVE_SCALING_PER_GROUP_SUM = 1 /* w = (q - z) * s exactly (groups >= 64, per-channel) */
+};
+typedef struct slimserve_moe_gemm_plan_info {
+  size_t struct_size;
+  int64_t max_tokens;
+  int64_t max_tiles;          /* row tiles for max_tokens in the worst routing */
+  size_t workspace_bytes;     /* the GEMM's own part (as the size query) */
+  slimserve_group_scaling scaling;
+} slimserve_moe_gemm_plan_info;
+SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_plan_get_info(
+    const slimserve_moe_gemm_plan* plan, slimserve_moe_gemm_plan_info* info);
+
+/* The grouped GEMM (and, for down, the combine into token order) over `routing` on `stream`
+ * (launches only: capturable). `workspace`: the GEMM's own part, device, 256-byte aligned
+ * (may be NULL when that is 0). Refuses a routing aligned from other ids or sizes. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_run(const slimserve_moe_gemm_plan* plan,
+                                                        const slimserve_moe_gemm_args* args,
+                                                        const slimserve_moe_routing* routing,
+                                                        void* workspace,
+                                                        size_t workspace_bytes,
+                                                        slimserve_stream stream);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
