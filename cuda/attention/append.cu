@@ -1,9 +1,7 @@
 // Façade of the cache writers/readers: fused quantize-append and page dequantization.
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
 #include <span>
 
 #include "kernel_tables.cuh"
@@ -30,24 +28,23 @@ Status launch_append(const kernels::AppendParams& params, dim3 grid, dim3 block,
   return rt::launch(kernels::append_kernel<KvT, InT, HeadDim>, rt::LaunchConfig{grid, block, 0, stream},
                     params);
 }
-template <class KvT, class InT>
-constexpr std::array<AppendKernelEntry, 3> append_entries() {
-  return {{{detail::kv_dtype_of<KvT>::value, detail::activation_dtype_of<InT>::value, 64, &launch_append<KvT, InT, 64>},
-           {detail::kv_dtype_of<KvT>::value, detail::activation_dtype_of<InT>::value, 128, &launch_append<KvT, InT, 128>},
-           {detail::kv_dtype_of<KvT>::value, detail::activation_dtype_of<InT>::value, 256, &launch_append<KvT, InT, 256>}}};
-}
-template <class... Tables>
-constexpr auto concat(const Tables&... tables) {
-  std::array<AppendKernelEntry, (std::tuple_size_v<Tables> + ...)> all{};
-  std::size_t next = 0;
-  ((std::copy(tables.begin(), tables.end(), all.begin() + static_cast<std::ptrdiff_t>(next)), next += tables.size()), ...);
-  return all;
-}
+/// Every (stored type, input type) pair at every head_dim of the paged cache.
 const auto& append_table() {
-  static const auto table = concat(
-      append_entries<bf16, bf16>(), append_entries<bf16, fp16>(), append_entries<fp16, bf16>(),
-      append_entries<fp16, fp16>(), append_entries<fp8_e4m3, bf16>(), append_entries<fp8_e4m3, fp16>(),
-      append_entries<fp8_e5m2, bf16>(), append_entries<fp8_e5m2, fp16>());
+  static const auto table = [] {
+    std::array<AppendKernelEntry, 8 * PagedHeadDims::size> entries{};
+    std::size_t count = 0;
+    auto add_inputs = [&]<class KvT>() {
+      PagedHeadDims::for_each([&]<int HeadDim>() {
+        entries[count++] = {detail::kv_dtype_of<KvT>::value, ActivationDtype::bf16, HeadDim, &launch_append<KvT, bf16, HeadDim>};
+        entries[count++] = {detail::kv_dtype_of<KvT>::value, ActivationDtype::fp16, HeadDim, &launch_append<KvT, fp16, HeadDim>};
+      });
+    };
+    add_inputs.operator()<bf16>();
+    add_inputs.operator()<fp16>();
+    add_inputs.operator()<fp8_e4m3>();
+    add_inputs.operator()<fp8_e5m2>();
+    return entries;
+  }();
   return table;
 }
 
@@ -63,11 +60,23 @@ Status launch_dequantize(const kernels::DequantizeParams& params, dim3 grid, cud
   return rt::launch(kernels::dequantize_pages_kernel<KvT, HeadDim>,
                     rt::LaunchConfig{grid, dim3(128), 0, stream}, params);
 }
-template <class KvT>
-constexpr std::array<DequantizeKernelEntry, 3> dequantize_entries() {
-  return {{{detail::kv_dtype_of<KvT>::value, 64, &launch_dequantize<KvT, 64>},
-           {detail::kv_dtype_of<KvT>::value, 128, &launch_dequantize<KvT, 128>},
-           {detail::kv_dtype_of<KvT>::value, 256, &launch_dequantize<KvT, 256>}}};
+/// Every stored type at every head_dim of the paged cache.
+const auto& dequantize_table() {
+  static const auto table = [] {
+    std::array<DequantizeKernelEntry, 4 * PagedHeadDims::size> entries{};
+    std::size_t count = 0;
+    auto add = [&]<class KvT>() {
+      PagedHeadDims::for_each([&]<int HeadDim>() {
+        entries[count++] = {detail::kv_dtype_of<KvT>::value, HeadDim, &launch_dequantize<KvT, HeadDim>};
+      });
+    };
+    add.operator()<bf16>();
+    add.operator()<fp16>();
+    add.operator()<fp8_e4m3>();
+    add.operator()<fp8_e5m2>();
+    return entries;
+  }();
+  return table;
 }
 
 }  // namespace
@@ -75,8 +84,8 @@ constexpr std::array<DequantizeKernelEntry, 3> dequantize_entries() {
 Status can_implement(const AppendArguments& a) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
   SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "append_kv"));
-  if (!VectorKernelHeadDims::contains(a.cache.head_dim)) {
-    return make_status(StatusCode::unsupported, "append_kv supports head_dim ", VectorKernelHeadDims::describe(),
+  if (!PagedHeadDims::contains(a.cache.head_dim)) {
+    return make_status(StatusCode::unsupported, "append_kv supports head_dim ", PagedHeadDims::describe(),
                        ", got ", a.cache.head_dim);
   }
   if (!is_valid(a.input_dtype)) {
@@ -132,9 +141,10 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   params.token_position = a.token_position;
   params.append_indptr = a.append_indptr;
   params.num_tokens = a.num_tokens;
-  // 128 threads: head_dim / 8 per head, the rest on further heads of the same token.
+  // 128 threads: head_vector_lanes(head_dim) per head (kv_store.cuh), the rest on further
+  // heads of the same token.
   constexpr int threads = 128;
-  const int heads_per_block = threads / (a.cache.head_dim / 8);
+  const int heads_per_block = threads / kernels::head_vector_lanes(a.cache.head_dim);
   const dim3 grid(static_cast<unsigned>(a.num_tokens),
                   static_cast<unsigned>((a.cache.num_kv_heads + heads_per_block - 1) / heads_per_block));
   return launch(params, grid, dim3(threads), stream);
@@ -144,9 +154,9 @@ Status dequantize_pages(const PagedKVCacheView& cache, const std::int32_t* page_
                         std::int32_t num_listed, bf16* k_out, bf16* v_out, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(cache));
   SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(cache, "dequantize_pages"));
-  if (!VectorKernelHeadDims::contains(cache.head_dim)) {
+  if (!PagedHeadDims::contains(cache.head_dim)) {
     return make_status(StatusCode::unsupported, "dequantize_pages supports head_dim ",
-                       VectorKernelHeadDims::describe(), ", got ", cache.head_dim);
+                       PagedHeadDims::describe(), ", got ", cache.head_dim);
   }
   if (num_listed < 0) {
     return make_status(StatusCode::invalid_argument, "num_listed ", num_listed, " < 0");
@@ -158,19 +168,11 @@ Status dequantize_pages(const PagedKVCacheView& cache, const std::int32_t* page_
   if (!aligned16(cache.k_pages) || !aligned16(cache.v_pages)) {
     return make_status(StatusCode::invalid_argument, "the K/V pages must be 16-byte aligned");
   }
-  static const auto table = [] {
-    std::array<DequantizeKernelEntry, 12> all{};
-    const std::array<DequantizeKernelEntry, 3> parts[] = {dequantize_entries<bf16>(), dequantize_entries<fp16>(),
-                                                          dequantize_entries<fp8_e4m3>(), dequantize_entries<fp8_e5m2>()};
-    std::size_t next = 0;
-    for (const auto& part : parts) for (const auto& e : part) all[next++] = e;
-    return all;
-  }();
   kernels::DequantizeParams params{cache.k_pages, cache.v_pages, cache.k_scale, cache.v_scale,
                                    cache.k_token_scales, cache.v_token_scales, cache.num_pages,
                                    cache.page_size, cache.num_kv_heads, cache.layout, cache.scale_mode,
                                    page_ids, k_out, v_out};
-  for (const auto& entry : table) {
+  for (const auto& entry : dequantize_table()) {
     if (entry.kv_dtype == cache.dtype && entry.head_dim == cache.head_dim) {
       return entry.launch(params, dim3(static_cast<unsigned>(num_listed), 2), stream);
     }

@@ -139,21 +139,14 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
     if (!aligned16(a.chunk_kv.k) || !aligned16(a.chunk_kv.v)) {
       return make_status(StatusCode::invalid_argument, "chunk_kv.k and chunk_kv.v must be 16-byte aligned");
     }
-    // Its writes use the append kernel's packed offsets.
-    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill (quantize-and-append of the chunk)"));
     for (const std::int64_t stride : {a.chunk_kv.token_stride, a.chunk_kv.head_stride}) {
       if (stride < 0 || stride % 8 != 0) {
         return make_status(StatusCode::invalid_argument, "chunk_kv strides must be non-negative multiples "
                            "of 8 elements (16-byte rows), got ", stride);
       }
     }
-    // The fused append writes slots as append_kv does: packed pages, its head dims.
-    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill"));
-    if (!VectorKernelHeadDims::contains(p.head_dim)) {
-      return make_status(StatusCode::unsupported, "fused prefill supports head_dim ",
-                         VectorKernelHeadDims::describe(), ", got ", p.head_dim,
-                         " (append_kv cannot write it either; the engine writes such a cache)");
-    }
+    // The fused append writes slots with append_kv's page store: packed pages only.
+    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill (quantize-and-append of the chunk)"));
   }
   if (!std::isfinite(a.logit_soft_cap) || a.logit_soft_cap < 0.0f) {
     return make_status(StatusCode::invalid_argument, "logit_soft_cap must be finite and >= 0 (0: none), got ",

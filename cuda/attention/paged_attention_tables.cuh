@@ -47,13 +47,9 @@ Status launch_paged_prefill_fused(const kernels::PagedAttentionParams& params, d
 
 template <class KvT, class QT, int HeadDim>
 constexpr PagedAttentionKernelEntry paged_attention_entry() {
-  // The fused append writes a head vector with head_dim / 8 lanes (a power of two): only the
-  // head dims append_kv takes have a fused kernel; the façade refuses the others.
-  PagedAttentionLauncher fused = nullptr;
-  if constexpr (VectorKernelHeadDims::contains(HeadDim)) fused = &launch_paged_prefill_fused<KvT, QT, HeadDim>;
   return {kv_dtype_of<KvT>::value, activation_dtype_of<QT>::value, HeadDim,
           sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>),
-          &launch_paged_attention<KvT, QT, HeadDim>, fused};
+          &launch_paged_attention<KvT, QT, HeadDim>, &launch_paged_prefill_fused<KvT, QT, HeadDim>};
 }
 
 /// Activation types a cache computes with: 16-bit caches their own type, FP8 caches either.

@@ -33,6 +33,14 @@ std::vector<AppendCase> append_grid() {
       {fp8_e4m3, KvLayout::hnd, KvScaleMode::per_token, 256, 1, 16, ActivationDtype::bf16},
       {bf16, KvLayout::hnd, KvScaleMode::none, 256, 1, 16, ActivationDtype::bf16},
       {fp16, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 64, ActivationDtype::fp16},
+      // head_dim 96 and 192: 12 and 24 active lanes of 16- and 32-lane groups (kv_store.cuh);
+      // 5 and 3 heads leave heads of the last block idle.
+      {fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 96, 5, 16, ActivationDtype::bf16},
+      {fp8_e4m3, KvLayout::hnd, KvScaleMode::per_token, 192, 3, 32, ActivationDtype::fp16},
+      {fp8_e5m2, KvLayout::hnd, KvScaleMode::per_token, 96, 2, 16, ActivationDtype::fp16},
+      {fp8_e5m2, KvLayout::nhd, KvScaleMode::per_tensor, 192, 1, 16, ActivationDtype::bf16},
+      {bf16, KvLayout::nhd, KvScaleMode::per_tensor, 96, 3, 16, ActivationDtype::bf16},
+      {fp16, KvLayout::hnd, KvScaleMode::none, 192, 2, 16, ActivationDtype::fp16},
   };
 }
 
@@ -277,7 +285,7 @@ TEST_CASE("append: explicit destinations; out-of-range ones are skipped on devic
     bad.append_indptr = req.data();  // both forms
     CHECK(append_kv(bad, nullptr).code() == StatusCode::invalid_argument);
     bad = args;
-    bad.cache.head_dim = 96;
+    bad.cache.head_dim = 80;  // not in PagedHeadDims
     CHECK(append_kv(bad, nullptr).code() == StatusCode::unsupported);
     bad = args;
     bad.table.page_size = 32;

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <numeric>
 #include <random>
 #include <span>
@@ -243,6 +246,123 @@ struct Reference {
   std::vector<double> lse;  // [rows]
 };
 
+/// Fills every (page, slot, head) that the first `stored[b]` positions of each request own with
+/// realistic K/V rows; a page shared by two requests is written once. Per-tensor scales are
+/// calibrated from the amax of these rows and of `also_held` (values the cache must also hold,
+/// e.g. a chunk about to be appended), times `scale_factor` (< 1 pushes values into FP8
+/// saturation); 16-bit caches get 0.37 / 1.9 (non-unit, K != V).
+struct AlsoHeld {
+  float k_amax = 0.0f, v_amax = 0.0f;
+};
+inline void fill_cache(HostCache& cache, const HostPageTable& table, const std::vector<std::int64_t>& stored,
+                       std::mt19937_64& rng, float scale_factor = 1.0f, AlsoHeld also_held = {}) {
+  const int d_dim = cache.shape.head_dim;
+  const int page_size = cache.shape.page_size;
+  struct Row { int page, slot, head; std::vector<float> k, v; };
+  std::vector<Row> rows;
+  std::vector<bool> seen(static_cast<std::size_t>(table.num_pages) * static_cast<std::size_t>(page_size), false);
+  float k_amax = also_held.k_amax, v_amax = also_held.v_amax;
+  for (std::size_t b = 0; b < stored.size(); ++b) {
+    const auto pages = table.pages_of(b);
+    for (std::int64_t p = 0; p < stored[b]; ++p) {
+      const int page = pages[static_cast<std::size_t>(p / page_size)];
+      const int slot = static_cast<int>(p % page_size);
+      const std::size_t owned = static_cast<std::size_t>(page) * static_cast<std::size_t>(page_size) + static_cast<std::size_t>(slot);
+      if (seen[owned]) continue;
+      seen[owned] = true;
+      for (int h = 0; h < cache.shape.num_kv_heads; ++h) {
+        Row r{page, slot, h, std::vector<float>(static_cast<std::size_t>(d_dim)),
+              std::vector<float>(static_cast<std::size_t>(d_dim))};
+        realistic_row(rng, d_dim, r.k.data(), 1.0f);
+        realistic_row(rng, d_dim, r.v.data(), 0.5f);
+        for (int d = 0; d < d_dim; ++d) {
+          k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
+          v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
+        }
+        rows.push_back(std::move(r));
+      }
+    }
+  }
+  if (cache.shape.scale_mode == KvScaleMode::per_tensor) {
+    const bool fp8 = is_fp8(cache.shape.dtype);
+    cache.k_scale = fp8 ? k_amax / format_max(cache.shape.dtype) * scale_factor : 0.37f;
+    cache.v_scale = fp8 ? v_amax / format_max(cache.shape.dtype) * scale_factor : 1.9f;
+  }
+  for (const auto& r : rows) {
+    cache.store(false, r.page, r.slot, r.head, r.k.data());
+    cache.store(true, r.page, r.slot, r.head, r.v.data());
+  }
+}
+
+/// `count` N(0, 1) activations rounded to `t`: the bits the kernel reads and their values.
+struct Activations {
+  std::vector<std::uint16_t> bits;
+  std::vector<float> values;
+};
+inline Activations random_activations(std::mt19937_64& rng, ActivationDtype t, std::size_t count) {
+  Activations a;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t i = 0; i < count; ++i) {
+    a.bits.push_back(to_activation(t, normal(rng)));
+    a.values.push_back(from_activation(t, a.bits.back()));
+  }
+  return a;
+}
+
+/// Options of one FP64 reference row.
+struct RowOptions {
+  double sm_scale = 1.0;
+  double soft_cap = 0.0;      // 0: none; else s = cap * tanh(s / cap)
+  double sink = -INFINITY;    // natural-log sink logit (counts in the sum, has no value)
+};
+
+/// FP64 attention of one query row `q` [D] over positions [begin, end): key(p, d) and
+/// value(p, d) are the values the kernel must use there. Writes o [D] (0 when nothing is
+/// visible) and returns the natural-log LSE (-inf when nothing is visible).
+template <class Key, class Value>
+double attend_row(const float* q, int head_dim, std::int64_t begin, std::int64_t end, const RowOptions& opt,
+                  Key&& key, Value&& value, double* o) {
+  for (int d = 0; d < head_dim; ++d) o[d] = 0.0;
+  std::vector<double> s;
+  double m = opt.sink;
+  for (std::int64_t p = begin; p < end; ++p) {
+    double dot = 0.0;
+    for (int d = 0; d < head_dim; ++d) dot += static_cast<double>(q[d]) * key(p, d);
+    double x = dot * opt.sm_scale;
+    if (opt.soft_cap > 0.0) x = opt.soft_cap * std::tanh(x / opt.soft_cap);
+    s.push_back(x);
+    m = std::max(m, x);
+  }
+  if (m == -INFINITY) return -INFINITY;
+  double sum = std::exp(opt.sink - m);
+  for (std::int64_t p = begin; p < end; ++p) {
+    const double w = std::exp(s[static_cast<std::size_t>(p - begin)] - m);
+    sum += w;
+    for (int d = 0; d < head_dim; ++d) o[d] += w * value(p, d);
+  }
+  for (int d = 0; d < head_dim; ++d) o[d] /= sum;
+  return m + std::log(sum);
+}
+
+/// The stored (dequantized) value of request b's position p: key or value accessor for
+/// attend_row.
+inline auto stored_values(const HostCache& cache, const HostPageTable& table, std::size_t b, int kv_head, bool is_v) {
+  return [&cache, pages = table.pages_of(b), kv_head, is_v](std::int64_t p, int d) {
+    const int page_size = cache.shape.page_size;
+    return cache.real(is_v, pages[static_cast<std::size_t>(p / page_size)], static_cast<int>(p % page_size), kv_head, d);
+  };
+}
+
+/// Largest |value(p, d)| over positions [0, end): the V spread a row's tolerance scales with.
+template <class Value>
+double max_abs_value(std::int64_t end, int head_dim, Value&& value) {
+  double m = 0.0;
+  for (std::int64_t p = 0; p < end; ++p) {
+    for (int d = 0; d < head_dim; ++d) m = std::max(m, std::fabs(value(p, d)));
+  }
+  return m;
+}
+
 /// FP64 attention over the stored (dequantized) cache. Queries are the activation values.
 inline Reference reference_decode(const HostCache& cache, const HostPageTable& table,
                                   const std::vector<float>& q, int num_qo_heads, int query_tokens,
@@ -250,42 +370,79 @@ inline Reference reference_decode(const HostCache& cache, const HostPageTable& t
   const int d_dim = cache.shape.head_dim;
   const int group = num_qo_heads / cache.shape.num_kv_heads;
   const std::size_t batch = table.last_page_len.size();
+  const std::size_t d_size = static_cast<std::size_t>(d_dim);
   Reference ref;
   ref.o.assign(batch * static_cast<std::size_t>(query_tokens * num_qo_heads * d_dim), 0.0);
   ref.lse.assign(batch * static_cast<std::size_t>(query_tokens * num_qo_heads), -INFINITY);
   for (std::size_t b = 0; b < batch; ++b) {
-    const auto pages = table.pages_of(b);
     const std::int64_t len = table.length(b);
     for (int t = 0; t < query_tokens; ++t) {
       const std::int64_t visible = std::max<std::int64_t>(0, len - query_tokens + t + 1);
       for (int h = 0; h < num_qo_heads; ++h) {
         const std::size_t row = (b * static_cast<std::size_t>(query_tokens) + static_cast<std::size_t>(t)) * static_cast<std::size_t>(num_qo_heads) + static_cast<std::size_t>(h);
-        const int kv_head = h / group;
-        std::vector<double> s(static_cast<std::size_t>(visible));
-        double m = -INFINITY;
-        for (std::int64_t p = 0; p < visible; ++p) {
-          const int page = pages[static_cast<std::size_t>(p / cache.shape.page_size)];
-          const int slot = static_cast<int>(p % cache.shape.page_size);
-          double dot = 0.0;
-          for (int d = 0; d < d_dim; ++d) dot += q[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] * cache.real(false, page, slot, kv_head, d);
-          s[static_cast<std::size_t>(p)] = dot * sm_scale;
-          m = std::max(m, s[static_cast<std::size_t>(p)]);
-        }
-        if (visible == 0) continue;
-        double sum = 0.0;
-        for (std::int64_t p = 0; p < visible; ++p) {
-          const double w = std::exp(s[static_cast<std::size_t>(p)] - m);
-          sum += w;
-          const int page = pages[static_cast<std::size_t>(p / cache.shape.page_size)];
-          const int slot = static_cast<int>(p % cache.shape.page_size);
-          for (int d = 0; d < d_dim; ++d) ref.o[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] += w * cache.real(true, page, slot, kv_head, d);
-        }
-        for (int d = 0; d < d_dim; ++d) ref.o[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] /= sum;
-        ref.lse[row] = m + std::log(sum);
+        ref.lse[row] = attend_row(q.data() + row * d_size, d_dim, 0, visible, RowOptions{sm_scale},
+                                  stored_values(cache, table, b, h / group, false),
+                                  stored_values(cache, table, b, h / group, true), ref.o.data() + row * d_size);
       }
     }
   }
   return ref;
+}
+
+/// Compares output rows [0, rows) against the reference, every element and the LSE:
+///   - an element within tolerance(row, want) of the reference;
+///   - the LSE within 1e-3 + 1e-5 |lse| (FP32 scores carry ~1e-5 relative error), -inf exactly;
+///   - an aborted row (aborted(row) true): every element NaN and lse -inf.
+/// Prints the first few mismatches through describe(row, d) when `print`; returns their count.
+struct RowComparison {
+  std::size_t mismatches = 0;
+  std::size_t checked = 0;  // elements compared against the reference
+};
+template <class Tolerance, class Aborted, class Describe>
+RowComparison compare_rows(const std::vector<float>& o, const std::vector<float>& lse, const Reference& ref,
+                           std::size_t rows, int head_dim, Tolerance&& tolerance, Aborted&& aborted,
+                           Describe&& describe, bool print = true) {
+  const std::size_t d_dim = static_cast<std::size_t>(head_dim);
+  RowComparison r;
+  for (std::size_t row = 0; row < rows; ++row) {
+    if (aborted(row)) {
+      for (std::size_t d = 0; d < d_dim; ++d) r.mismatches += !std::isnan(o[row * d_dim + d]);
+      r.mismatches += !(lse[row] == -std::numeric_limits<float>::infinity());
+      continue;
+    }
+    for (std::size_t d = 0; d < d_dim; ++d) {
+      const double got = o[row * d_dim + d];
+      const double want = ref.o[row * d_dim + d];
+      const double tol = tolerance(row, want);
+      ++r.checked;
+      if (!(std::fabs(got - want) <= tol)) {
+        if (print && r.mismatches < 5) {
+          std::printf("%s d %zu: got %.7g want %.7g tol %.3g\n", describe(row).c_str(), d, got, want, tol);
+        }
+        ++r.mismatches;
+      }
+    }
+    const double want_lse = ref.lse[row];
+    if (std::isinf(want_lse)) {
+      r.mismatches += !(lse[row] == static_cast<float>(want_lse));
+    } else if (!(std::fabs(lse[row] - want_lse) <= 1e-3 + 1e-5 * std::fabs(want_lse))) {
+      if (print && r.mismatches < 5) {
+        std::printf("%s lse: got %.7g want %.7g\n", describe(row).c_str(), static_cast<double>(lse[row]), want_lse);
+      }
+      ++r.mismatches;
+    }
+  }
+  return r;
+}
+
+/// Per element of the tensor-core kernel: the output rounding (2^-8 BF16 / 2^-11 FP16 of |ref|)
+/// plus the rounding of P to the mma type, which perturbs each softmax weight by up to 2^-9
+/// (bf16) / 2^-12 (fp16) relative: the output moves by at most that times the spread of the
+/// V values (2 v_max). FP32 accumulation and exp2 add ~1e-5 of v_max.
+inline double tensor_core_tolerance(ActivationDtype out, KvDtype cache, double ref, double v_max) {
+  const double out_rel = out == ActivationDtype::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  const double p_rel = cache == KvDtype::bf16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
+  return out_rel * std::fabs(ref) + (2.0 * p_rel + 2e-5) * v_max + 1e-6;
 }
 
 }  // namespace attn_test

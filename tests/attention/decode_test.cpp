@@ -45,64 +45,21 @@ struct DecodeFixture {
         cache(CacheShape{dc.dtype, dc.layout, dc.scale_mode, table.num_pages, dc.page_size,
                          dc.num_kv_heads, dc.head_dim}) {
     // Real K/V rows for every owned (page, slot, head); shared pages are written once.
-    const int d_dim = c.head_dim;
-    struct Row { int page, slot, head; std::vector<float> k, v; };
-    std::vector<Row> rows;
-    std::set<std::int64_t> seen;
-    float k_amax = 0.0f, v_amax = 0.0f;
-    for (std::size_t b = 0; b < c.lengths.size(); ++b) {
-      const auto pages = table.pages_of(b);
-      for (std::int64_t p = 0; p < c.lengths[b]; ++p) {
-        const int page = pages[static_cast<std::size_t>(p / c.page_size)];
-        const int slot = static_cast<int>(p % c.page_size);
-        if (!seen.insert(static_cast<std::int64_t>(page) * c.page_size + slot).second) continue;
-        for (int h = 0; h < c.num_kv_heads; ++h) {
-          Row r{page, slot, h, std::vector<float>(static_cast<std::size_t>(d_dim)), std::vector<float>(static_cast<std::size_t>(d_dim))};
-          realistic_row(rng, d_dim, r.k.data(), 1.0f);
-          realistic_row(rng, d_dim, r.v.data(), 0.5f);
-          for (int d = 0; d < d_dim; ++d) {
-            k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
-            v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
-          }
-          rows.push_back(std::move(r));
-        }
-      }
-    }
+    // Per-tensor scales calibrated from amax (different for K and V, never 1); scale_factor
+    // < 1 saturates.
+    fill_cache(cache, table, c.lengths, rng, c.scale_factor);
     if (c.scale_mode == KvScaleMode::per_tensor) {
-      // Calibrated from amax (different for K and V, never 1); scale_factor < 1 saturates.
-      cache.k_scale = k_amax / format_max(c.dtype) * c.scale_factor;
-      cache.v_scale = v_amax / format_max(c.dtype) * c.scale_factor;
-      if (!is_fp8(c.dtype)) {
-        cache.k_scale = 0.37f;
-        cache.v_scale = 1.9f;
-      }
       REQUIRE(validate_static_scales(cache.k_scale, cache.v_scale).ok());
     }
-    for (const auto& r : rows) {
-      cache.store(false, r.page, r.slot, r.head, r.k.data());
-      cache.store(true, r.page, r.slot, r.head, r.v.data());
-    }
-
-    const int num_qo_heads = c.num_kv_heads * c.group;
-    const std::size_t q_count = c.lengths.size() * static_cast<std::size_t>(c.query_tokens * num_qo_heads * d_dim);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (std::size_t i = 0; i < q_count; ++i) {
-      q_bits.push_back(to_activation(c.q_dtype, normal(rng)));
-      q_values.push_back(from_activation(c.q_dtype, q_bits.back()));
-    }
+    Activations q = random_activations(rng, c.q_dtype, out_rows() * static_cast<std::size_t>(c.head_dim));
+    q_bits = std::move(q.bits);
+    q_values = std::move(q.values);
     // Per output row: the largest |v| over the tokens it can see.
     for (std::size_t b = 0; b < c.lengths.size(); ++b) {
-      const auto pages = table.pages_of(b);
       for (int t = 0; t < c.query_tokens; ++t) {
-        for (int h = 0; h < num_qo_heads; ++h) {
-          double vmax = 0.0;
-          for (std::int64_t p = 0; p < c.lengths[b]; ++p) {
-            for (int d = 0; d < d_dim; ++d) {
-              vmax = std::max(vmax, std::fabs(cache.real(true, pages[static_cast<std::size_t>(p / c.page_size)],
-                                                         static_cast<int>(p % c.page_size), h / c.group, d)));
-            }
-          }
-          v_max_per_row.push_back(vmax);
+        for (int h = 0; h < num_qo_heads(); ++h) {
+          v_max_per_row.push_back(
+              max_abs_value(c.lengths[b], c.head_dim, stored_values(cache, table, b, h / c.group, true)));
         }
       }
     }
@@ -195,39 +152,16 @@ double tolerance(ActivationDtype t, double ref, double v_max) {
 
 void check_against_reference(const DecodeFixture& f, const DecodeOutput& out, const Reference& ref,
                              const std::vector<bool>* aborted_request = nullptr) {
-  const std::size_t d_dim = static_cast<std::size_t>(f.c.head_dim);
   const std::size_t rows_per_request = static_cast<std::size_t>(f.c.query_tokens * f.num_qo_heads());
-  std::size_t bad = 0;
-  for (std::size_t row = 0; row < f.out_rows(); ++row) {
-    const std::size_t b = row / rows_per_request;
-    if (aborted_request != nullptr && (*aborted_request)[b]) {
-      // Marked: NaN output, lse = -inf.
-      for (std::size_t d = 0; d < d_dim; ++d) bad += !std::isnan(out.o[row * d_dim + d]);
-      bad += !(out.lse[row] == -std::numeric_limits<float>::infinity());
-      continue;
-    }
-    for (std::size_t d = 0; d < d_dim; ++d) {
-      const double got = out.o[row * d_dim + d];
-      const double want = ref.o[row * d_dim + d];
-      const double tol = tolerance(f.c.q_dtype, want, f.v_max_per_row[row]);
-      if (!(std::fabs(got - want) <= tol)) {
-        if (bad < 5) {
-          std::printf("row %zu (request %zu) d %zu: got %.7g want %.7g tol %.3g (split %d)\n", row, b, d,
-                      got, want, tol, out.split);
-        }
-        ++bad;
-      }
-    }
-    // LSE: scores carry ~1e-5 relative FP32 error; 1e-3 absolute + 1e-5 relative covers them.
-    const double want_lse = ref.lse[row];
-    if (std::isinf(want_lse)) {
-      bad += !(out.lse[row] == static_cast<float>(want_lse));
-    } else if (!(std::fabs(out.lse[row] - want_lse) <= 1e-3 + 1e-5 * std::fabs(want_lse))) {
-      if (bad < 5) std::printf("row %zu lse got %.7g want %.7g\n", row, static_cast<double>(out.lse[row]), want_lse);
-      ++bad;
-    }
-  }
-  CHECK(bad == 0);
+  const RowComparison r = compare_rows(
+      out.o, out.lse, ref, f.out_rows(), f.c.head_dim,
+      [&](std::size_t row, double want) { return tolerance(f.c.q_dtype, want, f.v_max_per_row[row]); },
+      [&](std::size_t row) { return aborted_request != nullptr && (*aborted_request)[row / rows_per_request]; },
+      [&](std::size_t row) {
+        return "row " + std::to_string(row) + " (request " + std::to_string(row / rows_per_request) + ", split " +
+               std::to_string(out.split) + ")";
+      });
+  CHECK(r.mismatches == 0);
 }
 
 std::vector<DecodeCase> ci_grid() {

@@ -59,11 +59,10 @@ struct Fixture {
                          fc.num_kv_heads, fc.head_dim}) {
     const int d_dim = c.head_dim;
     for (auto len : c.chunk) qo_indptr.push_back(qo_indptr.back() + len);
-    const std::size_t tokens = static_cast<std::size_t>(qo_indptr.back());
     // The chunk's K/V in the activation type (what the kernel reads and the reference uses).
     std::vector<float> row(static_cast<std::size_t>(d_dim));
-    float k_amax = 0.0f, v_amax = 0.0f;
-    for (std::size_t t = 0; t < tokens; ++t) {
+    AlsoHeld chunk_amax;
+    for (std::size_t t = 0; t < tokens(); ++t) {
       for (int h = 0; h < c.num_kv_heads; ++h) {
         for (int is_v = 0; is_v < 2; ++is_v) {
           realistic_row(rng, d_dim, row.data(), is_v ? 0.5f : 1.0f);
@@ -72,51 +71,22 @@ struct Fixture {
             auto& values = is_v ? v_values : k_values;
             bits.push_back(to_activation(c.q_dtype, x));
             values.push_back(from_activation(c.q_dtype, bits.back()));
-            (is_v ? v_amax : k_amax) = std::max(is_v ? v_amax : k_amax, std::fabs(values.back()));
+            float& amax = is_v ? chunk_amax.v_amax : chunk_amax.k_amax;
+            amax = std::max(amax, std::fabs(values.back()));
           }
         }
       }
     }
-    // The prefix, quantized into its slots (the chunk's slots keep the poison).
-    struct Row { int page, slot, head; std::vector<float> k, v; };
-    std::vector<Row> rows;
+    // The prefix, quantized into its slots (the chunk's slots keep the poison); per-tensor
+    // scales also cover the chunk, which the same cache stores.
+    fill_cache(cache, table, c.prefix, rng, 1.0f, chunk_amax);
+    Activations q = random_activations(rng, c.q_dtype, tokens() * static_cast<std::size_t>(num_qo_heads() * d_dim));
+    q_bits = std::move(q.bits);
+    q_values = std::move(q.values);
     for (std::size_t b = 0; b < c.prefix.size(); ++b) {
-      const auto pages = table.pages_of(b);
-      for (std::int64_t p = 0; p < c.prefix[b]; ++p) {
-        for (int h = 0; h < c.num_kv_heads; ++h) {
-          Row r{pages[static_cast<std::size_t>(p / c.page_size)], static_cast<int>(p % c.page_size), h,
-                std::vector<float>(static_cast<std::size_t>(d_dim)), std::vector<float>(static_cast<std::size_t>(d_dim))};
-          realistic_row(rng, d_dim, r.k.data(), 1.0f);
-          realistic_row(rng, d_dim, r.v.data(), 0.5f);
-          for (int d = 0; d < d_dim; ++d) {
-            k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
-            v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
-          }
-          rows.push_back(std::move(r));
-        }
-      }
-    }
-    if (c.scale_mode == KvScaleMode::per_tensor) {
-      cache.k_scale = is_fp8(c.dtype) ? k_amax / format_max(c.dtype) : 0.37f;
-      cache.v_scale = is_fp8(c.dtype) ? v_amax / format_max(c.dtype) : 1.9f;
-    }
-    for (const auto& r : rows) {
-      cache.store(false, r.page, r.slot, r.head, r.k.data());
-      cache.store(true, r.page, r.slot, r.head, r.v.data());
-    }
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (std::size_t i = 0; i < tokens * static_cast<std::size_t>(num_qo_heads() * d_dim); ++i) {
-      q_bits.push_back(to_activation(c.q_dtype, normal(rng)));
-      q_values.push_back(from_activation(c.q_dtype, q_bits.back()));
-    }
-    for (std::size_t b = 0; b < c.prefix.size(); ++b) {
-      const auto pages = table.pages_of(b);
       for (int h = 0; h < c.num_kv_heads; ++h) {
-        double vmax = 0.0;
-        for (std::int64_t p = 0; p < c.prefix[b] + c.chunk[b]; ++p) {
-          for (int d = 0; d < d_dim; ++d) vmax = std::max(vmax, std::fabs(value(true, b, p, h, d)));
-        }
-        v_max.push_back(vmax);
+        v_max.push_back(max_abs_value(c.prefix[b] + c.chunk[b], d_dim,
+                                      [&](std::int64_t p, int d) { return value(true, b, p, h, d); }));
       }
     }
   }
@@ -150,10 +120,11 @@ struct Fixture {
 Reference reference(const Fixture& f) {
   const int d_dim = f.c.head_dim;
   const int heads = f.num_qo_heads();
-  const double sm_scale = 1.0 / std::sqrt(static_cast<double>(d_dim));
+  const std::size_t d_size = static_cast<std::size_t>(d_dim);
   Reference ref;
   ref.o.assign(f.tokens() * static_cast<std::size_t>(heads * d_dim), 0.0);
   ref.lse.assign(f.tokens() * static_cast<std::size_t>(heads), -INFINITY);
+  const RowOptions opt{1.0 / std::sqrt(static_cast<double>(d_dim))};
   for (std::size_t b = 0; b < f.c.prefix.size(); ++b) {
     for (std::int32_t i = 0; i < f.c.chunk[b]; ++i) {
       const std::int64_t position = f.c.prefix[b] + i;
@@ -161,27 +132,10 @@ Reference reference(const Fixture& f) {
       for (int h = 0; h < heads; ++h) {
         const std::size_t row = token * static_cast<std::size_t>(heads) + static_cast<std::size_t>(h);
         const int kv_head = h / f.c.group;
-        std::vector<double> s;
-        double m = -INFINITY;
-        for (std::int64_t p = 0; p <= position; ++p) {
-          double dot = 0.0;
-          for (int d = 0; d < d_dim; ++d) {
-            dot += static_cast<double>(f.q_values[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)]) *
-                   f.value(false, b, p, kv_head, d);
-          }
-          s.push_back(dot * sm_scale);
-          m = std::max(m, s.back());
-        }
-        double sum = 0.0;
-        for (std::int64_t p = 0; p <= position; ++p) {
-          const double w = std::exp(s[static_cast<std::size_t>(p)] - m);
-          sum += w;
-          for (int d = 0; d < d_dim; ++d) {
-            ref.o[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] += w * f.value(true, b, p, kv_head, d);
-          }
-        }
-        for (int d = 0; d < d_dim; ++d) ref.o[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] /= sum;
-        ref.lse[row] = m + std::log(sum);
+        ref.lse[row] = attend_row(
+            f.q_values.data() + row * d_size, d_dim, 0, position + 1, opt,
+            [&](std::int64_t p, int d) { return f.value(false, b, p, kv_head, d); },
+            [&](std::int64_t p, int d) { return f.value(true, b, p, kv_head, d); }, ref.o.data() + row * d_size);
       }
     }
   }
@@ -316,54 +270,30 @@ void check_cache_equal(const Output& fused, const Output& separate) {
   CHECK(same_bytes(fused.v_token_scale, separate.v_token_scale));
 }
 
-/// Per element: output rounding, plus the rounding of P (and of P times a column scale) to
-/// the mma type, relative 2^-9 (bf16) / 2^-12 (fp16), times the spread of V.
-double tolerance(const Fixture& f, double ref, double v_max) {
-  const bool bf16_out = f.c.q_dtype == ActivationDtype::bf16;
-  const bool bf16_mma = f.c.dtype == KvDtype::bf16;
-  const double out_rel = bf16_out ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
-  const double p_rel = bf16_mma ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
-  return out_rel * std::fabs(ref) + (2.0 * p_rel + 2e-5) * v_max + 1e-6;
-}
-
+/// Output rows against the reference (attention_test_support.hpp's comparison and the
+/// tensor-core tolerance); aborted requests' rows must be marked.
 std::size_t count_mismatches(const Fixture& f, const Output& out, const Reference& ref,
                              const std::vector<bool>* aborted, bool print) {
-  const std::size_t d_dim = static_cast<std::size_t>(f.c.head_dim);
   const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
-  std::size_t bad = 0, checked = 0;
+  std::vector<std::size_t> request;
   for (std::size_t b = 0; b < f.c.prefix.size(); ++b) {
-    for (std::int32_t i = 0; i < f.c.chunk[b]; ++i) {
-      const std::size_t token = static_cast<std::size_t>(f.qo_indptr[b] + i);
-      for (std::size_t h = 0; h < heads; ++h) {
-        const std::size_t row = token * heads + h;
-        if (aborted != nullptr && (*aborted)[b]) {
-          for (std::size_t d = 0; d < d_dim; ++d) bad += !std::isnan(out.o[row * d_dim + d]);
-          bad += !(out.lse[row] == -std::numeric_limits<float>::infinity());
-          continue;
-        }
-        const double v_max = f.v_max[b * static_cast<std::size_t>(f.c.num_kv_heads) + h / static_cast<std::size_t>(f.c.group)];
-        for (std::size_t d = 0; d < d_dim; ++d) {
-          const double got = out.o[row * d_dim + d];
-          const double want = ref.o[row * d_dim + d];
-          ++checked;
-          if (!(std::fabs(got - want) <= tolerance(f, want, v_max))) {
-            if (print && bad < 5) {
-              std::printf("request %zu token %d head %zu d %zu: got %.7g want %.7g (split %d)\n", b, i, h, d,
-                          got, want, out.plan.split_kv);
-            }
-            ++bad;
-          }
-        }
-        if (!(std::fabs(out.lse[row] - ref.lse[row]) <= 1e-3 + 1e-5 * std::fabs(ref.lse[row]))) {
-          if (print && bad < 5) std::printf("request %zu token %d head %zu lse got %.7g want %.7g\n", b, i, h,
-                                   static_cast<double>(out.lse[row]), ref.lse[row]);
-          ++bad;
-        }
-      }
-    }
+    request.insert(request.end(), static_cast<std::size_t>(f.c.chunk[b]) * heads, b);
   }
-  CHECK(checked > 0);
-  return bad;
+  const RowComparison r = compare_rows(
+      out.o, out.lse, ref, f.tokens() * heads, f.c.head_dim,
+      [&](std::size_t row, double want) {
+        const std::size_t kv_head = row % heads / static_cast<std::size_t>(f.c.group);
+        return tensor_core_tolerance(f.c.q_dtype, f.c.dtype, want,
+                                     f.v_max[request[row] * static_cast<std::size_t>(f.c.num_kv_heads) + kv_head]);
+      },
+      [&](std::size_t row) { return aborted != nullptr && (*aborted)[request[row]]; },
+      [&](std::size_t row) {
+        return "request " + std::to_string(request[row]) + " token " + std::to_string(row / heads) + " head " +
+               std::to_string(row % heads) + " (split " + std::to_string(out.plan.split_kv) + ")";
+      },
+      print);
+  CHECK(r.checked > 0);
+  return r.mismatches;
 }
 
 void check_outputs(const Fixture& f, const Output& out, const Reference& ref,
@@ -408,6 +338,13 @@ TEST_CASE("fused prefill: chunk lengths 1, page-1, page, page+1, long on mid-pag
            {bf16, KvLayout::hnd, KvScaleMode::per_tensor, 64, 1, 1, 16, bf, {11, 2}, {17, 60}},
            {fp16, KvLayout::nhd, KvScaleMode::per_tensor, 64, 2, 2, 16, fp, {6, 18}, {16, 33}},
            {fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 256, 1, 2, 16, fp, {13, 0}, {17, 40}},
+           // head_dim 96 and 192 (12 and 24 active lanes of the page store's 16 and 32).
+           {fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 96, 2, 4, 16, bf, {5, 21, 3, 0, 37}, {1, 15, 16, 17, 100}},
+           {fp8_e4m3, KvLayout::hnd, KvScaleMode::per_token, 192, 1, 2, 16, fp, {9, 0, 30, 16, 3}, {17, 16, 1, 15, 70}},
+           {fp8_e5m2, KvLayout::nhd, KvScaleMode::per_token, 96, 1, 8, 32, bf, {3, 33, 0, 40, 7}, {31, 32, 33, 1, 80}},
+           {fp8_e5m2, KvLayout::hnd, KvScaleMode::per_tensor, 192, 2, 2, 16, fp, {6, 18, 0, 2, 11}, {1, 15, 16, 17, 64}},
+           {bf16, KvLayout::hnd, KvScaleMode::none, 96, 1, 4, 16, bf, {11, 2, 0, 4, 5}, {17, 60, 1, 15, 16}},
+           {fp16, KvLayout::nhd, KvScaleMode::per_tensor, 192, 2, 2, 16, fp, {6, 18, 0, 3, 1}, {16, 33, 1, 15, 17}},
        }) {
     INFO("dtype " << to_string(c.dtype) << " " << to_string(c.scale_mode) << " D " << c.head_dim << " G " << c.group);
     Fixture f(c, rng);
@@ -475,6 +412,7 @@ TEST_CASE("fused prefill: bad inputs are refused before launch, nothing written"
   refused([](PagedAttentionArguments& a) { a.chunk_kv.token_stride = 12; }, "token stride not a multiple of 8");
   refused([](PagedAttentionArguments& a) { a.chunk_kv.head_stride = -8; }, "negative head stride");
   refused([](PagedAttentionArguments& a) { a.cache.head_dim = 128; }, "cache unlike the plan");
+  refused([](PagedAttentionArguments& a) { a.cache.head_dim = 80; }, "head_dim outside PagedHeadDims");
 }
 
 TEST_CASE("fused prefill: the block-table form reads and writes the same bytes as CSR", "[attention][fused][inputs]") {

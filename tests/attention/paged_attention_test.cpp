@@ -58,57 +58,14 @@ struct Fixture {
       : c(pc), table(make_page_table(pc.kv_lengths, pc.page_size, rng, pc.kv_lengths.size() > 2)),
         cache(CacheShape{pc.dtype, pc.layout, pc.scale_mode, table.num_pages, pc.page_size,
                          pc.num_kv_heads, pc.head_dim}) {
-    const int d_dim = c.head_dim;
-    struct Row { int page, slot, head; std::vector<float> k, v; };
-    std::vector<Row> rows;
-    std::set<std::int64_t> seen;
-    float k_amax = 0.0f, v_amax = 0.0f;
-    for (std::size_t b = 0; b < c.kv_lengths.size(); ++b) {
-      const auto pages = table.pages_of(b);
-      for (std::int64_t p = 0; p < c.kv_lengths[b]; ++p) {
-        const int page = pages[static_cast<std::size_t>(p / c.page_size)];
-        const int slot = static_cast<int>(p % c.page_size);
-        if (!seen.insert(static_cast<std::int64_t>(page) * c.page_size + slot).second) continue;
-        for (int h = 0; h < c.num_kv_heads; ++h) {
-          Row r{page, slot, h, std::vector<float>(static_cast<std::size_t>(d_dim)),
-                std::vector<float>(static_cast<std::size_t>(d_dim))};
-          realistic_row(rng, d_dim, r.k.data(), 1.0f);
-          realistic_row(rng, d_dim, r.v.data(), 0.5f);
-          for (int d = 0; d < d_dim; ++d) {
-            k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
-            v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
-          }
-          rows.push_back(std::move(r));
-        }
-      }
-    }
-    if (c.scale_mode == KvScaleMode::per_tensor) {
-      cache.k_scale = is_fp8(c.dtype) ? k_amax / format_max(c.dtype) : 0.37f;
-      cache.v_scale = is_fp8(c.dtype) ? v_amax / format_max(c.dtype) : 1.9f;
-    }
-    for (const auto& r : rows) {
-      cache.store(false, r.page, r.slot, r.head, r.k.data());
-      cache.store(true, r.page, r.slot, r.head, r.v.data());
-    }
+    fill_cache(cache, table, c.kv_lengths, rng);
     for (auto len : c.qo_lengths) qo_indptr.push_back(qo_indptr.back() + len);
-    const std::size_t count = static_cast<std::size_t>(qo_indptr.back()) *
-                              static_cast<std::size_t>(num_qo_heads() * d_dim);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (std::size_t i = 0; i < count; ++i) {
-      q_bits.push_back(to_activation(c.q_dtype, normal(rng)));
-      q_values.push_back(from_activation(c.q_dtype, q_bits.back()));
-    }
+    Activations q = random_activations(rng, c.q_dtype, tokens() * static_cast<std::size_t>(num_qo_heads() * c.head_dim));
+    q_bits = std::move(q.bits);
+    q_values = std::move(q.values);
     for (std::size_t b = 0; b < c.kv_lengths.size(); ++b) {
-      const auto pages = table.pages_of(b);
       for (int h = 0; h < c.num_kv_heads; ++h) {
-        double vmax = 0.0;
-        for (std::int64_t p = 0; p < c.kv_lengths[b]; ++p) {
-          for (int d = 0; d < d_dim; ++d) {
-            vmax = std::max(vmax, std::fabs(cache.real(true, pages[static_cast<std::size_t>(p / c.page_size)],
-                                                       static_cast<int>(p % c.page_size), h, d)));
-          }
-        }
-        v_max.push_back(vmax);
+        v_max.push_back(max_abs_value(c.kv_lengths[b], c.head_dim, stored_values(cache, table, b, h, true)));
       }
     }
   }
@@ -132,12 +89,11 @@ struct Fixture {
 Reference reference(const Fixture& f, const Options& opt) {
   const int d_dim = f.c.head_dim;
   const int heads = f.num_qo_heads();
-  const double sm_scale = opt.sm_scale ? static_cast<double>(*opt.sm_scale) : 1.0 / std::sqrt(static_cast<double>(d_dim));
+  const std::size_t d_size = static_cast<std::size_t>(d_dim);
   Reference ref;
   ref.o.assign(f.tokens() * static_cast<std::size_t>(heads * d_dim), 0.0);
   ref.lse.assign(f.tokens() * static_cast<std::size_t>(heads), -INFINITY);
   for (std::size_t b = 0; b < f.c.kv_lengths.size(); ++b) {
-    const auto pages = f.table.pages_of(b);
     const std::int64_t len = f.c.kv_lengths[b];
     const std::int32_t qo_len = f.c.qo_lengths[b];
     for (std::int32_t i = 0; i < qo_len; ++i) {
@@ -147,35 +103,13 @@ Reference reference(const Fixture& f, const Options& opt) {
       const std::size_t token = static_cast<std::size_t>(f.qo_indptr[b] + i);
       for (int h = 0; h < heads; ++h) {
         const std::size_t row = token * static_cast<std::size_t>(heads) + static_cast<std::size_t>(h);
-        const int kv_head = h / f.c.group;
-        std::vector<double> s;
-        double m = opt.sinks.empty() ? -INFINITY : static_cast<double>(opt.sinks[static_cast<std::size_t>(h)]);
-        for (std::int64_t p = begin; p < end; ++p) {
-          const int page = pages[static_cast<std::size_t>(p / f.c.page_size)];
-          const int slot = static_cast<int>(p % f.c.page_size);
-          double dot = 0.0;
-          for (int d = 0; d < d_dim; ++d) {
-            dot += static_cast<double>(f.q_values[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)]) *
-                   f.cache.real(false, page, slot, kv_head, d);
-          }
-          double x = dot * sm_scale;
-          if (opt.soft_cap > 0.0f) x = opt.soft_cap * std::tanh(x / opt.soft_cap);
-          s.push_back(x);
-          m = std::max(m, x);
-        }
-        if (m == -INFINITY) continue;
-        double sum = opt.sinks.empty() ? 0.0 : std::exp(static_cast<double>(opt.sinks[static_cast<std::size_t>(h)]) - m);
-        for (std::int64_t p = begin; p < end; ++p) {
-          const double w = std::exp(s[static_cast<std::size_t>(p - begin)] - m);
-          sum += w;
-          const int page = pages[static_cast<std::size_t>(p / f.c.page_size)];
-          const int slot = static_cast<int>(p % f.c.page_size);
-          for (int d = 0; d < d_dim; ++d) {
-            ref.o[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] += w * f.cache.real(true, page, slot, kv_head, d);
-          }
-        }
-        for (int d = 0; d < d_dim; ++d) ref.o[row * static_cast<std::size_t>(d_dim) + static_cast<std::size_t>(d)] /= sum;
-        ref.lse[row] = m + std::log(sum);
+        RowOptions row_opt;
+        row_opt.sm_scale = opt.sm_scale ? static_cast<double>(*opt.sm_scale) : 1.0 / std::sqrt(static_cast<double>(d_dim));
+        row_opt.soft_cap = opt.soft_cap;
+        if (!opt.sinks.empty()) row_opt.sink = opt.sinks[static_cast<std::size_t>(h)];
+        ref.lse[row] = attend_row(f.q_values.data() + row * d_size, d_dim, begin, end, row_opt,
+                                  stored_values(f.cache, f.table, b, h / f.c.group, false),
+                                  stored_values(f.cache, f.table, b, h / f.c.group, true), ref.o.data() + row * d_size);
       }
     }
   }
@@ -336,59 +270,36 @@ Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
   return out;
 }
 
-/// Per element: the output rounding (2^-8 BF16 / 2^-11 FP16 of |ref|) plus the rounding of P to
-/// the mma type, which perturbs each softmax weight by up to 2^-9 (bf16) / 2^-12 (fp16)
-/// relative: the output moves by at most that times the spread of the V values (2 v_max).
-/// FP32 accumulation and exp2 add ~1e-5 of v_max.
 double tolerance(const Fixture& f, double ref, double v_max) {
-  const bool bf16_out = f.c.q_dtype == ActivationDtype::bf16;
-  const bool bf16_mma = f.c.dtype == KvDtype::bf16;
-  const double out_rel = bf16_out ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
-  const double p_rel = bf16_mma ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
-  return out_rel * std::fabs(ref) + (2.0 * p_rel + 2e-5) * v_max + 1e-6;
+  return tensor_core_tolerance(f.c.q_dtype, f.c.dtype, ref, v_max);
+}
+
+/// Request of each output row (token * heads + head).
+std::vector<std::size_t> row_requests(const std::vector<std::int32_t>& qo_indptr, std::size_t heads) {
+  std::vector<std::size_t> out;
+  for (std::size_t b = 0; b + 1 < qo_indptr.size(); ++b) {
+    out.insert(out.end(), static_cast<std::size_t>(qo_indptr[b + 1] - qo_indptr[b]) * heads, b);
+  }
+  return out;
 }
 
 void check(const Fixture& f, const Output& out, const Reference& ref, const std::vector<bool>* aborted = nullptr) {
-  const std::size_t d_dim = static_cast<std::size_t>(f.c.head_dim);
   const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
-  std::size_t bad = 0, checked = 0;
-  for (std::size_t b = 0; b < f.c.kv_lengths.size(); ++b) {
-    for (std::int32_t i = 0; i < f.c.qo_lengths[b]; ++i) {
-      const std::size_t token = static_cast<std::size_t>(f.qo_indptr[b] + i);
-      for (std::size_t h = 0; h < heads; ++h) {
-        const std::size_t row = token * heads + h;
-        if (aborted != nullptr && (*aborted)[b]) {
-          for (std::size_t d = 0; d < d_dim; ++d) bad += !std::isnan(out.o[row * d_dim + d]);
-          bad += !(out.lse[row] == -std::numeric_limits<float>::infinity());
-          continue;
-        }
-        const double v_max = f.v_max[b * static_cast<std::size_t>(f.c.num_kv_heads) + h / static_cast<std::size_t>(f.c.group)];
-        for (std::size_t d = 0; d < d_dim; ++d) {
-          const double got = out.o[row * d_dim + d];
-          const double want = ref.o[row * d_dim + d];
-          const double tol = tolerance(f, want, v_max);
-          ++checked;
-          if (!(std::fabs(got - want) <= tol)) {
-            if (bad < 5) {
-              std::printf("request %zu token %d head %zu d %zu: got %.7g want %.7g tol %.3g (split %d rows %d)\n",
-                          b, i, h, d, got, want, tol, out.plan.split_kv, out.plan.cta_rows);
-            }
-            ++bad;
-          }
-        }
-        const double want_lse = ref.lse[row];
-        if (std::isinf(want_lse)) {
-          bad += !(out.lse[row] == static_cast<float>(want_lse));
-        } else if (!(std::fabs(out.lse[row] - want_lse) <= 1e-3 + 1e-5 * std::fabs(want_lse))) {
-          if (bad < 5) std::printf("request %zu token %d head %zu lse got %.7g want %.7g\n", b, i, h,
-                                   static_cast<double>(out.lse[row]), want_lse);
-          ++bad;
-        }
-      }
-    }
-  }
-  CHECK(checked > 0);
-  CHECK(bad == 0);
+  const std::vector<std::size_t> request = row_requests(f.qo_indptr, heads);
+  const RowComparison r = compare_rows(
+      out.o, out.lse, ref, f.tokens() * heads, f.c.head_dim,
+      [&](std::size_t row, double want) {
+        const std::size_t kv_head = row % heads / static_cast<std::size_t>(f.c.group);
+        return tolerance(f, want, f.v_max[request[row] * static_cast<std::size_t>(f.c.num_kv_heads) + kv_head]);
+      },
+      [&](std::size_t row) { return aborted != nullptr && (*aborted)[request[row]]; },
+      [&](std::size_t row) {
+        return "request " + std::to_string(request[row]) + " token " + std::to_string(row / heads) + " head " +
+               std::to_string(row % heads) + " (split " + std::to_string(out.plan.split_kv) + " rows " +
+               std::to_string(out.plan.cta_rows) + ")";
+      });
+  CHECK(r.checked > 0);
+  CHECK(r.mismatches == 0);
 }
 
 /// Largest |error| / v_max of an output against the reference (for the accuracy report).

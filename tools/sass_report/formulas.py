@@ -164,7 +164,9 @@ def kv_append(args: list[str], problem: dict) -> Work:
     kv, src, head_dim = args[0], args[1], int(args[2])
     tokens, kv_heads = _need(problem, "tokens", "kv_heads")
     threads = 128
-    heads_per_block = threads // (head_dim // 8)
+    # A head vector's lanes: head_dim / 8 rounded up to a power of two (kernels/kv_store.cuh).
+    lanes = 1 << max(0, (head_dim // 8 - 1).bit_length())
+    heads_per_block = threads // lanes
     ctas = tokens * math.ceil(kv_heads / heads_per_block)
     in_bytes = tokens * kv_heads * head_dim * dtype_bytes(src) * 2
     out_bytes = tokens * kv_heads * head_dim * dtype_bytes(kv) * 2

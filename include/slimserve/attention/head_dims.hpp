@@ -29,13 +29,16 @@ struct HeadDimList {
   }
 };
 
-/// The paged K/V cache and tensor-core paged attention (prefill, decode, verify). Rows of any
-/// even number of 16-byte chunks are swizzled (kernels/mma_fragments.cuh), so 96 and 192 work.
+/// The paged K/V cache and every kernel that reads or writes it by head vector: tensor-core
+/// paged attention (prefill, fused prefill, decode, verify), append_kv and dequantize_pages.
+/// Rows of any even number of 16-byte chunks are swizzled (kernels/mma_fragments.cuh), and the
+/// cache writers pad a head vector's lanes to a power of two (kernels/kv_store.cuh), so 96
+/// and 192 work.
 using PagedHeadDims = HeadDimList<64, 96, 128, 192, 256>;
 
-/// The CUDA-core decode, append_kv and dequantize_pages kernels (a head vector is a
-/// power-of-two group of lanes): a cache of another head_dim from PagedHeadDims is read by
-/// paged attention and written by the engine; these kernels refuse it.
+/// The CUDA-core decode kernel (a head vector is a power-of-two group of lanes, its dot
+/// products butterflies): paged attention serves the other head dims of PagedHeadDims, and
+/// the plan never picks the CUDA-core kernel for them.
 using VectorKernelHeadDims = HeadDimList<64, 128, 256>;
 
 }  // namespace attention

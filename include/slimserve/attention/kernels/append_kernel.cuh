@@ -3,14 +3,15 @@
 /// \brief Fused quantize-and-append: new K/V tokens (BF16/FP16) into their page slots.
 ///
 /// Grid: (num_tokens, ceil(num_kv_heads / heads_per_block)); each block handles one token and
-/// `heads_per_block` heads, `head_dim / 8` threads per head, each thread 8 input elements
-/// (one 16-byte load). A token whose destination is not provably inside its request's pages
-/// (request index, position, page id, tag-check verdict) is skipped as a whole block: nothing
-/// is written.
+/// `heads_per_block` heads, `head_vector_lanes(head_dim)` threads per head, each active thread
+/// 8 input elements (one 16-byte load); the page store itself is kv_store.cuh's. A token
+/// whose destination is not provably inside its request's pages (request index, position,
+/// page id, tag-check verdict) is skipped as a whole block: nothing is written.
 
 #include <cmath>
 #include <cstdint>
 
+#include "slimserve/attention/kernels/kv_store.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/kv/request_status.hpp"
@@ -93,38 +94,9 @@ SLIMSERVE_DEVICE inline TokenDestination find_destination(const AppendParams& p,
   return dest;
 }
 
-/// Max of |x| over the `Lanes` threads that hold one head vector (aligned groups of a warp).
-template <int Lanes>
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float group_max(float x) {
-SLIMSERVE_ATTENTION_UNROLL
-  for (int offset = Lanes / 2; offset > 0; offset /= 2) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  }
-  return x;
-}
-
-/// Clamps to ±max_finite, keeping NaN: a 16-bit cache saturates like an FP8 one instead of
-/// storing ±inf, which would turn a whole attention row into NaN. (FP8 conversions saturate
-/// by themselves.)
-template <class KvT>
-SLIMSERVE_HOST_DEVICE inline float saturate_finite(float x) {
-  constexpr float max_finite = format_traits<KvT>::max_finite;
-  if (x != x) return x;  // NaN stays NaN (fminf/fmaxf would drop it)
-  return fminf(fmaxf(x, -max_finite), max_finite);
-}
-
-/// Scale that maps this head vector's amax onto the format's largest finite value.
-template <class KvT>
-SLIMSERVE_HOST_DEVICE inline float per_token_scale(float amax) {
-  const float scale = amax / format_traits<KvT>::max_finite;
-  return (scale > 0.0f && std::isfinite(scale)) ? scale : 1.0f;
-}
-
 template <class KvT, class InT, int HeadDim>
 __global__ void append_kernel(const AppendParams p) {
-  constexpr int in_elements = vector_elements<InT>;  // 8
-  constexpr int lanes = HeadDim / in_elements;       // threads per head vector
-  static_assert(lanes <= 32 && (lanes & (lanes - 1)) == 0, "a head vector fits one warp");
+  constexpr int lanes = HeadVectorLanes<HeadDim>::lanes;  // threads per head vector
 
   const std::int32_t t = static_cast<std::int32_t>(blockIdx.x);
   const TokenDestination dest = find_destination(p, t);
@@ -135,73 +107,13 @@ __global__ void append_kernel(const AppendParams p) {
   const std::int32_t head =
       static_cast<std::int32_t>(blockIdx.y) * heads_per_block + static_cast<int>(threadIdx.x) / lanes;
   const bool head_valid = head < p.num_kv_heads;
-
-  // [num_tokens, H, D] inputs: 8 elements per thread.
-  const std::int64_t in_offset = (static_cast<std::int64_t>(t) * p.num_kv_heads + head) * HeadDim +
-                                 lane * in_elements;
-  float k[in_elements];
-  float v[in_elements];
-  float k_amax = 0.0f, v_amax = 0.0f;
-  {
-    Vec16 kv = {}, vv = {};
-    if (head_valid) {
-      kv = load16(static_cast<const InT*>(p.k_new) + in_offset);
-      vv = load16(static_cast<const InT*>(p.v_new) + in_offset);
-    }
-SLIMSERVE_ATTENTION_UNROLL
-    for (int i = 0; i < in_elements; ++i) {
-      k[i] = element_to_float<InT>(kv, i);
-      v[i] = element_to_float<InT>(vv, i);
-      k_amax = fmaxf(k_amax, fabsf(k[i]));
-      v_amax = fmaxf(v_amax, fabsf(v[i]));
-    }
-  }
-
-  float k_scale = 1.0f, v_scale = 1.0f;
-  if (p.scale_mode == KvScaleMode::per_tensor) {
-    k_scale = *p.k_scale;
-    v_scale = *p.v_scale;
-  } else if (p.scale_mode == KvScaleMode::per_token) {
-    k_scale = per_token_scale<KvT>(group_max<lanes>(k_amax));
-    v_scale = per_token_scale<KvT>(group_max<lanes>(v_amax));
-  }
-  if (!head_valid) return;  // after the shuffles
-
-  if (p.scale_mode == KvScaleMode::per_token && lane == 0) {
-    const std::int64_t s = cache_offset(p.layout, p.page_size, p.num_kv_heads, 1, dest.page,
-                                        dest.slot, head, 0);
-    p.k_token_scales[s] = k_scale;
-    p.v_token_scales[s] = v_scale;
-  }
-  // Quantize (x / scale, RNE, saturating) a register word at a time: the formats' packed
-  // conversions give the bits of the scalar from_float.
-  const std::int64_t out = cache_offset(p.layout, p.page_size, p.num_kv_heads, HeadDim, dest.page,
-                                        dest.slot, head, lane * in_elements);
-  if constexpr (fp8_format<KvT>) {
-    // 8 FP8 codes: one 8-byte store.
-    Vec8 kq, vq;
-    SLIMSERVE_ATTENTION_UNROLL
-    for (int w = 0; w < 2; ++w) {
-      kq.word[w] = from_float4<KvT>(f32x4{k[4 * w] / k_scale, k[4 * w + 1] / k_scale,
-                                          k[4 * w + 2] / k_scale, k[4 * w + 3] / k_scale});
-      vq.word[w] = from_float4<KvT>(f32x4{v[4 * w] / v_scale, v[4 * w + 1] / v_scale,
-                                          v[4 * w + 2] / v_scale, v[4 * w + 3] / v_scale});
-    }
-    store8(static_cast<KvT*>(p.k_pages) + out, kq);
-    store8(static_cast<KvT*>(p.v_pages) + out, vq);
-  } else {
-    // 8 BF16/FP16 values: one 16-byte store.
-    Vec16 kq, vq;
-    SLIMSERVE_ATTENTION_UNROLL
-    for (int w = 0; w < 4; ++w) {
-      kq.word[w] = from_float2<KvT>(f32x2{saturate_finite<KvT>(k[2 * w] / k_scale),
-                                          saturate_finite<KvT>(k[2 * w + 1] / k_scale)});
-      vq.word[w] = from_float2<KvT>(f32x2{saturate_finite<KvT>(v[2 * w] / v_scale),
-                                          saturate_finite<KvT>(v[2 * w + 1] / v_scale)});
-    }
-    store16(static_cast<KvT*>(p.k_pages) + out, kq);
-    store16(static_cast<KvT*>(p.v_pages) + out, vq);
-  }
+  // [num_tokens, H, D] inputs.
+  const std::int64_t row = (static_cast<std::int64_t>(t) * p.num_kv_heads + (head_valid ? head : 0)) * HeadDim;
+  const PageStoreTarget target{p.k_pages, p.v_pages, p.k_token_scales, p.v_token_scales, p.k_scale,
+                               p.v_scale, p.page_size, p.num_kv_heads, p.layout, p.scale_mode};
+  store_head_vectors<KvT, InT, HeadDim>(target, static_cast<const InT*>(p.k_new) + row,
+                                        static_cast<const InT*>(p.v_new) + row, lane, head_valid, dest.page,
+                                        dest.slot, head);
 }
 
 }  // namespace attention::kernels

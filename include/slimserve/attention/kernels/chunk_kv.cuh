@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "slimserve/attention/kernels/append_kernel.cuh"
+#include "slimserve/attention/kernels/kv_store.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
@@ -46,14 +46,16 @@ SLIMSERVE_HOST_DEVICE constexpr int fp8_order_source(int j) {
   return IsV ? 2 * (j & 7) + (j >> 3) : 4 * ((j & 7) >> 1) + 2 * (j >> 3) + (j & 1);
 }
 
-/// Stages 16-bit chunk `chunk` (8 elements of the mma type) of one input row into `dst` (FP8
-/// caches: converted from the input type, permuted; `valid` false: zeros).
+/// Stages one 16-wide group of d of an input row (16 elements from `group`) as the two 16-bit
+/// chunks of the mma type that hold it, permuted to FP8 accumulator order, into `dst_lo`
+/// (positions 0..7) and `dst_hi` (8..15); `valid` false: zeros. A whole group per call keeps
+/// every permutation index a compile-time constant (a chunk alone would pick its half at run
+/// time and index the group through local memory) and converts each input element once.
 template <class InT, bool IsV>
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void stage_fp8_order_chunk(unsigned char* dst, const InT* row,
-                                                                   int chunk, bool valid) {
-  Vec16 out = {};
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void stage_fp8_order_group(unsigned char* dst_lo, unsigned char* dst_hi,
+                                                                   const InT* group, bool valid) {
+  Vec16 out[2] = {};
   if (valid) {
-    const InT* group = row + 16 * (chunk >> 1);
     float x[16];
     float lo[8], hi[8];
     unpack<InT>(load16(group), lo);
@@ -65,95 +67,42 @@ SLIMSERVE_ATTENTION_UNROLL
     }
     constexpr float limit = format_traits<fp16>::max_finite;  // as the queries: saturate
 SLIMSERVE_ATTENTION_UNROLL
-    for (int w = 0; w < 4; ++w) {
-      const int j0 = 8 * (chunk & 1) + 2 * w;
-      out.word[w] = pack_pair<fp16>(fminf(fmaxf(x[fp8_order_source<IsV>(j0)], -limit), limit),
-                                    fminf(fmaxf(x[fp8_order_source<IsV>(j0 + 1)], -limit), limit));
+    for (int half = 0; half < 2; ++half) {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int w = 0; w < 4; ++w) {
+        const int j0 = 8 * half + 2 * w;
+        out[half].word[w] = pack_pair<fp16>(fminf(fmaxf(x[fp8_order_source<IsV>(j0)], -limit), limit),
+                                            fminf(fmaxf(x[fp8_order_source<IsV>(j0 + 1)], -limit), limit));
+      }
     }
   }
-  store16(dst, out);
+  store16(dst_lo, out[0]);
+  store16(dst_hi, out[1]);
 }
 
-/// Quantizes chunk tokens [token_begin, token_end) of one KV head into their slots, as
-/// append_kv does. All `threads` threads call it (warp shuffles); head_dim / 8 lanes per token.
+/// Quantizes chunk tokens [token_begin, token_end) of one KV head into their slots with
+/// append_kv's page store (kv_store.cuh). All `threads` threads call it (warp shuffles);
+/// head_vector_lanes(head_dim) threads per token.
 template <class KvT, class InT, int HeadDim>
-SLIMSERVE_DEVICE void append_chunk_tokens(const ChunkKvParams& c, const std::int32_t* request_pages,
-                                          std::int32_t num_pages, std::int32_t page_shift,
-                                          std::int32_t num_kv_heads, KvLayout layout,
-                                          KvScaleMode scale_mode, const float* k_scale_ptr,
-                                          const float* v_scale_ptr, std::int32_t kv_head,
-                                          std::int64_t qo_begin, std::int64_t chunk_start,
-                                          std::int64_t token_begin, std::int64_t token_end, int tid,
-                                          int threads) {
-  constexpr int in_elements = vector_elements<InT>;  // 8
-  constexpr int lanes = HeadDim / in_elements;
-  static_assert(lanes <= 32 && (lanes & (lanes - 1)) == 0, "a head vector fits one warp");
+SLIMSERVE_DEVICE void append_chunk_tokens(const ChunkKvParams& c, const PageStoreTarget& target,
+                                          const std::int32_t* request_pages, std::int32_t num_pages,
+                                          std::int32_t page_shift, std::int32_t kv_head, std::int64_t qo_begin,
+                                          std::int64_t chunk_start, std::int64_t token_begin,
+                                          std::int64_t token_end, int tid, int threads) {
+  constexpr int lanes = HeadVectorLanes<HeadDim>::lanes;
   const int per_pass = threads / lanes;
   const int lane = tid % lanes;
-  const std::int32_t page_size = 1 << page_shift;
+  const std::int32_t slot_mask = (1 << page_shift) - 1;
   for (std::int64_t base = token_begin; base < token_end; base += per_pass) {
     const std::int64_t i = base + tid / lanes;  // chunk token
     const std::int64_t position = chunk_start + i;
     std::int32_t page = -1;
     if (i < token_end) page = request_pages[position >> page_shift];
     const bool ok = page >= 0 && page < num_pages;
-    float k[in_elements], v[in_elements];
-    float k_amax = 0.0f, v_amax = 0.0f;
-    {
-      Vec16 kv = {}, vv = {};
-      if (ok) {
-        const std::int64_t in = (qo_begin + i) * c.token_stride + kv_head * c.head_stride + lane * in_elements;
-        kv = load16(static_cast<const InT*>(c.k) + in);
-        vv = load16(static_cast<const InT*>(c.v) + in);
-      }
-SLIMSERVE_ATTENTION_UNROLL
-      for (int e = 0; e < in_elements; ++e) {
-        k[e] = element_to_float<InT>(kv, e);
-        v[e] = element_to_float<InT>(vv, e);
-        k_amax = fmaxf(k_amax, fabsf(k[e]));
-        v_amax = fmaxf(v_amax, fabsf(v[e]));
-      }
-    }
-    float k_scale = 1.0f, v_scale = 1.0f;
-    if (scale_mode == KvScaleMode::per_tensor) {
-      k_scale = *k_scale_ptr;
-      v_scale = *v_scale_ptr;
-    } else if (scale_mode == KvScaleMode::per_token) {
-      k_scale = per_token_scale<KvT>(group_max<lanes>(k_amax));
-      v_scale = per_token_scale<KvT>(group_max<lanes>(v_amax));
-    }
-    if (!ok) continue;  // after the shuffles
-    const auto slot = static_cast<std::int32_t>(position & (page_size - 1));
-    if (scale_mode == KvScaleMode::per_token && lane == 0) {
-      const std::int64_t s = cache_offset(layout, page_size, num_kv_heads, 1, page, slot, kv_head, 0);
-      c.k_token_scales[s] = k_scale;
-      c.v_token_scales[s] = v_scale;
-    }
-    const std::int64_t out = cache_offset(layout, page_size, num_kv_heads, HeadDim, page, slot, kv_head,
-                                          lane * in_elements);
-    if constexpr (fp8_format<KvT>) {
-      Vec8 kq, vq;
-SLIMSERVE_ATTENTION_UNROLL
-      for (int w = 0; w < 2; ++w) {
-        kq.word[w] = from_float4<KvT>(f32x4{k[4 * w] / k_scale, k[4 * w + 1] / k_scale,
-                                            k[4 * w + 2] / k_scale, k[4 * w + 3] / k_scale});
-        vq.word[w] = from_float4<KvT>(f32x4{v[4 * w] / v_scale, v[4 * w + 1] / v_scale,
-                                            v[4 * w + 2] / v_scale, v[4 * w + 3] / v_scale});
-      }
-      store8(static_cast<KvT*>(c.k_pages) + out, kq);
-      store8(static_cast<KvT*>(c.v_pages) + out, vq);
-    } else {
-      Vec16 kq, vq;
-SLIMSERVE_ATTENTION_UNROLL
-      for (int w = 0; w < 4; ++w) {
-        kq.word[w] = from_float2<KvT>(f32x2{saturate_finite<KvT>(k[2 * w] / k_scale),
-                                            saturate_finite<KvT>(k[2 * w + 1] / k_scale)});
-        vq.word[w] = from_float2<KvT>(f32x2{saturate_finite<KvT>(v[2 * w] / v_scale),
-                                            saturate_finite<KvT>(v[2 * w + 1] / v_scale)});
-      }
-      store16(static_cast<KvT*>(c.k_pages) + out, kq);
-      store16(static_cast<KvT*>(c.v_pages) + out, vq);
-    }
+    const std::int64_t row = ok ? (qo_begin + i) * c.token_stride + kv_head * c.head_stride : 0;
+    store_head_vectors<KvT, InT, HeadDim>(target, static_cast<const InT*>(c.k) + row,
+                                          static_cast<const InT*>(c.v) + row, lane, ok, page,
+                                          static_cast<std::int32_t>(position & slot_mask), kv_head);
   }
 }
 

@@ -31,6 +31,7 @@
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/attention/kernels/chunk_kv.cuh"
+#include "slimserve/attention/kernels/merge_kernel.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/page_locator.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
@@ -225,10 +226,12 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
       const std::int64_t first = (tile_row0 + p.group_size - 1) / p.group_size;
       std::int64_t last = (tile_row0 + p.cta_rows + p.group_size - 1) / p.group_size;
       if (last > qo_len) last = qo_len;
-      append_chunk_tokens<KvT, QT, HeadDim>(p.chunk, located_request_pages(p, b), p.num_pages, p.page_shift,
-                                            p.num_kv_heads, p.layout, p.scale_mode, p.k_scale, p.v_scale,
-                                            kv_head, qo_begin, kv_len - qo_len, first, last, tid,
-                                            Tile::threads);
+      const PageStoreTarget target{p.chunk.k_pages, p.chunk.v_pages, p.chunk.k_token_scales,
+                                   p.chunk.v_token_scales, p.k_scale, p.v_scale, p.page_size,
+                                   p.num_kv_heads, p.layout, p.scale_mode};
+      append_chunk_tokens<KvT, QT, HeadDim>(p.chunk, target, located_request_pages(p, b), p.num_pages,
+                                            p.page_shift, kv_head, qo_begin, kv_len - qo_len, first, last,
+                                            tid, Tile::threads);
     }
   }
 
@@ -391,19 +394,35 @@ SLIMSERVE_ATTENTION_UNROLL
     const std::int64_t tile_begin = chunk_begin + (i - num_page_tiles) * chunk_tile_tokens;
     const QT* chunk_k = static_cast<const QT*>(p.chunk.k);
     const QT* chunk_v = static_cast<const QT*>(p.chunk.v);
+    if constexpr (fp8) {
+      // A 16-wide group of d (two chunks of the mma type) per thread and step: converted and
+      // permuted in registers (chunk_kv.cuh).
+      constexpr int row_groups = ChunkRow::row_chunks / 2;
+      static_assert(ChunkRow::row_chunks % 2 == 0 && (Tile::stage_chunks / 2) % Tile::threads == 0,
+                    "whole 16-wide groups per thread");
 SLIMSERVE_ATTENTION_UNROLL
-    for (int j = 0; j < Tile::stage_chunks / Tile::threads; ++j) {
-      const int chunk_id = tid + j * Tile::threads;
-      const int token = chunk_id / ChunkRow::row_chunks;
-      const int chunk = chunk_id % ChunkRow::row_chunks;
-      const std::int64_t position = tile_begin + token;
-      const bool ok = position < kv_end;
-      const std::int64_t row = ok ? (qo_begin + position - chunk_start) * p.chunk.token_stride + kv_head * p.chunk.head_stride : 0;
-      const int dst = ChunkRow::byte_offset(token, chunk);
-      if constexpr (fp8) {
-        stage_fp8_order_chunk<QT, false>(stage.k + dst, chunk_k + row, chunk, ok);
-        stage_fp8_order_chunk<QT, true>(stage.v + dst, chunk_v + row, chunk, ok);
-      } else {
+      for (int j = 0; j < Tile::stage_chunks / 2 / Tile::threads; ++j) {
+        const int group_id = tid + j * Tile::threads;
+        const int token = group_id / row_groups;
+        const int group = group_id % row_groups;
+        const std::int64_t position = tile_begin + token;
+        const bool ok = position < kv_end;
+        const std::int64_t row = ok ? (qo_begin + position - chunk_start) * p.chunk.token_stride + kv_head * p.chunk.head_stride : 0;
+        const int dst_lo = ChunkRow::byte_offset(token, 2 * group);
+        const int dst_hi = ChunkRow::byte_offset(token, 2 * group + 1);
+        stage_fp8_order_group<QT, false>(stage.k + dst_lo, stage.k + dst_hi, chunk_k + row + 16 * group, ok);
+        stage_fp8_order_group<QT, true>(stage.v + dst_lo, stage.v + dst_hi, chunk_v + row + 16 * group, ok);
+      }
+    } else {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int j = 0; j < Tile::stage_chunks / Tile::threads; ++j) {
+        const int chunk_id = tid + j * Tile::threads;
+        const int token = chunk_id / ChunkRow::row_chunks;
+        const int chunk = chunk_id % ChunkRow::row_chunks;
+        const std::int64_t position = tile_begin + token;
+        const bool ok = position < kv_end;
+        const std::int64_t row = ok ? (qo_begin + position - chunk_start) * p.chunk.token_stride + kv_head * p.chunk.head_stride : 0;
+        const int dst = ChunkRow::byte_offset(token, chunk);
         arch::cp_async_16_zfill(stage.k + dst, chunk_k + row + chunk * ChunkRow::chunk_elements, ok);
         arch::cp_async_16_zfill(stage.v + dst, chunk_v + row + chunk * ChunkRow::chunk_elements, ok);
       }
@@ -671,72 +690,6 @@ template <class KvT, class QT, int HeadDim>
 __global__ void __launch_bounds__(128, (PagedAttentionTile<KvT, HeadDim>::min_ctas_per_sm))
     paged_prefill_fused_kernel(const PagedAttentionParams p) {
   paged_attention_body<KvT, QT, HeadDim, true>(p);
-}
-
-// ---- split-KV merge ---------------------------------------------------------------------------
-
-struct PagedMergeParams {
-  const float* partial_o;            // [W, H_kv, cta_rows, D]
-  const float* partial_lse;          // [W, H_kv, cta_rows]
-  const std::int32_t* unit_request;  // [U]
-  const std::int32_t* unit_row_tile; // [U]
-  const std::int32_t* unit_indptr;   // [U + 1]: work items of unit u (its KV splits)
-  const std::int32_t* qo_indptr;     // [B + 1]
-  void* o;
-  float* lse;
-  std::int64_t o_token_stride, o_head_stride;
-  const float* sinks;  // [H_qo] or null
-  std::int32_t num_kv_heads;
-  std::int32_t num_qo_heads;
-  std::int32_t group_size;
-  std::int32_t cta_rows;
-  std::int32_t head_dim;
-};
-
-/// Grid (units, H_kv * cta_rows), block head_dim threads: one output element per thread.
-/// o = sum_i e^(lse_i - M) o_i / (e^(sink - M) + sum_i e^(lse_i - M)); a NaN partial lse marks
-/// an aborted request (NaN row, lse -inf).
-template <class OutT>
-__global__ void paged_merge_kernel(const PagedMergeParams p) {
-  const std::int32_t unit = static_cast<std::int32_t>(blockIdx.x);
-  const std::int32_t kv_head = static_cast<std::int32_t>(blockIdx.y) / p.cta_rows;
-  const std::int32_t r = static_cast<std::int32_t>(blockIdx.y) % p.cta_rows;
-  const std::int32_t d = static_cast<std::int32_t>(threadIdx.x);
-  const std::int32_t b = p.unit_request[unit];
-  const std::int32_t qo_len = p.qo_indptr[b + 1] - p.qo_indptr[b];
-  const std::int64_t packed = static_cast<std::int64_t>(p.unit_row_tile[unit]) * p.cta_rows + r;
-  if (qo_len < 0 || packed >= static_cast<std::int64_t>(qo_len) * p.group_size) return;
-  const std::int64_t token = p.qo_indptr[b] + packed / p.group_size;
-  const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
-  const std::int32_t first = p.unit_indptr[unit];
-  const std::int32_t last = p.unit_indptr[unit + 1];
-  auto row_of = [&](std::int32_t w) {
-    return (static_cast<std::int64_t>(w) * p.num_kv_heads + kv_head) * p.cta_rows + r;
-  };
-  const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
-  float top = sink;
-  bool marked = false;
-  for (std::int32_t w = first; w < last; ++w) {
-    const float l = p.partial_lse[row_of(w)];
-    marked = marked || std::isnan(l);
-    top = fmaxf(top, l);
-  }
-  float value = 0.0f;
-  float out_lse = -INFINITY;
-  if (marked) {
-    value = NAN;
-  } else if (top != -INFINITY) {
-    float sum = expf(sink - top);
-    for (std::int32_t w = first; w < last; ++w) {
-      const float weight = expf(p.partial_lse[row_of(w)] - top);
-      sum += weight;
-      value = fmaf(weight, p.partial_o[row_of(w) * p.head_dim + d], value);
-    }
-    value /= sum;
-    out_lse = top + logf(sum);
-  }
-  static_cast<OutT*>(p.o)[token * p.o_token_stride + head * p.o_head_stride + d] = from_float<OutT>(value);
-  if (p.lse != nullptr && d == 0) p.lse[token * p.num_qo_heads + head] = out_lse;
 }
 
 }  // namespace attention::kernels
