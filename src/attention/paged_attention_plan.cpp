@@ -220,6 +220,13 @@ Status validate_paged_attention_problem(const PagedAttentionProblem& p) {
 Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArguments& args) {
   const PagedAttentionProblem& p = args.problem;
   SLIMSERVE_RETURN_IF_ERROR(validate_paged_attention_problem(p));
+  if (args.num_sms == 0) {  // the callers that ask the device resolve 0 before they get here
+    return make_status(StatusCode::invalid_argument,
+                       "make_paged_attention_plan needs num_sms set (0, the current device, is "
+                       "resolved by plan_paged_attention, paged_attention_workspace_size and "
+                       "paged_attention_workspace_bound; set it, e.g. from "
+                       "rt::current_device_sm_count())");
+  }
   if (args.num_sms < 1 || args.ctas_per_sm < 1 || args.min_chunk_tokens < 1) {
     return make_status(StatusCode::invalid_argument, "num_sms (", args.num_sms, "), ctas_per_sm (",
                        args.ctas_per_sm, ") and min_chunk_tokens (", args.min_chunk_tokens,

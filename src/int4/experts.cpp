@@ -74,5 +74,57 @@ Result<std::vector<QuantizedMatrix>> quantize_experts(const TensorView& stacked,
   return matrices;
 }
 
+Result<StackedGemmWeights> stack_experts(std::span<const GemmWeights> experts) {
+  if (experts.empty()) {
+    return make_status(StatusCode::invalid_argument, "stack_experts needs at least one expert");
+  }
+  const GemmWeights& first = experts.front();
+  StackedGemmWeights out;
+  out.num_experts = static_cast<std::int64_t>(experts.size());
+  out.k = first.k;
+  out.n = first.n;
+  out.group_size = first.group_size;
+  out.activation = first.activation;
+  if (first.k <= 0 || first.n <= 0 || first.group_size <= 0 || first.k % first.group_size != 0) {
+    return make_status(StatusCode::invalid_argument, "stack_experts: expert 0 has k ", first.k, ", n ",
+                       first.n, ", group_size ", first.group_size, " (not a repack_for_gemm output)");
+  }
+  const auto packed_words = static_cast<std::size_t>(first.k / 16 * (first.n / 16) * 32);
+  const auto scale_count = static_cast<std::size_t>(first.k / first.group_size * first.n);
+  const bool asymmetric = !first.zeros.empty();
+  for (std::size_t e = 0; e < experts.size(); ++e) {
+    const GemmWeights& w = experts[e];
+    if (!w.k_order.empty()) {
+      return make_status(StatusCode::unsupported, "stack_experts: expert ", e,
+                         " is act-order (k_order); the grouped MoE GEMM has no per-expert row "
+                         "permutation: quantize the experts without act-order");
+    }
+    if (w.k != first.k || w.n != first.n || w.group_size != first.group_size ||
+        w.activation != first.activation || w.zeros.empty() == asymmetric) {
+      return make_status(StatusCode::invalid_argument, "stack_experts: expert ", e, " (k ", w.k, ", n ",
+                         w.n, ", group_size ", w.group_size, ", ", w.zeros.empty() ? "symmetric" : "zero points",
+                         ") differs from expert 0 (k ", first.k, ", n ", first.n, ", group_size ",
+                         first.group_size, ", ", asymmetric ? "zero points" : "symmetric",
+                         "); experts must share k, n, group_size, activation and symmetry");
+    }
+    if (w.packed.size() != packed_words || w.scales.size() != scale_count ||
+        (asymmetric && w.zeros.size() != scale_count)) {
+      return make_status(StatusCode::invalid_argument, "stack_experts: expert ", e, " holds ",
+                         w.packed.size(), " packed words, ", w.scales.size(), " scales and ",
+                         w.zeros.size(), " zeros; its shape needs ", packed_words, ", ", scale_count,
+                         " and ", asymmetric ? scale_count : 0);
+    }
+  }
+  out.packed.reserve(packed_words * experts.size());
+  out.scales.reserve(scale_count * experts.size());
+  if (asymmetric) out.zeros.reserve(scale_count * experts.size());
+  for (const GemmWeights& w : experts) {
+    out.packed.insert(out.packed.end(), w.packed.begin(), w.packed.end());
+    out.scales.insert(out.scales.end(), w.scales.begin(), w.scales.end());
+    out.zeros.insert(out.zeros.end(), w.zeros.begin(), w.zeros.end());
+  }
+  return out;
+}
+
 }  // namespace int4
 SLIMSERVE_NAMESPACE_END

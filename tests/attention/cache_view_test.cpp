@@ -116,3 +116,28 @@ TEST_CASE("capacity arithmetic", "[attention][cache]") {
   CHECK(tokens_per_gib(KvDtype::fp8_e4m3, KvScaleMode::per_tensor, 8, 128, 16) == 524288);
   CHECK(tokens_per_gib(KvDtype::fp8_e4m3, KvScaleMode::per_token, 8, 128, 16) == (1LL << 30) / (2112 * 16) * 16);
 }
+
+TEST_CASE("allocation sizes of a cache view", "[attention][cache]") {
+  PagedKVCacheView view;
+  view.num_pages = 37;
+  view.page_size = 16;
+  view.num_kv_heads = 3;
+  view.head_dim = 128;
+  view.dtype = KvDtype::fp8_e4m3;
+  view.scale_mode = KvScaleMode::per_token;
+  CHECK(packed_pages_bytes(view) == 37LL * 16 * 3 * 128);
+  CHECK(token_scale_count(view) == 37LL * 16 * 3);
+  view.dtype = KvDtype::bf16;
+  view.scale_mode = KvScaleMode::none;
+  CHECK(packed_pages_bytes(view) == 37LL * 16 * 3 * 128 * 2);
+  CHECK(token_scale_count(view) == 0);
+  view.scale_mode = KvScaleMode::per_tensor;
+  CHECK(token_scale_count(view) == 0);
+  // Every (page, slot, head, d) of both layouts lies inside the allocation the size gives.
+  for (auto layout : {KvLayout::nhd, KvLayout::hnd}) {
+    const std::int64_t last = cache_offset(layout, view.page_size, view.num_kv_heads, view.head_dim,
+                                           view.num_pages - 1, view.page_size - 1, view.num_kv_heads - 1,
+                                           view.head_dim - 1);
+    CHECK((last + 1) * element_bytes(view.dtype) == packed_pages_bytes(view));
+  }
+}

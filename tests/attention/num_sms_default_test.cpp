@@ -74,7 +74,17 @@ TEST_CASE("paged attention: workspace bound and size query with num_sms 0", "[at
   auto plan = plan_paged_attention(args, workspace->data(), *size, nullptr);
   REQUIRE(plan.ok());
   CHECK(plan->layout.total_bytes == *size);
+  CHECK(plan->workspace_bytes() == *size);
   CHECK(plan->split_kv);
+
+  // The host-only planner cannot ask the device: 0 is refused with what to do instead.
+  args.num_sms = 0;
+  auto unresolved = make_paged_attention_plan(args);
+  REQUIRE_FALSE(unresolved.ok());
+  CHECK(unresolved.status().code() == StatusCode::invalid_argument);
+  CHECK(unresolved.status().message().find("plan_paged_attention") != std::string::npos);
+  args.num_sms = sms;
+  CHECK(make_paged_attention_plan(args).ok());
 }
 
 TEST_CASE("MLA decode: workspace bound and size query with num_sms 0", "[attention][mla][plan]") {

@@ -2,6 +2,7 @@
 // block-scaled FP8 one with stacked scales) quantizes exactly as the same expert stored as its
 // own 2-D tensor, and so imports from a stacked packed checkpoint.
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -150,4 +151,79 @@ TEST_CASE("experts: a stacked compressed-tensors checkpoint imports expert by ex
   int4::TensorView short_view = packed.view();
   short_view.bytes = short_view.bytes.first(short_view.bytes.size() - 4);
   REQUIRE(int4::expert_slice(short_view, 0).status().code() == StatusCode::invalid_argument);
+}
+
+TEST_CASE("experts: stack_experts lays repacked experts end to end, or refuses with the expert",
+          "[int4][experts]") {
+  auto rng = slimserve_test::make_rng(43);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t experts = 3, n = 32, k = 64;
+  for (const bool symmetric : {true, false}) {
+    int4::Tensor stacked(int4::ElementType::float32, {experts, n, k});
+    for (std::int64_t i = 0; i < stacked.numel(); ++i) stacked.set(i, normal(rng));
+    int4::QuantizeOptions options;
+    options.group_size = 32;
+    options.symmetric = symmetric;
+    auto quantized = int4::quantize_experts(stacked.view(), int4::WeightLayout::n_by_k, options);
+    REQUIRE(quantized.ok());
+    std::vector<int4::GemmWeights> repacked;
+    for (const auto& matrix : *quantized) {
+      auto one = int4::repack_for_gemm(matrix, int4::ActivationType::bf16);
+      REQUIRE(one.ok());
+      repacked.push_back(std::move(one).value());
+    }
+    auto all = int4::stack_experts(repacked);
+    REQUIRE(all.ok());
+    REQUIRE(all->num_experts == experts);
+    REQUIRE(all->k == k);
+    REQUIRE(all->n == n);
+    REQUIRE(all->group_size == 32);
+    REQUIRE(all->zeros.empty() == symmetric);
+    const std::size_t words = repacked[0].packed.size(), scales = repacked[0].scales.size();
+    REQUIRE(all->packed.size() == words * experts);
+    REQUIRE(all->scales.size() == scales * experts);
+    REQUIRE(all->zeros.size() == (symmetric ? 0 : scales * experts));
+    for (std::size_t e = 0; e < static_cast<std::size_t>(experts); ++e) {  // expert e at e * size
+      const auto& w = repacked[e];
+      REQUIRE(std::equal(w.packed.begin(), w.packed.end(), all->packed.begin() + static_cast<std::ptrdiff_t>(e * words)));
+      REQUIRE(std::equal(w.scales.begin(), w.scales.end(), all->scales.begin() + static_cast<std::ptrdiff_t>(e * scales)));
+      if (!symmetric) {
+        REQUIRE(std::equal(w.zeros.begin(), w.zeros.end(), all->zeros.begin() + static_cast<std::ptrdiff_t>(e * scales)));
+      }
+    }
+  }
+
+  // Refusals: nothing to stack, another shape, another symmetry, act-order, a short array.
+  CHECK(int4::stack_experts({}).status().code() == StatusCode::invalid_argument);
+  int4::Tensor stacked(int4::ElementType::float32, {2, n, k});
+  for (std::int64_t i = 0; i < stacked.numel(); ++i) stacked.set(i, normal(rng));
+  int4::QuantizeOptions options;
+  options.group_size = 32;
+  auto quantized = int4::quantize_experts(stacked.view(), int4::WeightLayout::n_by_k, options);
+  REQUIRE(quantized.ok());
+  auto a = int4::repack_for_gemm((*quantized)[0], int4::ActivationType::bf16);
+  auto b = int4::repack_for_gemm((*quantized)[1], int4::ActivationType::bf16);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  auto refused = [&](int4::GemmWeights second, StatusCode code, const char* words) {
+    const std::vector<int4::GemmWeights> pair{*a, std::move(second)};
+    auto result = int4::stack_experts(pair);
+    REQUIRE_FALSE(result.ok());
+    CHECK(result.status().code() == code);
+    CHECK_THAT(result.status().to_string(), Catch::Contains("expert 1") && Catch::Contains(words));
+  };
+  int4::GemmWeights wider = *b;
+  wider.n = 2 * n;
+  refused(wider, StatusCode::invalid_argument, "differs from expert 0");
+  int4::GemmWeights with_zeros = *b;
+  with_zeros.zeros.assign(b->scales.size(), 0);
+  refused(with_zeros, StatusCode::invalid_argument, "symmetry");
+  int4::GemmWeights act_order = *b;
+  act_order.k_order.resize(static_cast<std::size_t>(k));
+  refused(act_order, StatusCode::unsupported, "act-order");
+  int4::GemmWeights short_scales = *b;
+  short_scales.scales.pop_back();
+  refused(short_scales, StatusCode::invalid_argument, "its shape needs");
+  const std::vector<int4::GemmWeights> good{*a, *b};
+  CHECK(int4::stack_experts(good).ok());
 }

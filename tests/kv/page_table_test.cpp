@@ -269,3 +269,54 @@ TEST_CASE("page table: PageTableStorage pairs pinned host and device buffers", "
   CHECK(build_page_table(requests, {page_size, num_pages}, small->host()).status().code() ==
         StatusCode::resource_exhausted);
 }
+
+TEST_CASE("page table: BlockTableStorage pairs pinned host and device 2-D buffers", "[kv][table]") {
+  CHECK(BlockTableStorage::create(0, 8).status().code() == StatusCode::invalid_argument);
+  CHECK(BlockTableStorage::create(4, 0).status().code() == StatusCode::invalid_argument);
+  auto rng = slimserve_test::make_rng(5);
+  std::vector<std::int64_t> tokens;
+  const auto pages = make_requests(rng, tokens);
+  const auto requests = as_requests(pages, tokens);
+  std::int32_t width = 0;
+  for (const auto& p : pages) width = std::max(width, static_cast<std::int32_t>(p.size()));
+  const std::int32_t batch = static_cast<std::int32_t>(requests.size());
+  Result<BlockTableStorage> storage = BlockTableStorage::create(batch + 1, width + 3);
+  REQUIRE(storage.ok());
+  CHECK(storage->host().max_batch == batch + 1);
+  CHECK(storage->device().max_pages_per_request == width + 3);
+  Result<BlockTableView> host = build_block_table(requests, {page_size, num_pages}, storage->host());
+  REQUIRE(host.ok());
+  Result<BlockTableView> device = upload_block_table(*host, num_pages, storage->device(), nullptr);
+  REQUIRE(device.ok());
+  CHECK(device->batch_size == batch);
+  CHECK(device->max_pages_per_request == width + 3);
+  const auto entries = static_cast<std::size_t>(batch) * static_cast<std::size_t>(width + 3);
+  std::vector<PageId> ids(entries, poison);
+  std::vector<PageTag> tags(entries, 0xDEADBEEFu);
+  std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), poison);
+  using rt::CopyDirection;
+  REQUIRE(rt::copy_async(ids.data(), device->block_table, entries * sizeof(PageId), CopyDirection::device_to_host, nullptr).ok());
+  REQUIRE(rt::copy_async(tags.data(), device->expected_tags, entries * sizeof(PageTag), CopyDirection::device_to_host, nullptr).ok());
+  REQUIRE(rt::copy_async(lens.data(), device->seq_lens, lens.size() * sizeof(std::int32_t), CopyDirection::device_to_host, nullptr).ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  for (std::size_t b = 0; b < requests.size(); ++b) {
+    CHECK(lens[b] == tokens[b]);
+    for (std::int32_t slot = 0; slot < width + 3; ++slot) {
+      const PageHandle expect = slot < static_cast<std::int32_t>(pages[b].size()) ? pages[b][static_cast<std::size_t>(slot)] : guard_page;
+      const auto at = b * static_cast<std::size_t>(width + 3) + static_cast<std::size_t>(slot);
+      CHECK(ids[at] == expect.id);
+      CHECK(tags[at] == expect.tag);
+    }
+  }
+  // Rows of another width: refused, and the message says what must match.
+  Result<BlockTableStorage> other = BlockTableStorage::create(batch, width + 4);
+  REQUIRE(other.ok());
+  const auto mismatch = upload_block_table(*host, num_pages, other->device(), nullptr);
+  CHECK(mismatch.status().code() == StatusCode::resource_exhausted);
+  CHECK_THAT(mismatch.status().to_string(), Catch::Contains("same width"));
+  // A batch beyond the storage's capacity is refused by the builder before anything is written.
+  Result<BlockTableStorage> small = BlockTableStorage::create(1, width + 3);
+  REQUIRE(small.ok());
+  CHECK(build_block_table(requests, {page_size, num_pages}, small->host()).status().code() ==
+        StatusCode::resource_exhausted);
+}

@@ -111,6 +111,23 @@ constexpr std::int64_t packed_page_elements(const PagedKVCacheView& cache) {
   return static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads * cache.head_dim;
 }
 
+/// Bytes to allocate for each of k_pages and v_pages of a packed cache:
+/// num_pages * page_size * num_kv_heads * head_dim * element_bytes(dtype) (the MLA view's
+/// counterpart is MlaCacheView::bytes()). A combined K/V allocation read through page_stride
+/// holds both: 2 * packed_pages_bytes(cache).
+constexpr std::int64_t packed_pages_bytes(const PagedKVCacheView& cache) {
+  return static_cast<std::int64_t>(cache.num_pages) * packed_page_elements(cache) *
+         element_bytes(cache.dtype);
+}
+
+/// Floats in each of k_token_scales and v_token_scales: num_pages * page_size * num_kv_heads
+/// for a per_token cache, 0 for the other scale modes (per_tensor reads one float each).
+constexpr std::int64_t token_scale_count(const PagedKVCacheView& cache) {
+  return cache.scale_mode == KvScaleMode::per_token
+             ? static_cast<std::int64_t>(cache.num_pages) * cache.page_size * cache.num_kv_heads
+             : 0;
+}
+
 /// For the kernels whose offsets assume packed pages (cache_offset): refuses a view with
 /// another page_stride, naming the kernel.
 inline Status require_packed_pages(const PagedKVCacheView& cache, std::string_view kernel) {

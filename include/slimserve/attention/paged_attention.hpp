@@ -127,6 +127,10 @@ struct PagedAttentionPlan {
   /// tensor-core kernel has (window, soft-cap, sinks, strided q/o, fused chunk K/V).
   std::optional<DecodePlan> decode;
   std::size_t decode_offset = 0;
+
+  /// Bytes of workspace this plan uses (the CUDA-core decode schedule included): what
+  /// paged_attention_workspace_size returned for its arguments. Named as the INT4 plans'.
+  std::size_t workspace_bytes() const noexcept { return layout.total_bytes; }
 };
 
 /// Shape checks: head_dim, page size, GQA ratio, dtype pairing.

@@ -15,7 +15,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <span>
+
 #include "slimserve/config.hpp"
+#include "slimserve/int4/gemm_layout.hpp"
 #include "slimserve/int4/quantize.hpp"
 #include "slimserve/int4/quantized_matrix.hpp"
 #include "slimserve/int4/tensor.hpp"
@@ -41,6 +44,26 @@ Result<BlockScales> expert_block_scales(const BlockScales& stacked, std::int64_t
 Result<std::vector<QuantizedMatrix>> quantize_experts(const TensorView& stacked, WeightLayout layout,
                                                       const QuantizeOptions& options,
                                                       const BlockScales* block_scales = nullptr);
+
+/// E experts' kernel-layout weights laid end to end, as the grouped MoE GEMM reads them
+/// (`MoeGemmArguments::b`, `scales`, `zeros`): upload each vector as it is.
+struct StackedGemmWeights {
+  std::int64_t num_experts = 0;
+  std::int64_t k = 0;
+  std::int64_t n = 0;
+  std::int64_t group_size = 0;
+  ActivationType activation = ActivationType::bf16;
+  std::vector<std::uint32_t> packed;  ///< [E][k/16, n/16, 32]
+  std::vector<std::uint16_t> scales;  ///< [E][k/group_size, n], bits of `activation`
+  std::vector<std::uint16_t> zeros;   ///< [E][k/group_size, n], or empty (symmetric: z = 8)
+};
+
+/// Stacks E `repack_for_gemm` outputs (one per expert, in expert order) for `run_moe_gemm`.
+/// invalid_argument, naming the first expert that differs, unless every expert has the first
+/// one's k, n, group_size, activation and symmetry and its arrays have the sizes those give;
+/// unsupported for act-order experts (a `k_order`: the grouped GEMM has no per-expert row
+/// permutation). The Python package's `stack_experts` does the same.
+Result<StackedGemmWeights> stack_experts(std::span<const GemmWeights> experts);
 
 }  // namespace int4
 SLIMSERVE_NAMESPACE_END

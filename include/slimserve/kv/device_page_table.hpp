@@ -89,6 +89,60 @@ class PageTableStorage {
   rt::DeviceBuffer<PageTag> d_tags_;
 };
 
+/// The 2-D form's twin of PageTableStorage: pinned host staging for build_block_table and
+/// device arrays for upload_block_table, both [max_batch, max_pages_per_request] (upload
+/// requires the host and device rows to have the same width, so one storage gives both).
+class BlockTableStorage {
+ public:
+  static Result<BlockTableStorage> create(std::int32_t max_batch,
+                                          std::int32_t max_pages_per_request) {
+    if (max_batch < 1 || max_pages_per_request < 1) {
+      return make_status(StatusCode::invalid_argument, "BlockTableStorage needs max_batch >= 1 ",
+                         "and max_pages_per_request >= 1, got ", max_batch, " and ",
+                         max_pages_per_request);
+    }
+    BlockTableStorage storage;
+    storage.max_batch_ = max_batch;
+    storage.max_pages_per_request_ = max_pages_per_request;
+    const auto rows = static_cast<std::size_t>(max_batch);
+    const auto entries = rows * static_cast<std::size_t>(max_pages_per_request);
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_block_table_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_tags_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_seq_lens_, rows));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_block_table_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_tags_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_seq_lens_, rows));
+    return Result<BlockTableStorage>(std::move(storage));
+  }
+
+  BlockTableHostBuffers host() const noexcept {
+    return {h_block_table_.data(), h_tags_.data(), h_seq_lens_.data(), max_batch_,
+            max_pages_per_request_};
+  }
+  BlockTableDeviceBuffers device() const noexcept {
+    return {d_block_table_.data(), d_tags_.data(), d_seq_lens_.data(), max_batch_,
+            max_pages_per_request_};
+  }
+
+ private:
+  template <class Buffer>
+  static Status assign(Buffer& buffer, std::size_t count) {
+    auto made = Buffer::create(count);
+    if (!made.ok()) return made.status();
+    buffer = std::move(made).value();
+    return {};
+  }
+
+  std::int32_t max_batch_ = 0;
+  std::int32_t max_pages_per_request_ = 0;
+  detail::PinnedArray<PageId> h_block_table_;
+  detail::PinnedArray<PageTag> h_tags_;
+  detail::PinnedArray<std::int32_t> h_seq_lens_;
+  rt::DeviceBuffer<PageId> d_block_table_;
+  rt::DeviceBuffer<PageTag> d_tags_;
+  rt::DeviceBuffer<std::int32_t> d_seq_lens_;
+};
+
 inline Result<PageTableView> upload_page_table(const PageTableView& host_table,
                                                std::int32_t num_pages,
                                                const PageTableDeviceBuffers& device,
@@ -129,9 +183,12 @@ inline Result<BlockTableView> upload_block_table(const BlockTableView& host_tabl
   SLIMSERVE_RETURN_IF_ERROR(validate_block_table(host_table, num_pages));
   if (host_table.batch_size > device.max_batch ||
       host_table.max_pages_per_request != device.max_pages_per_request) {
+    // Rows are copied as one block, so the widths must be equal, not merely fit.
     return make_status(StatusCode::resource_exhausted, "block table [", host_table.batch_size,
                        ", ", host_table.max_pages_per_request, "] does not match device buffers [",
-                       device.max_batch, ", ", device.max_pages_per_request, "]");
+                       device.max_batch, ", ", device.max_pages_per_request,
+                       "]: the batch must fit and the rows must have the same width "
+                       "(max_pages_per_request); BlockTableStorage gives both sides one shape");
   }
   if (device.block_table == nullptr || device.expected_tags == nullptr ||
       device.seq_lens == nullptr) {
