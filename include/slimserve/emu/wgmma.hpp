@@ -162,6 +162,15 @@ inline void combine_wgmma_uniform(WarpgroupView& group) {
   }
 }
 
+/// Fails the thread with "site: detail", leaving no heap memory owned by this frame or by a
+/// temporary (the failed fiber never unwinds, so anything still owned would leak).
+[[noreturn]] inline void fail_keeping_nothing(const CallSite& site, std::string& detail) {
+  std::string message = format_site(site) + ": ";
+  message += detail;
+  std::string().swap(detail);
+  fail_this_thread(std::move(message));
+}
+
 inline void warpgroup_exchange(EmulatedThread& self, WarpgroupCombine combine,
                                const CallSite& site) {
   self.post_site(site);
@@ -187,25 +196,34 @@ inline void wgmma_commit(CallSite site) {
   }
 }
 
+/// Element (mn, k) of a shared operand; an error message (and 0) when it lies outside the
+/// block's shared memory.
 template <MmaInput Input>
 inline float wgmma_read_element(const LaunchState& launch, const WgmmaDescriptor& d,
                                 bool mn_major, unsigned mn, unsigned k, const char* which,
-                                const CallSite& site) {
+                                std::string& error) {
   const std::uint32_t address =
       wgmma_swizzle(d.start + wgmma_canonical_offset(d, mn_major, mn, k), d.swizzle_mode);
   if (static_cast<std::size_t>(address) + 2 > launch.dynamic_smem_bytes) {
-    fail_this_thread(format_site(site) + ": operand " + which + " element (" +
-                     std::to_string(mn) + ", k " + std::to_string(k) + ") at shared address " +
-                     std::to_string(address) + " lies outside the block's " +
-                     std::to_string(launch.dynamic_smem_bytes) + " bytes of shared memory");
+    if (error.empty()) {
+      error = std::string("operand ") + which + " element (" + std::to_string(mn) + ", k " +
+              std::to_string(k) + ") at shared address " + std::to_string(address) +
+              " lies outside the block's " + std::to_string(launch.dynamic_smem_bytes) +
+              " bytes of shared memory";
+    }
+    return 0.0f;
   }
   std::uint16_t bits;
   std::memcpy(&bits, launch.dynamic_smem + address, sizeof bits);
   return element_to_float<Input>(bits);
 }
 
+/// Retires the oldest operation; returns an error message, empty when it went well. (The
+/// caller fails the thread only after every local here is destroyed: a failed fiber never
+/// unwinds.)
 template <MmaInput Input>
-inline void wgmma_retire_front(EmulatedThread& self, const CallSite& site) {
+inline std::string wgmma_retire_front(EmulatedThread& self) {
+  std::string error;
   WgmmaQueue& queue = self.wgmma;
   WgmmaOp op = std::move(queue.ops.front());
   queue.ops.erase(queue.ops.begin());
@@ -223,7 +241,7 @@ inline void wgmma_retire_front(EmulatedThread& self, const CallSite& site) {
     const WgmmaDescriptor da = decode_wgmma_descriptor(op.desc_a);
     for (unsigned h = 0; h < 2; ++h) {
       for (unsigned k = 0; k < 16; ++k) {
-        a[h][k] = wgmma_read_element<Input>(launch, da, op.a_mn_major, row0 + 8 * h, k, "A", site);
+        a[h][k] = wgmma_read_element<Input>(launch, da, op.a_mn_major, row0 + 8 * h, k, "A", error);
       }
     }
   }
@@ -236,7 +254,7 @@ inline void wgmma_retire_front(EmulatedThread& self, const CallSite& site) {
     if (i % 4 == 0) {
       for (unsigned c = 0; c < 2; ++c) {
         for (unsigned k = 0; k < 16; ++k) {
-          b[c][k] = wgmma_read_element<Input>(launch, db, op.b_mn_major, col + c, k, "B", site);
+          b[c][k] = wgmma_read_element<Input>(launch, db, op.b_mn_major, col + c, k, "B", error);
         }
       }
     }
@@ -246,25 +264,27 @@ inline void wgmma_retire_front(EmulatedThread& self, const CallSite& site) {
     for (unsigned k = 0; k < 16; ++k) sum += static_cast<double>(a[h][k]) * b[i % 2][k];
     value[i] = static_cast<float>(sum);
   }
+  if (!error.empty()) return error;
   // A later operation on the same accumulator takes this result as its input; only the last
   // one in flight writes the registers.
   for (WgmmaOp& later : queue.ops) {
     if (later.accumulator == op.accumulator) {
       later.c = std::move(value);
       later.has_c = true;
-      return;
+      return error;
     }
   }
   for (unsigned i = 0; i < registers; ++i) {
     std::uint32_t bits;
     std::memcpy(&bits, &op.accumulator[i], sizeof bits);
     if (bits != wgmma_in_flight_bits) {
-      fail_this_thread(format_site(site) + ": accumulator register " + std::to_string(i) +
-                       " was written while a wgmma.mma_async on it was in flight (wait with "
-                       "wgmma.wait_group before touching the accumulator)");
+      return "accumulator register " + std::to_string(i) +
+             " was written while a wgmma.mma_async on it was in flight (wait with "
+             "wgmma.wait_group before touching the accumulator)";
     }
   }
   std::memcpy(op.accumulator, value.data(), registers * sizeof(float));
+  return error;
 }
 
 inline void wgmma_wait(int pending, CallSite site) {
@@ -276,11 +296,10 @@ inline void wgmma_wait(int pending, CallSite site) {
   while (queue.committed_groups - queue.completed_groups > allowed) {
     ++queue.completed_groups;
     while (!queue.ops.empty() && queue.ops.front().group == queue.completed_groups) {
-      if (queue.ops.front().input == static_cast<unsigned>(MmaInput::bf16)) {
-        wgmma_retire_front<MmaInput::bf16>(self, site);
-      } else {
-        wgmma_retire_front<MmaInput::fp16>(self, site);
-      }
+      std::string error = queue.ops.front().input == static_cast<unsigned>(MmaInput::bf16)
+                              ? wgmma_retire_front<MmaInput::bf16>(self)
+                              : wgmma_retire_front<MmaInput::fp16>(self);
+      if (!error.empty()) fail_keeping_nothing(site, error);
     }
   }
   queue.fenced = false;  // the program may now touch the registers: fence before the next batch
@@ -299,9 +318,11 @@ inline void wgmma_mma_async(float* accumulator, unsigned n, const std::uint32_t*
                      "the last wgmma.wait_group (accumulator and A registers are not ordered "
                      "with the warpgroup's other register accesses)");
   }
-  std::string problem = wgmma_descriptor_problem(desc_b, "B");
-  if (problem.empty() && a_registers == nullptr) problem = wgmma_descriptor_problem(desc_a, "A");
-  if (!problem.empty()) fail_this_thread(format_site(site) + ": " + problem);
+  {
+    std::string problem = wgmma_descriptor_problem(desc_b, "B");
+    if (problem.empty() && a_registers == nullptr) problem = wgmma_descriptor_problem(desc_a, "A");
+    if (!problem.empty()) fail_keeping_nothing(site, problem);
+  }
   const unsigned registers = n / 2;
   for (const WgmmaOp& other : queue.ops) {
     const bool overlaps = other.accumulator < accumulator + registers &&
