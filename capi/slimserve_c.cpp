@@ -5,6 +5,8 @@
 // slimserve::emulated (libslimserve_c_emulated).
 #include "slimserve/c/slimserve.h"
 
+#include "c_support.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -60,9 +62,6 @@ struct slimserve_page_table {
   std::vector<kv::PageHandle> handles;  // the last build's pages, contiguous
   std::vector<kv::RequestPages> requests;
 };
-struct slimserve_device_tags {
-  kv::DeviceTagArray tags;
-};
 struct slimserve_request_sets {
   std::unique_ptr<kv::RequestPageSets> sets;
 };
@@ -77,6 +76,8 @@ struct slimserve_gemm_plan {
 };
 
 namespace {
+
+using namespace slimserve_capi;
 
 static_assert(SLIMSERVE_INVALID_ARGUMENT == static_cast<int>(StatusCode::invalid_argument));
 static_assert(SLIMSERVE_STALE_HANDLE == static_cast<int>(StatusCode::stale_handle));
@@ -97,78 +98,12 @@ static_assert(offsetof(slimserve_page_swap, writer) == offsetof(kv::PageSwap, wr
 static_assert(offsetof(slimserve_page_swap, host_slot) == offsetof(kv::PageSwap, host_slot));
 static_assert(std::is_same_v<kv::WriterId, std::uint32_t>);
 
-thread_local std::string last_error;
-
-slimserve_status record(const Status& status) {
-  if (status.ok()) {
-    last_error.clear();
-    return SLIMSERVE_OK;
-  }
-  last_error = status.to_string();
-  return static_cast<slimserve_status>(status.code());
-}
-
-// Runs `body` (returning Status); exceptions become codes, never unwind into C.
-template <class Body>
-slimserve_status guarded(Body&& body) noexcept {
-  try {
-    return record(body());
-  } catch (const std::bad_alloc&) {
-    return record(Status(StatusCode::resource_exhausted, "host memory allocation failed"));
-  } catch (const std::exception& error) {
-    return record(make_status(StatusCode::internal, "unexpected exception: ", error.what()));
-  } catch (...) {
-    return record(Status(StatusCode::internal, "unexpected exception"));
-  }
-}
-
-Status null_argument(const char* name) {
-  return make_status(StatusCode::invalid_argument, name, " is null");
-}
-
-// An enumeration that arrives as int32: outside the underlying type's range it is refused
-// here; inside, the façade's is_valid check refuses values it does not name.
-template <class Enum>
-Status to_enum(std::int32_t value, const char* name, Enum& out) {
-  using Underlying = std::underlying_type_t<Enum>;
-  if (value < 0 || value > static_cast<std::int32_t>(std::numeric_limits<Underlying>::max())) {
-    return make_status(StatusCode::invalid_argument, "unknown ", name, " ", value);
-  }
-  out = static_cast<Enum>(value);
-  return {};
-}
-
 kv::PageHandle to_handle(slimserve_page page) { return {page.id, page.tag}; }
 slimserve_page to_c(kv::PageHandle page) { return {page.id, page.tag}; }
 
-kv::PageTableView to_view(const slimserve_page_table_view& t) {
-  return {t.indptr, t.indices, t.last_page_len, t.expected_tags, t.batch_size, t.page_size};
-}
 slimserve_page_table_view to_c(const kv::PageTableView& t) {
   return {t.indptr, t.indices, t.last_page_len, t.expected_tags, t.batch_size, t.page_size};
 }
-const kv::RequestStatus* to_statuses(const slimserve_request_status* statuses) {
-  return reinterpret_cast<const kv::RequestStatus*>(statuses);
-}
-
-Status to_cache(const slimserve_kv_cache* c, attention::PagedKVCacheView& out) {
-  if (c == nullptr) return null_argument("cache");
-  out.k_pages = c->k_pages;
-  out.v_pages = c->v_pages;
-  out.k_scale = c->k_scale;
-  out.v_scale = c->v_scale;
-  out.k_token_scales = c->k_token_scales;
-  out.v_token_scales = c->v_token_scales;
-  out.num_pages = c->num_pages;
-  out.page_size = c->page_size;
-  out.num_kv_heads = c->num_kv_heads;
-  out.head_dim = c->head_dim;
-  SLIMSERVE_RETURN_IF_ERROR(to_enum(c->dtype, "KV dtype", out.dtype));
-  SLIMSERVE_RETURN_IF_ERROR(to_enum(c->layout, "KV layout", out.layout));
-  SLIMSERVE_RETURN_IF_ERROR(to_enum(c->scale_mode, "scale mode", out.scale_mode));
-  return attention::can_implement(out);
-}
-
 Status to_problem(const slimserve_decode_problem* p, attention::DecodeProblem& out) {
   if (p == nullptr) return null_argument("problem");
   out.batch_size = p->batch_size;
@@ -243,7 +178,7 @@ extern "C" {
 
 // ---- Status and version ----------------------------------------------------------------------
 
-const char* slimserve_last_error(void) { return last_error.c_str(); }
+const char* slimserve_last_error(void) { return slimserve_capi::last_error_message(); }
 
 const char* slimserve_status_name(slimserve_status status) {
   switch (status) {

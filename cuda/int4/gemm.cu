@@ -10,6 +10,7 @@
 #include "slimserve/int4/gemm.hpp"
 #include "slimserve/int4/gemm_kernel.cuh"
 #include "slimserve/runtime/launch.hpp"
+#include "slimserve/runtime/memory.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace int4 {
@@ -42,9 +43,9 @@ struct FusedKernel {
   int block_n;
   std::size_t shared_memory_bytes;
   Status (*launch)(const GemmParams& params, dim3 grid, cudaStream_t stream);
-  /// Stream-K: the persistent kernel, then the fixup of shared tiles.
+  /// Stream-K: the persistent kernel (shared tiles are reduced in place by their last block).
   Status (*launch_stream_k)(const GemmParams& params, const StreamKSchedule& schedule,
-                            cudaStream_t stream);
+                            const StreamKWorkspace& workspace, cudaStream_t stream);
 };
 
 template <class T, class Config, GroupSpan Span>
@@ -57,15 +58,12 @@ Status launch_fused(const GemmParams& params, dim3 grid, cudaStream_t stream) {
 
 template <class T, class Config, GroupSpan Span>
 Status launch_stream_k(const GemmParams& params, const StreamKSchedule& schedule,
-                       cudaStream_t stream) {
-  SLIMSERVE_RETURN_IF_ERROR(rt::launch(
+                       const StreamKWorkspace& workspace, cudaStream_t stream) {
+  return rt::launch(
       w4a16_gemm_stream_k_kernel<T, Config, Span>,
       rt::LaunchConfig{dim3(static_cast<unsigned>(schedule.blocks)), dim3(Config::threads),
                        sizeof(GemmSharedStorage<Config, Span>), stream},
-      params, schedule));
-  const auto tiles = static_cast<unsigned>(schedule.units / schedule.k_steps);
-  return rt::launch(stream_k_fixup_kernel<T, Config::block_m, Config::block_n>,
-                    rt::LaunchConfig{dim3(tiles), dim3(128), 0, stream}, params, schedule);
+      params, schedule, workspace);
 }
 
 template <class T>
@@ -89,8 +87,15 @@ constexpr std::array<T, A + B> concat(const std::array<T, A>& a, const std::arra
   return out;
 }
 
+// One width per key. A 128-column decode tile for groups >= 64 under stream-K with M > 1
+// would halve the FP32 partials of each tile two blocks share (M = 16, n = 28672, k = 8192,
+// 132 SMs: 1.8% of the weight bytes instead of 3.6%), but its mainloop costs 2.98 (BF16) /
+// 2.79 (FP16) warp-instructions per 16 B against 2.40 / 2.20 for 256 columns (sm_90a SASS
+// report): by the static model a tie for BF16 and 1.7% faster for FP16, and only if the
+// partials reach DRAM rather than staying in L2 (docs/int4-gemm.md, Schedules).
 /// The one list of supported fused kernels: {bf16, fp16} x {decode, wide tile} x group span
-/// {16, 32, >= 64 (incl. per-channel)}. Adding a span or a tile is an edit here.
+/// {16, 32, >= 64 (incl. per-channel)}. Adding a span or a tile is an edit here (a second
+/// width of one key too: `find_fused_kernel` takes the plan's block_n).
 template <class T>
 constexpr auto fused_rows_for_type() {
   return concat(
@@ -100,11 +105,18 @@ constexpr auto fused_rows_for_type() {
 }
 const auto fused_kernels = concat(fused_rows_for_type<bf16>(), fused_rows_for_type<fp16>());
 
-const FusedKernel* find_fused_kernel(ActivationType activation, GemmTile tile, GroupSpan span) {
+/// The row of (activation, tile, span) with `block_n` columns; block_n 0 (or no row that
+/// wide): the first row of the key.
+const FusedKernel* find_fused_kernel(ActivationType activation, GemmTile tile, GroupSpan span,
+                                     int block_n = 0) {
+  const FusedKernel* found = nullptr;
   for (const FusedKernel& kernel : fused_kernels) {
-    if (kernel.activation == activation && kernel.tile == tile && kernel.span == span) return &kernel;
+    if (kernel.activation == activation && kernel.tile == tile && kernel.span == span) {
+      if (kernel.block_n == block_n) return &kernel;
+      if (found == nullptr) found = &kernel;
+    }
   }
-  return nullptr;
+  return found;
 }
 
 bool aligned(const void* pointer, std::size_t alignment) {
@@ -181,14 +193,22 @@ GemmWorkspaceLayout layout_workspace(const GemmArguments& args, const GemmPlan& 
     offset = align_up(offset + layout.partials_bytes, alignment);
   }
   if (path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k) {
-    const FusedKernel* kernel =
-        find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
+    const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile,
+                                                  group_span_of(args.group_size), plan.block_n);
     const std::size_t tile_elements =
         kernel == nullptr ? 0 : static_cast<std::size_t>(kernel->block_m * kernel->block_n);
     layout.partials_offset = offset;
     layout.partials_bytes =
         2 * static_cast<std::size_t>(plan.stream_k_blocks) * tile_elements * sizeof(float);
     offset = align_up(offset + layout.partials_bytes, alignment);
+    // One arrival counter per tile (zeroed by run_gemm before each launch).
+    const std::size_t tiles =
+        kernel == nullptr ? 0
+                          : static_cast<std::size_t>((args.n + kernel->block_n - 1) / kernel->block_n) *
+                                static_cast<std::size_t>((args.m + kernel->block_m - 1) / kernel->block_m);
+    layout.arrivals_offset = offset;
+    layout.arrivals_bytes = tiles * sizeof(unsigned);
+    offset = align_up(offset + layout.arrivals_bytes, alignment);
   }
   if (path == GemmPath::expand) {
     layout.dense_offset = offset;
@@ -260,16 +280,8 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
   plan.scaling = plan.path == GemmPath::fused && plan.tile == GemmTile::m16_n128
                      ? decode_tile_group_scaling(args.group_size)
                      : GroupScaling::per_weight;
-  const FusedKernel* kernel =
-      find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
-  if (kernel == nullptr) {
-    return make_status(StatusCode::internal, "no fused kernel for ", to_string(args.activation));
-  }
-
   const int k_steps = static_cast<int>((args.k + block_k - 1) / block_k);
   const int sm_count = options.sm_count > 0 ? options.sm_count : device_sm_count();
-  const std::int64_t tiles = ((args.n + kernel->block_n - 1) / kernel->block_n) *
-                             ((args.m + kernel->block_m - 1) / kernel->block_m);
   plan.schedule = options.schedule;
   if (plan.schedule == GemmSchedule::automatic) {
     plan.schedule = options.split_k > 0 ? GemmSchedule::split_k : GemmSchedule::stream_k;
@@ -282,11 +294,27 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
     return make_status(StatusCode::invalid_argument, "stream_k_blocks_per_sm = ",
                        options.stream_k_blocks_per_sm, " (0: one per SM)");
   }
-  int splits = 1;
-  if (plan.path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k &&
+  const GroupSpan span = group_span_of(args.group_size);
+  const FusedKernel* kernel = nullptr;
+  std::int64_t tiles = 0;
+  const auto choose_kernel = [&] {
+    kernel = find_fused_kernel(args.activation, plan.tile, span);
+    if (kernel != nullptr) {
+      tiles = ((args.n + kernel->block_n - 1) / kernel->block_n) *
+              ((args.m + kernel->block_m - 1) / kernel->block_m);
+    }
+  };
+  choose_kernel();
+  if (plan.path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k && kernel != nullptr &&
       tiles * k_steps > std::numeric_limits<int>::max()) {
     plan.schedule = GemmSchedule::split_k;  // stream-K counts units in 32 bits
+    choose_kernel();
   }
+  if (kernel == nullptr) {
+    return make_status(StatusCode::internal, "no fused kernel for ", to_string(args.activation));
+  }
+  plan.block_n = kernel->block_n;
+  int splits = 1;
   if (plan.path == GemmPath::fused && plan.schedule == GemmSchedule::stream_k) {
     // Persistent blocks: one (or stream_k_blocks_per_sm) per SM, never more than units.
     const std::int64_t units = tiles * k_steps;
@@ -350,9 +378,12 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
     return make_status(StatusCode::invalid_argument, "the plan is not a fused-path plan for k = ",
                        args.k, " (splits ", plan.splits, ", k_per_split ", plan.k_per_split, ")");
   }
-  const FusedKernel* kernel =
-      find_fused_kernel(args.activation, plan.tile, group_span_of(args.group_size));
-  if (kernel == nullptr) return make_status(StatusCode::internal, "no fused kernel");
+  const FusedKernel* kernel = find_fused_kernel(args.activation, plan.tile,
+                                                group_span_of(args.group_size), plan.block_n);
+  if (kernel == nullptr || kernel->block_n != plan.block_n) {
+    return make_status(StatusCode::invalid_argument, "the plan's ", plan.block_n,
+                       "-column tile is not a fused kernel of this problem (plan again)");
+  }
   GemmParams params{};
   params.a = static_cast<const std::uint16_t*>(args.a);
   params.b = args.b;
@@ -380,10 +411,16 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
     schedule.tiles_n = static_cast<int>(tiles_n);
     schedule.units_per_block = schedule.units / schedule.blocks;
     schedule.remainder = schedule.units % schedule.blocks;
-    params.partials = reinterpret_cast<float*>(bytes + layout.partials_offset);
     params.k_per_split = static_cast<int>(args.k);
     params.splits = 1;
-    return kernel->launch_stream_k(params, schedule, stream);
+    StreamKWorkspace stream_k_workspace{};
+    stream_k_workspace.partials = reinterpret_cast<float*>(bytes + layout.partials_offset);
+    stream_k_workspace.arrivals = reinterpret_cast<unsigned*>(bytes + layout.arrivals_offset);
+    // The counters start at zero in every launch (a memset node when captured in a graph);
+    // the workspace may hold anything between calls.
+    SLIMSERVE_RETURN_IF_ERROR(
+        rt::memset_async(stream_k_workspace.arrivals, 0, layout.arrivals_bytes, stream));
+    return kernel->launch_stream_k(params, schedule, stream_k_workspace, stream);
   }
   constexpr std::int64_t max_grid_y = 65535;  // CUDA's limit on gridDim.y (M tiles)
   if ((args.m + kernel->block_m - 1) / kernel->block_m > max_grid_y) {

@@ -79,6 +79,13 @@ def _empty_like(x, shape=None, dtype=None):
     return module.empty(shape, dtype=x.dtype if dtype is None else dtype)
 
 
+class _TensorShape:
+    """Pointer, shape and dtype of a part of a tensor (the K or V half of a combined cache)."""
+
+    def __init__(self, ptr: int, shape, dtype: str):
+        self.ptr, self.shape, self.dtype = ptr, tuple(shape), dtype
+
+
 class DeviceArray:
     """Memory the library allocated (emulator memory, or GPU memory in the CUDA build), for the
     small index arrays the wrappers upload."""
@@ -114,6 +121,8 @@ class PagePool:
     def __init__(self, num_pages: int):
         self._handle = c_void_p()
         self._dependents = []  # weak references to caches / page sets built on this pool
+        self._open_dependents = 0  # of those, not yet destroyed (see _close_or_defer)
+        self._close_pending = False
         _check(_lib.slimserve_page_pool_create(num_pages, byref(self._handle)))
         self.num_pages = num_pages
 
@@ -151,15 +160,40 @@ class PagePool:
     def close(self) -> None:
         """Frees the pool, after whatever was built on it: at interpreter exit the garbage
         collector may finalize a pool before its cache, so the order is enforced here."""
-        for dependent in getattr(self, "_dependents", []):
-            alive = dependent()
-            if alive is not None:
-                alive.close()
-        if getattr(self, "_handle", None):
+        if _close_or_defer(self):
             _lib.slimserve_page_pool_destroy(self._handle)
             self._handle = None
 
     __del__ = close
+
+
+def _close_or_defer(owner) -> bool:
+    """Whether `owner` (a pool or prefix cache with a live handle) may be destroyed now. Its
+    dependents (caches, page sets) are closed first; the C ABI needs them destroyed before it.
+    The garbage collector clears weak references before it runs finalizers and finalizes a
+    cycle in any order, so a dependent it has not finalized yet may be out of reach here: then
+    the destroy is deferred to that dependent's close (_dependent_closed)."""
+    for dependent in getattr(owner, "_dependents", []):
+        alive = dependent()
+        if alive is not None:
+            alive.close()
+    if not getattr(owner, "_handle", None):
+        return False
+    if getattr(owner, "_open_dependents", 0) > 0:
+        owner._close_pending = True
+        return False
+    return True
+
+
+def _dependent_closed(owner) -> None:
+    owner._open_dependents -= 1
+    if owner._open_dependents == 0 and owner._close_pending:
+        owner.close()
+
+
+def _depend_on(owner, dependent) -> None:
+    owner._dependents.append(weakref.ref(dependent))
+    owner._open_dependents += 1
 
 
 class PrefixCache:
@@ -169,9 +203,11 @@ class PrefixCache:
         self._pool = pool  # the cache must not outlive its pool
         self._handle = c_void_p()
         self._dependents = []
+        self._open_dependents = 0
+        self._close_pending = False
         self.page_size = page_size
         _check(_lib.slimserve_prefix_cache_create(pool._handle, page_size, hash_seed, byref(self._handle)))
-        pool._dependents.append(weakref.ref(self))
+        _depend_on(pool, self)
 
     def match(self, tokens: Sequence[int], salt: int = 0, adapter_id: int = 0) -> List[PageHandle]:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
@@ -193,13 +229,10 @@ class PrefixCache:
         return inserted.value
 
     def close(self) -> None:
-        for dependent in getattr(self, "_dependents", []):
-            alive = dependent()
-            if alive is not None:
-                alive.close()
-        if getattr(self, "_handle", None):
+        if _close_or_defer(self):
             _lib.slimserve_prefix_cache_destroy(self._handle)
             self._handle = None
+            _dependent_closed(self._pool)
 
     __del__ = close
 
@@ -214,9 +247,9 @@ class RequestSets:
         self._handle = c_void_p()
         _check(_lib.slimserve_request_sets_create(pool._handle, cache._handle if cache else None,
                                                   max_requests, page_size, byref(self._handle)))
-        pool._dependents.append(weakref.ref(self))
+        _depend_on(pool, self)
         if cache is not None:
-            cache._dependents.append(weakref.ref(self))
+            _depend_on(cache, self)
 
     @staticmethod
     def _plan(plan: _capi.PagePlan) -> dict:
@@ -281,6 +314,9 @@ class RequestSets:
         if getattr(self, "_handle", None):
             _lib.slimserve_request_sets_destroy(self._handle)
             self._handle = None
+            if self._cache is not None:
+                _dependent_closed(self._cache)
+            _dependent_closed(self._pool)
 
     __del__ = close
 
@@ -397,11 +433,24 @@ def _activation(x, name: str, dtype: Optional[str]) -> int:
 
 class PagedKVCache:
     """K and V page arrays, [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D]
-    (HND), with their element type and scales. FP8 pages are uint8 arrays plus `dtype`."""
+    (HND), with their element type and scales. FP8 pages are uint8 arrays plus `dtype`.
+    One combined allocation [num_pages, 2, ...] (K page, then V page) is passed as k_pages with
+    v_pages=None: `page_stride` is then twice a page (only paged attention reads it)."""
 
     def __init__(self, k_pages, v_pages, *, layout: str = "NHD", dtype: Optional[str] = None,
                  k_scale=None, v_scale=None, k_token_scales=None, v_token_scales=None):
-        k, v = _tensor(k_pages, name="k_pages"), _tensor(v_pages, name="v_pages")
+        self.page_stride = 0  # elements between pages; 0: packed
+        if v_pages is None:
+            kv = _tensor(k_pages, name="kv_pages")
+            if len(kv.shape) != 5 or kv.shape[1] != 2:
+                raise ValueError(f"slimserve: combined kv_pages {kv.shape} must be [num_pages, 2, ...] (5-D)")
+            page = kv.shape[2] * kv.shape[3] * kv.shape[4]
+            element = 1 if (dtype or kv.dtype) in ("fp8_e4m3", "fp8_e5m2", "float8_e4m3fn", "float8_e5m2", "uint8") else 2
+            k = _TensorShape(kv.ptr, (kv.shape[0],) + kv.shape[2:], kv.dtype)
+            v = _TensorShape(kv.ptr + page * element, k.shape, kv.dtype)
+            self.page_stride = 2 * page
+        else:
+            k, v = _tensor(k_pages, name="k_pages"), _tensor(v_pages, name="v_pages")
         if k.shape != v.shape or len(k.shape) != 4:
             raise ValueError(f"slimserve: k_pages {k.shape} and v_pages {v.shape} must be equal 4-D shapes")
         dtype = dtype or k.dtype
@@ -653,3 +702,11 @@ except ImportError:
     _torch = None
 if _torch is not None:
     from . import torch_ops  # noqa: F401,E402
+
+
+# ---- ABI 2: tensor-core paged attention and MLA (slimserve.attention) --------------------------
+from .attention import (MlaCache, MlaDecodeWrapper, PagedAttentionWrapper, mla_append,  # noqa: E402
+                        mla_record_bytes, validate_block_table)
+
+# ---- ABI 2: INT4 mixture-of-experts GEMM (slimserve.moe) -----------------------------------------
+from .moe import MoeGemm, MoeRouter, MoeRouting, stack_experts, validate_moe_routing  # noqa: E402

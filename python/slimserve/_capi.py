@@ -1,8 +1,10 @@
-"""ctypes declarations of the C ABI (include/slimserve/c/slimserve.h), ABI version 1.
+"""ctypes declarations of the C ABI (include/slimserve/c/slimserve.h), ABI version 2.
 
 Kept in the same order as the header; `load()` finds the shared library, checks the ABI
-version and declares every function's argument and result types, so a mismatch is a Python
-TypeError rather than memory corruption.
+version (the library's must be at least ABI_VERSION) and declares every function's argument and
+result types, so a mismatch is a Python TypeError rather than memory corruption. Structs of ABI 2
+that begin with `struct_size` get it set by `versioned()`. tests/test_capi_layout.py compiles the
+header and compares every struct's size and fields' offsets with these declarations.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import glob
 import os
 from ctypes import POINTER, Structure, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint16, c_uint64, c_void_p
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # Status codes (slimserve_status).
 OK = 0
@@ -99,6 +101,138 @@ class GemmArgs(Structure):
                 ("zeros", c_void_p), ("bias", c_void_p), ("c", c_void_p)]
 
 
+# ---- ABI 2: block tables, paged attention, MLA -------------------------------------------------
+
+class BlockTableView(Structure):
+    _fields_ = [("block_table", c_void_p), ("expected_tags", c_void_p), ("seq_lens", c_void_p),
+                ("batch_size", c_int32), ("max_pages_per_request", c_int32), ("page_size", c_int32)]
+
+
+class PagedAttentionProblem(Structure):
+    _fields_ = [("batch_size", c_int32), ("num_qo_heads", c_int32), ("num_kv_heads", c_int32),
+                ("head_dim", c_int32), ("page_size", c_int32), ("kv_dtype", c_int32),
+                ("q_dtype", c_int32), ("mask", c_int32)]
+
+
+class PagedAttentionPlanArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("problem", PagedAttentionProblem),
+                ("qo_indptr_host", c_void_p), ("kv_indptr_host", c_void_p),
+                ("last_page_len_host", c_void_p), ("seq_lens_host", c_void_p),
+                ("num_sms", c_int32), ("ctas_per_sm", c_int32), ("min_chunk_tokens", c_int32),
+                ("disable_split", c_int32)]
+
+
+class PagedAttentionBound(Structure):
+    _fields_ = [("struct_size", c_size_t), ("problem", PagedAttentionProblem),
+                ("max_total_qo_tokens", c_int64), ("max_kv_tokens", c_int64), ("num_sms", c_int32),
+                ("ctas_per_sm", c_int32)]
+
+
+class PagedAttentionPlanInfo(Structure):
+    _fields_ = [("struct_size", c_size_t), ("kernel", c_int32), ("split_kv", c_int32),
+                ("chunk_tokens", c_int32), ("num_work_items", c_int32), ("workspace_bytes", c_size_t),
+                ("reason", c_char_p)]
+
+
+class PagedAttentionArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("cache", KvCache), ("kv_page_stride", c_int64),
+                ("table", POINTER(PageTableView)), ("block_table", POINTER(BlockTableView)),
+                ("statuses", c_void_p), ("qo_indptr", c_void_p), ("q", c_void_p), ("o", c_void_p),
+                ("lse", c_void_p), ("q_token_stride", c_int64), ("q_head_stride", c_int64),
+                ("o_token_stride", c_int64), ("o_head_stride", c_int64), ("sm_scale", c_float),
+                ("sliding_window", c_int32), ("logit_soft_cap", c_float), ("sinks", c_void_p),
+                ("chunk_k", c_void_p), ("chunk_v", c_void_p), ("chunk_token_stride", c_int64),
+                ("chunk_head_stride", c_int64)]
+
+
+class MlaCache(Structure):
+    _fields_ = [("pages", c_void_p), ("latent_scale", c_void_p), ("num_pages", c_int32),
+                ("page_size", c_int32), ("dtype", c_int32), ("scale_mode", c_int32)]
+
+
+class MlaAppendArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("cache", MlaCache), ("table", POINTER(PageTableView)),
+                ("statuses", c_void_p), ("latent_new", c_void_p), ("rope_new", c_void_p),
+                ("latent_stride", c_int64), ("rope_stride", c_int64), ("input_dtype", c_int32),
+                ("num_tokens", c_int32), ("token_request", c_void_p), ("token_position", c_void_p),
+                ("append_indptr", c_void_p)]
+
+
+class MlaProblem(Structure):
+    _fields_ = [("batch_size", c_int32), ("num_heads", c_int32), ("query_tokens", c_int32),
+                ("page_size", c_int32), ("kv_dtype", c_int32), ("scale_mode", c_int32),
+                ("q_dtype", c_int32), ("ragged_queries", c_int32)]
+
+
+class MlaPlanArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("problem", MlaProblem), ("kv_indptr_host", c_void_p),
+                ("last_page_len_host", c_void_p), ("seq_lens_host", c_void_p),
+                ("qo_indptr_host", c_void_p), ("num_sms", c_int32), ("ctas_per_sm", c_int32),
+                ("min_chunk_tokens", c_int32), ("disable_split", c_int32)]
+
+
+class MlaDecodeArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("cache", MlaCache), ("table", POINTER(PageTableView)),
+                ("block_table", POINTER(BlockTableView)), ("statuses", c_void_p), ("q", c_void_p),
+                ("o", c_void_p), ("lse", c_void_p), ("q_token_stride", c_int64),
+                ("q_head_stride", c_int64), ("o_token_stride", c_int64), ("o_head_stride", c_int64),
+                ("sm_scale", c_float)]
+
+
+class MlaBound(Structure):
+    _fields_ = [("struct_size", c_size_t), ("problem", MlaProblem), ("num_sms", c_int32),
+                ("ctas_per_sm", c_int32)]
+
+
+class MlaGatherArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("cache", MlaCache), ("table", POINTER(PageTableView)),
+                ("statuses", c_void_p), ("token_indptr", c_void_p), ("out", c_void_p),
+                ("out_stride", c_int64), ("num_rows", c_int32)]
+
+
+class MergeArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("partial_o", c_void_p), ("partial_lse", c_void_p),
+                ("split_indptr", c_void_p), ("batch_size", c_int32), ("rows_per_request", c_int32),
+                ("head_dim", c_int32), ("out_dtype", c_int32), ("o", c_void_p), ("lse", c_void_p)]
+
+
+class MoeRoutingArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("num_tokens", c_int64), ("top_k", c_int64),
+                ("num_experts", c_int64), ("topk_ids", c_void_p), ("max_tokens", c_int64),
+                ("align", c_int32)]
+
+
+class MoeRoutingStatus(Structure):
+    _fields_ = [("invalid_pairs", c_int32), ("first_invalid", c_int32), ("first_id", c_int32),
+                ("reserved", c_int32)]
+
+
+class MoeRouting(Structure):
+    _fields_ = [("topk_ids", c_void_p), ("tile_expert", c_void_p), ("tile_rows", c_void_p),
+                ("tiles_used", c_void_p), ("status", c_void_p), ("num_tokens", c_int64),
+                ("top_k", c_int64), ("num_experts", c_int64), ("max_tiles", c_int64)]
+
+
+class MoeGemmArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("activation", c_int32), ("epilogue", c_int32),
+                ("num_tokens", c_int64), ("top_k", c_int64), ("num_experts", c_int64),
+                ("k", c_int64), ("n", c_int64), ("group_size", c_int64), ("a", c_void_p),
+                ("b", c_void_p), ("scales", c_void_p), ("zeros", c_void_p), ("topk_ids", c_void_p),
+                ("topk_weights", c_void_p), ("c", c_void_p), ("max_tokens", c_int64)]
+
+
+class MoeGemmPlanInfo(Structure):
+    _fields_ = [("struct_size", c_size_t), ("max_tokens", c_int64), ("max_tiles", c_int64),
+                ("workspace_bytes", c_size_t), ("scaling", c_int32)]
+
+
+def versioned(struct_type):
+    """A zeroed ABI-2 struct with struct_size set (0 is every field's default)."""
+    value = struct_type()
+    value.struct_size = ctypes.sizeof(struct_type)
+    return value
+
+
 H = c_void_p  # every opaque handle
 S = c_int32   # slimserve_status
 
@@ -172,6 +306,40 @@ _SIGNATURES = {
     "slimserve_gemm_plan_destroy": (None, [H]),
     "slimserve_gemm_plan_workspace_bytes": (c_size_t, [H]),
     "slimserve_gemm_run": (S, [H, POINTER(GemmArgs), c_void_p, c_size_t, c_void_p]),
+    # ABI 2
+    "slimserve_validate_block_table": (S, [POINTER(BlockTableView), c_int32]),
+    "slimserve_check_block_tags": (S, [POINTER(BlockTableView), H, c_void_p, c_void_p, c_void_p,
+                                        c_void_p, c_void_p]),
+    "slimserve_paged_attention_workspace_size": (S, [POINTER(PagedAttentionPlanArgs), POINTER(c_size_t)]),
+    "slimserve_paged_attention_workspace_bound": (S, [POINTER(PagedAttentionBound), POINTER(c_size_t)]),
+    "slimserve_paged_attention_plan_create": (S, [POINTER(PagedAttentionPlanArgs), c_void_p, c_size_t,
+                                                   c_void_p, POINTER(H)]),
+    "slimserve_paged_attention_plan_destroy": (None, [H]),
+    "slimserve_paged_attention_plan_get_info": (S, [H, POINTER(PagedAttentionPlanInfo)]),
+    "slimserve_paged_attention_run": (S, [H, POINTER(PagedAttentionArgs), c_void_p, c_size_t, c_void_p]),
+    "slimserve_merge_attention_states": (S, [POINTER(MergeArgs), c_void_p]),
+    "slimserve_dequantize_pages": (S, [POINTER(KvCache), c_void_p, c_int32, c_void_p, c_void_p, c_void_p]),
+    "slimserve_mla_record_bytes": (c_int64, [c_int32, c_int32]),
+    "slimserve_mla_append": (S, [POINTER(MlaAppendArgs), c_void_p]),
+    "slimserve_mla_workspace_size": (S, [POINTER(MlaPlanArgs), POINTER(c_size_t)]),
+    "slimserve_mla_workspace_bound": (S, [POINTER(MlaBound), POINTER(c_size_t)]),
+    "slimserve_mla_plan_create": (S, [POINTER(MlaPlanArgs), c_void_p, c_size_t, c_void_p, POINTER(H)]),
+    "slimserve_mla_plan_destroy": (None, [H]),
+    "slimserve_mla_decode_run": (S, [H, POINTER(MlaDecodeArgs), c_void_p, c_size_t, c_void_p]),
+    "slimserve_mla_gather": (S, [POINTER(MlaGatherArgs), c_void_p]),
+    "slimserve_moe_routing_workspace_size": (S, [POINTER(MoeRoutingArgs), POINTER(c_size_t)]),
+    "slimserve_moe_routing_plan_create": (S, [POINTER(MoeRoutingArgs), POINTER(H)]),
+    "slimserve_moe_routing_plan_destroy": (None, [H]),
+    "slimserve_moe_routing_run": (S, [H, POINTER(MoeRoutingArgs), c_void_p, c_size_t, c_void_p,
+                                       POINTER(MoeRouting)]),
+    "slimserve_moe_routing_read_status": (S, [POINTER(MoeRouting), c_void_p]),
+    "slimserve_moe_validate_routing": (S, [c_void_p, c_int64, c_int64, c_int64]),
+    "slimserve_moe_gemm_workspace_size": (S, [POINTER(MoeGemmArgs), POINTER(c_size_t)]),
+    "slimserve_moe_gemm_plan_create": (S, [POINTER(MoeGemmArgs), POINTER(H)]),
+    "slimserve_moe_gemm_plan_destroy": (None, [H]),
+    "slimserve_moe_gemm_plan_get_info": (S, [H, POINTER(MoeGemmPlanInfo)]),
+    "slimserve_moe_gemm_run": (S, [H, POINTER(MoeGemmArgs), POINTER(MoeRouting), c_void_p, c_size_t,
+                                    c_void_p]),
 }
 
 
@@ -198,13 +366,15 @@ def load():
         except OSError as error:  # e.g. the CUDA build on a machine without the driver
             errors.append(f"{path}: {error}")
             continue
+        version = lib.slimserve_c_abi_version
+        version.restype, version.argtypes = c_int32, []
+        if version() < ABI_VERSION:  # a library of a later ABI serves every earlier one
+            errors.append(f"{path}: C ABI version {version()}, need {ABI_VERSION} or later")
+            continue
         for name, (restype, argtypes) in _SIGNATURES.items():
             function = getattr(lib, name)
             function.restype = restype
             function.argtypes = argtypes
-        if lib.slimserve_c_abi_version() != ABI_VERSION:
-            errors.append(f"{path}: C ABI version {lib.slimserve_c_abi_version()}, expected {ABI_VERSION}")
-            continue
         return lib, path
     raise ImportError("slimserve: no usable C library (set SLIMSERVE_LIBRARY to libslimserve_c*.so); "
                       + "; ".join(errors or ["none found"]))

@@ -48,11 +48,12 @@ _DTYPES = {
 class TensorRef:
     """A borrowed view of a DLPack tensor: pointer, device, dtype name, shape."""
 
-    __slots__ = ("owner", "capsule", "ptr", "device_type", "device_id", "dtype", "shape")
+    __slots__ = ("owner", "capsule", "ptr", "device_type", "device_id", "dtype", "shape", "strides")
 
-    def __init__(self, tensor):
+    def __init__(self, tensor, strided=False):
         self.owner = tensor
         self.capsule = None
+        self.strides = None  # element strides when the tensor is not compact (strided=True only)
         if isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous:
             # Fast path, same answer as DLPack: NumPy describes itself without a capsule.
             self.ptr, self.shape = tensor.__array_interface__["data"][0], tensor.shape
@@ -66,11 +67,14 @@ class TensorRef:
             raise TypeError("slimserve: vector dtypes are not supported")
         self.dtype = _DTYPES.get((dl.dtype.code, dl.dtype.bits), f"code{dl.dtype.code}x{dl.dtype.bits}")
         self.shape = tuple(dl.shape[i] for i in range(dl.ndim))
-        if dl.strides:  # compact row-major only (NULL strides means compact)
+        if dl.strides:  # compact row-major unless strided (NULL strides means compact)
             expected = 1
             for i in reversed(range(dl.ndim)):
                 if self.shape[i] != 1 and dl.strides[i] != expected:
-                    raise ValueError(f"slimserve: tensor of shape {self.shape} is not contiguous")
+                    if not strided:
+                        raise ValueError(f"slimserve: tensor of shape {self.shape} is not contiguous")
+                    self.strides = tuple(dl.strides[j] for j in range(dl.ndim))
+                    break
                 expected *= self.shape[i]
         self.ptr = (dl.data or 0) + dl.byte_offset
         self.device_type = dl.device.device_type
@@ -84,13 +88,14 @@ class TensorRef:
         return count
 
 
-def ref(tensor, *, dtypes=None, shape=None, name="tensor", emulated=True) -> TensorRef:
-    """Checks what the C call will assume: the device the library runs on, dtype, shape."""
+def ref(tensor, *, dtypes=None, shape=None, name="tensor", emulated=True, strided=False) -> TensorRef:
+    """Checks what the C call will assume: the device the library runs on, dtype, shape.
+    strided=True also takes views whose strides are not compact (`strides` gives them)."""
     if tensor is None:
         raise TypeError(f"slimserve: {name} is required")
     if isinstance(tensor, np.ndarray) and not tensor.flags.writeable:
         tensor = tensor.copy()  # NumPy exports only writable arrays through DLPack
-    r = TensorRef(tensor)
+    r = TensorRef(tensor, strided)
     if emulated and r.device_type not in (KDL_CPU, KDL_CUDA_HOST):
         raise ValueError(f"slimserve: {name} must be host memory for the CPU-emulated library")
     if not emulated and r.device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):

@@ -5,6 +5,9 @@ Shaped like the calls engines already make:
                                         kv_cache_dtype, k_scale, v_scale)      # vLLM-style
   torch.ops.slimserve.paged_decode(q, k_cache, v_cache, indptr, indices, last_page_len,
                                    kv_cache_dtype, layout, sm_scale, k_scale, v_scale)
+  torch.ops.slimserve.paged_attention(q, k_cache, v_cache, qo_indptr, block_table, seq_lens,
+                                      kv_cache_dtype, sm_scale, sliding_window, logit_soft_cap,
+                                      sinks, k_scale, v_scale)   # prefill / append / decode
   torch.ops.slimserve.gemm_w4a16(a, packed, scales, zeros, bias, group_size)
 Each has a fake (meta) implementation, so torch.compile traces them without running kernels.
 On the CPU-emulated library the tensors are CPU tensors; on the GPU library, CUDA tensors (the
@@ -75,6 +78,36 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def _(q, k_cache, v_cache, indptr, indices, last_page_len, kv_cache_dtype, layout, sm_scale,
       k_scale, v_scale):
     return torch.empty_like(q)
+
+
+@torch.library.custom_op("slimserve::paged_attention", mutates_args=())
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    qo_indptr: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                    kv_cache_dtype: str, sm_scale: float, sliding_window: int, logit_soft_cap: float,
+                    sinks: Optional[torch.Tensor], k_scale: Optional[torch.Tensor],
+                    v_scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """Tensor-core paged attention over a vLLM-style block table (NHD caches): request b's
+    query rows [qo_indptr[b], qo_indptr[b + 1]) are its last positions of seq_lens[b];
+    sm_scale 0 is 1/sqrt(head_dim), sliding_window 0 and logit_soft_cap 0 are none."""
+    dtype = _kv_dtype(k_cache, kv_cache_dtype)
+    cache = _s.PagedKVCache(_bits(k_cache), _bits(v_cache), dtype=dtype,
+                            k_scale=_scale(k_scale), v_scale=_scale(v_scale))
+    q_dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[q.dtype]
+    wrapper = _s.PagedAttentionWrapper()
+    wrapper.plan(qo_indptr.cpu().numpy(), q.shape[1], cache.view.num_kv_heads, cache.view.head_dim,
+                 cache.view.page_size, block_table=block_table.cpu().numpy(), seq_lens=seq_lens.cpu().numpy(),
+                 kv_dtype=dtype, q_dtype=q_dtype, stream=_stream_of(q))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return wrapper.run(q, cache, out=out, sm_scale=sm_scale or None, sliding_window=sliding_window,
+                       logit_soft_cap=logit_soft_cap,
+                       sinks=None if sinks is None else sinks.to(torch.float32).contiguous(),
+                       stream=_stream_of(q))
+
+
+@paged_attention.register_fake
+def _(q, k_cache, v_cache, qo_indptr, block_table, seq_lens, kv_cache_dtype, sm_scale, sliding_window,
+      logit_soft_cap, sinks, k_scale, v_scale):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("slimserve::gemm_w4a16", mutates_args=())

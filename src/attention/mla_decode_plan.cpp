@@ -253,17 +253,22 @@ Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {
   return plan;
 }
 
-Result<std::size_t> mla_decode_workspace_size(const MlaDecodePlanArguments& args) {
+Result<std::size_t> mla_decode_workspace_size(const MlaDecodePlanArguments& requested) {
+  MlaDecodePlanArguments args = requested;  // num_sms 0: as plan_mla_decode resolves it
+  SLIMSERVE_RETURN_IF_ERROR(detail::resolve_num_sms(args.num_sms));
   Result<MlaDecodePlan> plan = make_mla_decode_plan(args);
   if (!plan.ok()) return plan.status();
   return plan->layout.total_bytes;
 }
 
-Result<std::size_t> mla_decode_workspace_bound(const MlaDecodeWorkspaceBound& bound) {
+Result<std::size_t> mla_decode_workspace_bound(const MlaDecodeWorkspaceBound& requested) {
+  MlaDecodeWorkspaceBound bound = requested;
+  SLIMSERVE_RETURN_IF_ERROR(detail::resolve_num_sms(bound.num_sms));  // 0: the current device
   const MlaDecodeProblem& p = bound.problem;
   SLIMSERVE_RETURN_IF_ERROR(validate_mla_decode_problem(p));
   if (bound.num_sms < 1 || bound.ctas_per_sm < 1) {
-    return make_status(StatusCode::invalid_argument, "workspace bound needs num_sms >= 1 and ctas_per_sm >= 1");
+    return make_status(StatusCode::invalid_argument,
+                       "workspace bound needs num_sms >= 0 (0: the current device) and ctas_per_sm >= 1");
   }
   const std::int32_t cta_rows = 16 * warps_m_for(p);
   const std::int64_t row_tiles = ceil_div(static_cast<std::int64_t>(p.num_heads) * p.query_tokens, cta_rows);

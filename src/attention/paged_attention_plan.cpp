@@ -308,18 +308,22 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
   return plan;
 }
 
-Result<std::size_t> paged_attention_workspace_size(const PagedAttentionPlanArguments& args) {
+Result<std::size_t> paged_attention_workspace_size(const PagedAttentionPlanArguments& requested) {
+  PagedAttentionPlanArguments args = requested;  // num_sms 0: as plan_paged_attention resolves it
+  SLIMSERVE_RETURN_IF_ERROR(detail::resolve_num_sms(args.num_sms));
   Result<PagedAttentionPlan> plan = make_paged_attention_plan(args);
   if (!plan.ok()) return plan.status();
   return plan->layout.total_bytes;
 }
 
-Result<std::size_t> paged_attention_workspace_bound(const PagedAttentionWorkspaceBound& bound) {
+Result<std::size_t> paged_attention_workspace_bound(const PagedAttentionWorkspaceBound& requested) {
+  PagedAttentionWorkspaceBound bound = requested;
+  SLIMSERVE_RETURN_IF_ERROR(detail::resolve_num_sms(bound.num_sms));  // 0: the current device
   const PagedAttentionProblem& p = bound.problem;
   SLIMSERVE_RETURN_IF_ERROR(validate_paged_attention_problem(p));
   if (bound.num_sms < 1 || bound.ctas_per_sm < 1 || bound.max_total_qo_tokens < 0 || bound.max_kv_tokens < 0) {
-    return make_status(StatusCode::invalid_argument, "workspace bound needs num_sms >= 1, ctas_per_sm >= 1 and "
-                       "non-negative token counts");
+    return make_status(StatusCode::invalid_argument, "workspace bound needs num_sms >= 0 (0: the current device), "
+                       "ctas_per_sm >= 1 and non-negative token counts");
   }
   // Units are largest at 16 rows per CTA: one partial tile per request plus full tiles.
   const std::int64_t group = p.num_qo_heads / p.num_kv_heads;

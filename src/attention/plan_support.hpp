@@ -6,9 +6,21 @@
 #include <cstdint>
 
 #include "slimserve/config.hpp"
+#include "slimserve/runtime/memory.hpp"
+#include "slimserve/status.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::detail {
+
+/// num_sms 0 (in a plan's arguments or a workspace bound) is the current device's SM count,
+/// asked here once per call (the emulator's emulated count); a positive value stays.
+inline Status resolve_num_sms(std::int32_t& num_sms) {
+  if (num_sms != 0) return {};
+  Result<std::int32_t> count = rt::current_device_sm_count();
+  if (!count.ok()) return count.status();
+  num_sms = *count;
+  return {};
+}
 
 /// Every region of a plan's workspace starts on this boundary.
 inline constexpr std::size_t plan_workspace_alignment = 256;

@@ -15,6 +15,7 @@ namespace rt {
 
 #if defined(SLIMSERVE_EMULATE)
 int device_count() noexcept { return 0; }  // the emulator is not a GPU
+Result<std::int32_t> current_device_sm_count() { return emulated_sm_count; }
 Status device_malloc(void** ptr, std::size_t bytes) { return emu::device_malloc(ptr, bytes); }
 Status device_free(void* ptr) { return emu::device_free(ptr); }
 Status pinned_malloc(void** ptr, std::size_t bytes) { return emu::device_malloc(ptr, bytes); }
@@ -44,6 +45,17 @@ int device_count() noexcept {
     return 0;
   }
   return count;
+}
+Result<std::int32_t> current_device_sm_count() {
+  int device = 0;
+  int count = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // no sticky error for the caller's next call
+    return cuda_status(err, "the current device's SM count");
+  }
+  return std::int32_t{count};
 }
 Status device_malloc(void** ptr, std::size_t bytes) {
   return cuda_status(cudaMalloc(ptr, bytes), "cudaMalloc");

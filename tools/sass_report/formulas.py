@@ -297,6 +297,12 @@ def _stream_k_segments(tiles: int, k_steps: int, blocks: int, shared_only: bool 
     """Segments of tiles that several CTAs share, or (shared_only=False) of all tiles: the
     trips of the persistent loop, summed over CTAs (mirror of StreamKSchedule: the first
     units % blocks CTAs take one unit more)."""
+    return _stream_k_tiles(tiles, k_steps, blocks, shared_only)[0]
+
+
+def _stream_k_tiles(tiles: int, k_steps: int, blocks: int,
+                    shared_only: bool = True) -> tuple[int, int]:
+    """(segments, tiles) over the tiles several CTAs share (or all tiles)."""
     units = tiles * k_steps
     q, r = divmod(units, blocks)
     long_units = r * (q + 1)
@@ -304,12 +310,13 @@ def _stream_k_segments(tiles: int, k_steps: int, blocks: int, shared_only: bool 
     def block_of(unit: int) -> int:
         return unit // (q + 1) if unit < long_units else r + (unit - long_units) // q
 
-    segments = 0
+    segments = counted = 0
     for t in range(tiles):
         first, last = block_of(t * k_steps), block_of((t + 1) * k_steps - 1)
         if first != last or not shared_only:
             segments += last - first + 1
-    return segments
+            counted += 1
+    return segments, counted
 
 
 @formula("w4a16_stream_k")
@@ -317,9 +324,11 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     """w4a16_gemm_stream_k_kernel<T, Config, GroupSpan>: `sms` persistent CTAs share the
     tiles x 64-row steps; the main loop is the persistent loop over a CTA's tile segments,
     its nested loop the 64-row K steps (inner_trips = steps per segment, on average), or with
-    GroupSpan 64 the groups (and theirs the group's other steps, _w4a16_group_steps). Partials: the tiles CTAs share,
-    at most 2 slots per CTA of min(m, BM) x BN FP32, written and read once (mirrors
-    StreamKSchedule in gemm_kernel.cuh)."""
+    GroupSpan 64 the groups (and theirs the group's other steps, _w4a16_group_steps).
+    Partials: a shared tile is reduced in place by the last CTA to finish it, so every other
+    segment of it is written once and read once: 2 x (segments - shared tiles) x min(m, BM) x
+    BN FP32; the wide tile (warp_m 32) stores every segment, 2 x segments x ... (mirrors
+    StreamKSchedule and reduce_shared_tile in gemm_kernel.cuh)."""
     tile, stage_bytes = _w4a16_stage_bytes(args)
     block_m, block_n, warps_m, warps_n, stages = tile[:5]
     m, n, k, group = _need(problem, "m", "n", "k", "group")
@@ -329,9 +338,12 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     k_steps = math.ceil(k / 64)
     units = tiles * k_steps
     blocks = min(sms, units)
-    # a shared tile's segments: one per CTA touching it; each writes and the fixup reads a slot
-    segments = _stream_k_segments(tiles, k_steps, blocks)
-    partials = 2 * segments * min(m, block_m) * block_n * 4
+    segments, shared_tiles = _stream_k_tiles(tiles, k_steps, blocks)
+    # the decode tile (one 16-row A tile per warp) reduces from registers: the reducer's own
+    # segment is never stored; the wide tile stores every segment and its reducer reads all
+    from_registers = block_m // warps_m == 16
+    stored = segments - shared_tiles if from_registers else segments
+    partials = 2 * stored * min(m, block_m) * block_n * 4
     compulsory, text = _w4a16_bytes(m, n, k, group, zeros)
     trips = _stream_k_segments(tiles, k_steps, blocks, shared_only=False)
     # per segment: its groups (the group loop), each with group_steps - 1 nested steps
@@ -340,27 +352,9 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
                 dram_bytes=compulsory + partials,
                 iterations=trips, inner_trips=units / trips / group_steps,
                 other_child_trips=group_steps - 1 if group_steps > 1 else 1.0, dynamic_smem=stage_bytes * stages,
-                bytes_formula=text + " + shared tiles' FP32 partials (written + read)",
-                notes=[f"stream-K {blocks} CTAs, {segments} shared-tile segments, "
+                bytes_formula=text + " + shared tiles' FP32 partials but the last CTA's (written + read)",
+                notes=[f"stream-K {blocks} CTAs, {shared_tiles} shared tiles in {segments} segments, "
                        f"partials {partials / (n * k / 2):.1%} of weights"])
-
-
-@formula("w4a16_stream_k_fixup")
-def w4a16_stream_k_fixup(args: list[str], problem: dict) -> Work:
-    """stream_k_fixup_kernel<T, BM, BN>: one CTA (128 threads) per tile; a shared tile sums
-    its slots. Judged as one pass over the tile (loop-free per element)."""
-    block_m, block_n = ints(",".join(args[1:]))[:2]
-    m, n, k = _need(problem, "m", "n", "k")
-    sms = int(problem.get("sms", 132))
-    tiles = math.ceil(n / block_n) * math.ceil(m / block_m)
-    k_steps = math.ceil(k / 64)
-    blocks = min(sms, tiles * k_steps)
-    segments = _stream_k_segments(tiles, k_steps, blocks)
-    rows = min(m, block_m)
-    return Work(threads=128, ctas=tiles, dram_bytes=segments * rows * block_n * 4 + m * n * 2,
-                iterations=max(1, tiles * math.ceil(block_m * block_n / 128)),
-                bytes_formula="shared tiles' slots read + C written",
-                notes=[f"{segments} partial segments"])
 
 
 @formula("moe_w4a16")

@@ -109,7 +109,7 @@ struct MlaDecodePlanArguments {
   std::span<const std::int32_t> seq_lens_host;       ///< [batch_size]
   /// Ragged form only (problem.ragged_queries): query rows per request, [batch_size + 1].
   std::span<const std::int32_t> qo_indptr_host;
-  std::int32_t num_sms = 0;  ///< 0 = ask the current device (plan_mla_decode)
+  std::int32_t num_sms = 0;  ///< 0 = ask the current device (plan_mla_decode, mla_decode_workspace_size)
   std::int32_t ctas_per_sm = 1;
   std::int32_t min_chunk_tokens = 256;  ///< no split chunk shorter than this
   bool allow_split = true;

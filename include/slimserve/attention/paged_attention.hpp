@@ -86,7 +86,8 @@ struct PagedAttentionPlanArguments {
   std::span<const std::int32_t> kv_indptr_host;      ///< [batch_size + 1] (page table indptr)
   std::span<const std::int32_t> last_page_len_host;  ///< [batch_size]
   std::span<const std::int32_t> seq_lens_host = {};  ///< [batch_size]
-  /// Streaming multiprocessors to fill; 0 = ask the current device (plan_paged_attention).
+  /// Streaming multiprocessors to fill; 0 = ask the current device (plan_paged_attention and
+  /// paged_attention_workspace_size; make_paged_attention_plan needs it set).
   std::int32_t num_sms = 0;
   std::int32_t ctas_per_sm = 2;
   /// No split chunk shorter than this many tokens.

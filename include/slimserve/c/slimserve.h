@@ -14,8 +14,17 @@
  *    emulator memory from slimserve_device_alloc for the CPU-emulated build
  *    (libslimserve_c_emulated); "host" pointers are ordinary memory.
  *  - Streams are cudaStream_t values passed as slimserve_stream (NULL: the default stream).
- *  - Symbols are versioned (ELF version node SLIMSERVE_C_1) and nothing else is exported; the
- *    header's SLIMSERVE_C_ABI_VERSION must equal slimserve_c_abi_version() at run time.
+ *  - Symbols are versioned and nothing else is exported: the entry points of ABI 1 under the
+ *    ELF version node SLIMSERVE_C_1, those added by ABI 2 under SLIMSERVE_C_2, so a binary
+ *    built against an earlier header keeps loading. slimserve_c_abi_version() must be at least
+ *    the SLIMSERVE_C_ABI_VERSION the caller was compiled with.
+ *  - The argument structs added in ABI 2 (*_args, *_bound, *_plan_info) begin with
+ *    `size_t struct_size`, which the caller sets to sizeof of the struct it compiled (memset
+ *    to 0 first: 0 is every field's default). The views they hold (block table, problem, MLA
+ *    cache) are fixed, as ABI 1's structs are; new fields go into the argument structs.
+ *    The library reads only that many bytes; a larger struct from a newer header is accepted
+ *    when the fields this library does not know are zero, and refused (SLIMSERVE_UNSUPPORTED)
+ *    otherwise, so no request is silently dropped.
  */
 #ifndef SLIMSERVE_C_SLIMSERVE_H_
 #define SLIMSERVE_C_SLIMSERVE_H_
@@ -27,7 +36,7 @@
 extern "C" {
 #endif
 
-#define SLIMSERVE_C_ABI_VERSION 1
+#define SLIMSERVE_C_ABI_VERSION 2
 
 #if defined(__GNUC__) || defined(__clang__)
 #define SLIMSERVE_C_API __attribute__((visibility("default")))
@@ -57,7 +66,7 @@ enum {
 SLIMSERVE_C_API const char* slimserve_last_error(void);
 /* "ok", "invalid argument", ...; "unknown" for other values. Static storage. */
 SLIMSERVE_C_API const char* slimserve_status_name(slimserve_status status);
-/* SLIMSERVE_C_ABI_VERSION of the library. */
+/* SLIMSERVE_C_ABI_VERSION of the library (a library of ABI n also serves ABI 1 .. n - 1). */
 SLIMSERVE_C_API int32_t slimserve_c_abi_version(void);
 /* Library version as major * 10000 + minor * 100 + patch. */
 SLIMSERVE_C_API int32_t slimserve_version(void);
@@ -508,6 +517,473 @@ SLIMSERVE_C_API slimserve_status slimserve_gemm_run(const slimserve_gemm_plan* p
                                                     const slimserve_gemm_args* args,
                                                     void* workspace, size_t workspace_bytes,
                                                     slimserve_stream stream);
+
+/* ==== Added in ABI 2 (symbol version SLIMSERVE_C_2) ====================================== */
+
+/* ---- Block tables (the 2-D form of a batch's page table) ------------------------------- */
+
+/* Request b's pages are block_table[b * max_pages_per_request + i] for
+ * i < ceil(seq_lens[b] / page_size); entries past them are never read (any value). Device
+ * arrays for the kernels, host arrays for slimserve_validate_block_table. */
+typedef struct slimserve_block_table_view {
+  const int32_t* block_table;    /* [batch_size, max_pages_per_request] page ids, row-major */
+  const uint32_t* expected_tags; /* [batch_size, max_pages_per_request]; read by the tag check */
+  const int32_t* seq_lens;       /* [batch_size] tokens per request */
+  int32_t batch_size;
+  int32_t max_pages_per_request;
+  int32_t page_size;
+} slimserve_block_table_view;
+
+/* Host preflight of a host copy (block_table, expected_tags and seq_lens host arrays): every
+ * page a request's length uses is a real page of the cache (not the guard page 0, not outside
+ * 0 .. num_pages - 1) with a tag some owner held (not 0), every length fits its row; the
+ * message names the request and entry. */
+SLIMSERVE_C_API slimserve_status slimserve_validate_block_table(
+    const slimserve_block_table_view* host_table, int32_t num_pages);
+
+/* The tag check of slimserve_check_page_tags_owned over a block table (device arrays):
+ * covers exactly the entries each request's length uses. writers, append_indptr and
+ * aborted_count may be NULL. Asynchronous, capturable. */
+SLIMSERVE_C_API slimserve_status slimserve_check_block_tags(
+    const slimserve_block_table_view* device_table, const slimserve_device_tags* tags,
+    const uint32_t* writers, const int32_t* append_indptr, slimserve_request_status* statuses,
+    int32_t* aborted_count, slimserve_stream stream);
+
+/* ---- Paged attention: prefill, chunked prefill, append, decode, speculative verify ------- */
+
+/* One tensor-core kernel family (docs/attention.md). Request b owns query tokens
+ * [qo_indptr[b], qo_indptr[b + 1]): its last qo_len positions, already counted by the page
+ * table (after append, or filled by the fused prefill below); they attend causally to the
+ * cached prefix and to themselves. Decode is qo_len 1. Plan on the host, run on a stream:
+ *   1. slimserve_paged_attention_workspace_size (this step) or _workspace_bound (every step
+ *      up to maximum sizes: one allocation for CUDA graphs);
+ *   2. slimserve_paged_attention_plan_create: validates the host lengths, schedules, uploads
+ *      (not capturable);
+ *   3. slimserve_paged_attention_run: launches only (capturable); reads qo_indptr, page ids,
+ *      lengths, scales and verdicts from device memory. Aborted requests read no page; their
+ *      output rows are NaN and lse -inf. */
+
+typedef int32_t slimserve_attention_mask;
+enum { SLIMSERVE_MASK_CAUSAL = 0, SLIMSERVE_MASK_NONE = 1 };
+
+/* Shapes and types shared by plan and run (run refuses a plan made for another problem). */
+typedef struct slimserve_paged_attention_problem {
+  int32_t batch_size;
+  int32_t num_qo_heads;
+  int32_t num_kv_heads;  /* divides num_qo_heads (GQA / MQA) */
+  int32_t head_dim;      /* 64, 96, 128, 192, 256 */
+  int32_t page_size;     /* 16, 32, 64, 128 */
+  slimserve_kv_dtype kv_dtype;
+  slimserve_activation_dtype q_dtype; /* q and o */
+  slimserve_attention_mask mask;      /* 0: causal */
+} slimserve_paged_attention_problem;
+
+typedef struct slimserve_paged_attention_plan_args {
+  size_t struct_size;
+  slimserve_paged_attention_problem problem;
+  const int32_t* qo_indptr_host;     /* [batch_size + 1], from 0, non-decreasing */
+  /* Host copies of the lengths in the form the run's page table has, exactly one:
+   * CSR (kv_indptr_host + last_page_len_host) or block table (seq_lens_host). */
+  const int32_t* kv_indptr_host;     /* [batch_size + 1] the CSR table's indptr */
+  const int32_t* last_page_len_host; /* [batch_size] */
+  const int32_t* seq_lens_host;      /* [batch_size] */
+  int32_t num_sms;          /* SMs to fill; 0: ask the current device */
+  int32_t ctas_per_sm;      /* 0: 2 */
+  int32_t min_chunk_tokens; /* no split-KV chunk shorter than this; 0: 512 */
+  int32_t disable_split;    /* 1: never split a request's KV across CTAs */
+} slimserve_paged_attention_plan_args;
+
+/* Workspace of every plan up to these sizes. */
+typedef struct slimserve_paged_attention_bound {
+  size_t struct_size;
+  slimserve_paged_attention_problem problem; /* batch_size: the largest batch */
+  int64_t max_total_qo_tokens; /* query tokens of a step, all requests together */
+  int64_t max_kv_tokens;       /* tokens of the longest request */
+  int32_t num_sms;             /* 0: the current device */
+  int32_t ctas_per_sm;         /* 0: 2 */
+} slimserve_paged_attention_bound;
+
+typedef struct slimserve_paged_attention_plan slimserve_paged_attention_plan;
+
+SLIMSERVE_C_API slimserve_status slimserve_paged_attention_workspace_size(
+    const slimserve_paged_attention_plan_args* args, size_t* bytes);
+SLIMSERVE_C_API slimserve_status slimserve_paged_attention_workspace_bound(
+    const slimserve_paged_attention_bound* bound, size_t* bytes);
+/* `workspace`: device, 16-byte aligned, at least the size query's bytes (else
+ * SLIMSERVE_RESOURCE_EXHAUSTED). The plan keeps no pointer to the host arrays. */
+SLIMSERVE_C_API slimserve_status slimserve_paged_attention_plan_create(
+    const slimserve_paged_attention_plan_args* args, void* workspace, size_t workspace_bytes,
+    slimserve_stream stream, slimserve_paged_attention_plan** out);
+SLIMSERVE_C_API void slimserve_paged_attention_plan_destroy(slimserve_paged_attention_plan* plan);
+
+typedef int32_t slimserve_attention_kernel;
+enum { SLIMSERVE_KERNEL_TENSOR_CORE = 0, SLIMSERVE_KERNEL_CUDA_CORE = 1 };
+/* What a plan chose and why (for logs); `reason` lives as long as the plan. */
+typedef struct slimserve_paged_attention_plan_info {
+  size_t struct_size;
+  slimserve_attention_kernel kernel; /* the plan's choice; a run asking for what only the
+                                        tensor-core kernel has (window, soft-cap, sinks,
+                                        strides, fused chunk, block table, page_stride)
+                                        runs that one */
+  int32_t split_kv;
+  int32_t chunk_tokens;   /* KV tokens per split chunk (split_kv) */
+  int32_t num_work_items; /* CTAs of the attention grid */
+  size_t workspace_bytes;
+  const char* reason;
+} slimserve_paged_attention_plan_info;
+SLIMSERVE_C_API slimserve_status slimserve_paged_attention_plan_get_info(
+    const slimserve_paged_attention_plan* plan, slimserve_paged_attention_plan_info* info);
+
+typedef struct slimserve_paged_attention_args {
+  size_t struct_size;
+  slimserve_kv_cache cache;
+  /* Elements from one page to the next in cache.k_pages and cache.v_pages; 0: packed
+   * (page_size * num_kv_heads * head_dim). K and V in one allocation [num_pages, 2, page]:
+   * v_pages = k_pages + packed page elements, kv_page_stride = twice that. */
+  int64_t kv_page_stride;
+  /* The page table, exactly one of the two (device arrays; tags are not read here). */
+  const slimserve_page_table_view* table;
+  const slimserve_block_table_view* block_table;
+  const slimserve_request_status* statuses; /* [batch_size] device, or NULL */
+  const int32_t* qo_indptr;                 /* [batch_size + 1] device */
+  const void* q; /* q[token * q_token_stride + head * q_head_stride + d], 16-byte aligned */
+  void* o;       /* o[token * o_token_stride + head * o_head_stride + d], q's dtype */
+  float* lse;    /* [query tokens, num_qo_heads] natural log (sinks included), or NULL */
+  /* Strides in elements, multiples of 8; 0: packed [tokens, heads, head_dim]. Strided q
+   * reads a fused QKV projection's output in place. */
+  int64_t q_token_stride, q_head_stride;
+  int64_t o_token_stride, o_head_stride;
+  float sm_scale;         /* 0: 1 / sqrt(head_dim) */
+  int32_t sliding_window; /* 0: none; w > 0: a query sees its last w positions, itself included */
+  float logit_soft_cap;   /* 0: none; c > 0: s = c * tanh(s / c) */
+  const float* sinks;     /* [num_qo_heads] device natural-log sink logits, or NULL */
+  /* Fused (mixed-dtype) prefill when chunk_k is set: the chunk's own K/V in q's dtype
+   * (chunk_k[token * chunk_token_stride + kv_head * chunk_head_stride + d], token as in q;
+   * strides multiples of 8, 0: packed [tokens, num_kv_heads, head_dim]). The run writes them
+   * into the chunk's slots (the bytes slimserve_append_kv writes with append_indptr =
+   * qo_indptr) and the queries attend to them as given; do not append the chunk first.
+   * Packed pages only (kv_page_stride 0). */
+  const void* chunk_k;
+  const void* chunk_v;
+  int64_t chunk_token_stride, chunk_head_stride;
+} slimserve_paged_attention_args;
+
+/* Preflight against the plan (shapes, pointers, strides, options, workspace), then launch.
+ * The C ABI also refuses an o whose strides make two output rows overlap. */
+SLIMSERVE_C_API slimserve_status slimserve_paged_attention_run(
+    const slimserve_paged_attention_plan* plan, const slimserve_paged_attention_args* args,
+    void* workspace, size_t workspace_bytes, slimserve_stream stream);
+
+/* Merge of partial attention states (cascades: a shared prefix's partial and each request's
+ * own, or split-KV partials): request b's row r is the softmax-weighted merge of partials
+ * p in [split_indptr[b], split_indptr[b + 1]): o = sum_p exp(lse_p - L) o_p with
+ * L = log sum_p exp(lse_p). A partial with lse -inf (empty) weighs nothing; a NaN lse (an
+ * aborted request's partial) makes the row NaN with lse -inf. */
+typedef struct slimserve_merge_args {
+  size_t struct_size;
+  const float* partial_o;       /* device [P, rows_per_request, head_dim] */
+  const float* partial_lse;     /* device [P, rows_per_request] natural log */
+  const int32_t* split_indptr;  /* device [batch_size + 1] */
+  int32_t batch_size;
+  int32_t rows_per_request;     /* e.g. query tokens x heads of one request */
+  int32_t head_dim;
+  slimserve_activation_dtype out_dtype;
+  void* o;                      /* device [batch_size, rows_per_request, head_dim] */
+  float* lse;                   /* device [batch_size, rows_per_request], or NULL */
+} slimserve_merge_args;
+SLIMSERVE_C_API slimserve_status slimserve_merge_attention_states(const slimserve_merge_args* args,
+                                                                  slimserve_stream stream);
+
+/* Listed pages of a (packed) cache dequantized to BF16, real = stored * scale: k_out, v_out
+ * device [num_listed, page_size, num_kv_heads, head_dim] (NHD whatever the cache layout). A
+ * listed id outside the cache gives a NaN page instead of a read. */
+SLIMSERVE_C_API slimserve_status slimserve_dequantize_pages(const slimserve_kv_cache* cache,
+                                                            const int32_t* page_ids,
+                                                            int32_t num_listed, void* k_out,
+                                                            void* v_out, slimserve_stream stream);
+
+/* ---- MLA: multi-head latent attention (DeepSeek-V3 / Kimi K2) --------------------------- */
+
+/* A paged latent cache: one record per token, [num_pages, page_size, record bytes]
+ * (docs/mla.md): BF16 [512 latent][64 rope] 1152 B; FP8 e4m3 per_token_group
+ * [512 e4m3][4 f32 scales][64 bf16 rope] 656 B; FP8 e4m3 per_tensor [512][64 bf16] 640 B. */
+typedef int32_t slimserve_mla_scale_mode;
+enum { SLIMSERVE_MLA_SCALE_NONE = 0, SLIMSERVE_MLA_SCALE_PER_TENSOR = 1,
+       SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP = 2 };
+typedef struct slimserve_mla_cache {
+  void* pages;               /* device [num_pages, page_size, record bytes], 16-byte aligned */
+  const float* latent_scale; /* per_tensor: one device float; else NULL */
+  int32_t num_pages;
+  int32_t page_size;
+  slimserve_kv_dtype dtype;  /* SLIMSERVE_KV_BF16 or SLIMSERVE_KV_FP8_E4M3 */
+  slimserve_mla_scale_mode scale_mode;
+} slimserve_mla_cache;
+
+/* Bytes of one token record (0 for a combination the cache does not support). */
+SLIMSERVE_C_API int64_t slimserve_mla_record_bytes(slimserve_kv_dtype dtype,
+                                                   slimserve_mla_scale_mode scale_mode);
+
+/* Quantize-and-append of new tokens' latent [num_tokens, 512] and rope [num_tokens, 64]
+ * (activation dtype) into their slots: the explicit form (token_request + token_position) or
+ * the chunk form (append_indptr), as slimserve_append_kv. Tokens of aborted requests, or
+ * outside their request's pages, write nothing. CSR page table (device). */
+typedef struct slimserve_mla_append_args {
+  size_t struct_size;
+  slimserve_mla_cache cache;
+  const slimserve_page_table_view* table;
+  const slimserve_request_status* statuses; /* or NULL */
+  const void* latent_new;  /* latent_new[t * latent_stride + d], 16-byte aligned */
+  const void* rope_new;    /* rope_new[t * rope_stride + d], 16-byte aligned */
+  int64_t latent_stride;   /* elements, multiple of 8; 0: 512 */
+  int64_t rope_stride;     /* elements, multiple of 8; 0: 64 */
+  slimserve_activation_dtype input_dtype;
+  int32_t num_tokens;
+  const int32_t* token_request;  /* [num_tokens] device, explicit form */
+  const int32_t* token_position; /* [num_tokens] device, explicit form */
+  const int32_t* append_indptr;  /* [batch_size + 1] device, chunk form */
+} slimserve_mla_append_args;
+SLIMSERVE_C_API slimserve_status slimserve_mla_append(const slimserve_mla_append_args* args,
+                                                      slimserve_stream stream);
+
+/* Absorbed decode: q [query rows, num_heads, 576] (q_nope . W_UK | q_rope), o [query rows,
+ * num_heads, 512] in latent space. Request b owns rows [b * query_tokens, (b + 1) *
+ * query_tokens), its last positions; with ragged_queries, rows [qo_indptr[b],
+ * qo_indptr[b + 1]) (absorbed prefill of chunks up to 128 tokens). */
+typedef struct slimserve_mla_problem {
+  int32_t batch_size;
+  int32_t num_heads;    /* 8, 16, 32, 64, 128 */
+  int32_t query_tokens; /* 1 .. 8; ragged: the largest count per request (<= 128) */
+  int32_t page_size;
+  slimserve_kv_dtype kv_dtype;
+  slimserve_mla_scale_mode scale_mode;
+  slimserve_activation_dtype q_dtype; /* q and o (BF16) */
+  int32_t ragged_queries;             /* 1: query rows per request from qo_indptr_host */
+} slimserve_mla_problem;
+
+typedef struct slimserve_mla_plan_args {
+  size_t struct_size;
+  slimserve_mla_problem problem;
+  /* Host lengths, exactly one form: CSR (kv_indptr_host + last_page_len_host) or block
+   * table (seq_lens_host). */
+  const int32_t* kv_indptr_host;
+  const int32_t* last_page_len_host;
+  const int32_t* seq_lens_host;
+  const int32_t* qo_indptr_host; /* ragged_queries only: [batch_size + 1] */
+  int32_t num_sms;          /* 0: the current device */
+  int32_t ctas_per_sm;      /* 0: 1 */
+  int32_t min_chunk_tokens; /* 0: 256 */
+  int32_t disable_split;
+} slimserve_mla_plan_args;
+
+typedef struct slimserve_mla_bound {
+  size_t struct_size;
+  slimserve_mla_problem problem; /* batch_size: the largest batch */
+  int32_t num_sms;               /* 0: the current device */
+  int32_t ctas_per_sm;           /* 0: 1 */
+} slimserve_mla_bound;
+
+typedef struct slimserve_mla_plan slimserve_mla_plan;
+SLIMSERVE_C_API slimserve_status slimserve_mla_workspace_size(const slimserve_mla_plan_args* args,
+                                                              size_t* bytes);
+SLIMSERVE_C_API slimserve_status slimserve_mla_workspace_bound(const slimserve_mla_bound* bound,
+                                                               size_t* bytes);
+SLIMSERVE_C_API slimserve_status slimserve_mla_plan_create(const slimserve_mla_plan_args* args,
+                                                           void* workspace,
+                                                           size_t workspace_bytes,
+                                                           slimserve_stream stream,
+                                                           slimserve_mla_plan** out);
+SLIMSERVE_C_API void slimserve_mla_plan_destroy(slimserve_mla_plan* plan);
+
+typedef struct slimserve_mla_decode_args {
+  size_t struct_size;
+  slimserve_mla_cache cache;
+  const slimserve_page_table_view* table;        /* exactly one of the two (device) */
+  const slimserve_block_table_view* block_table;
+  const slimserve_request_status* statuses;      /* or NULL */
+  const void* q; /* q[row * q_token_stride + head * q_head_stride + d], d < 576 */
+  void* o;       /* o[row * o_token_stride + head * o_head_stride + d], d < 512 */
+  float* lse;    /* [query rows, num_heads] natural log, or NULL */
+  int64_t q_token_stride, q_head_stride; /* elements, multiples of 8; 0: packed */
+  int64_t o_token_stride, o_head_stride;
+  float sm_scale; /* required (DeepSeek-V3: 1 / sqrt(192), the non-absorbed head dim) */
+} slimserve_mla_decode_args;
+SLIMSERVE_C_API slimserve_status slimserve_mla_decode_run(const slimserve_mla_plan* plan,
+                                                          const slimserve_mla_decode_args* args,
+                                                          void* workspace,
+                                                          size_t workspace_bytes,
+                                                          slimserve_stream stream);
+
+/* Cached prefix -> BF16 rows [latent | rope] for non-absorbed prefill: row token_indptr[b] + i
+ * is position i of request b, at out[row * out_stride]. Rows of aborted requests are NaN. */
+typedef struct slimserve_mla_gather_args {
+  size_t struct_size;
+  slimserve_mla_cache cache;
+  const slimserve_page_table_view* table;   /* CSR (device) */
+  const slimserve_request_status* statuses; /* or NULL */
+  const int32_t* token_indptr; /* [batch_size + 1] device */
+  void* out;                   /* BF16 [num_rows, out_stride] */
+  int64_t out_stride;          /* elements, multiple of 8; 0: 576 */
+  int32_t num_rows;            /* an upper bound of token_indptr[batch_size] */
+} slimserve_mla_gather_args;
+SLIMSERVE_C_API slimserve_status slimserve_mla_gather(const slimserve_mla_gather_args* args,
+                                                      slimserve_stream stream);
+
+/* ---- INT4 mixture-of-experts GEMM (docs/int4-gemm.md) ------------------------------------ */
+
+/* An MoE layer routes each token to top_k of E experts; the engine's router gives expert ids
+ * and weights, [T, top_k] each, in device memory. A layer aligns its routing once and passes
+ * it to both grouped W4A16 GEMMs:
+ *   1. once (host): slimserve_moe_routing_plan_create and slimserve_moe_gemm_plan_create for
+ *      up to max_tokens tokens; their workspace size queries bound every step up to it (one
+ *      allocation serves the engine's whole life, CUDA graphs included);
+ *   2. each step: slimserve_moe_routing_run sorts the T * top_k (token, slot) pairs by expert
+ *      on the device and checks the ids there (launches only, capturable), giving a
+ *      slimserve_moe_routing;
+ *   3. slimserve_moe_gemm_run with that routing, for gate+up (SLIMSERVE_MOE_GATE_UP_SILU:
+ *      mid[pair] = silu(x W_gate) * (x W_up), pair = token * top_k + slot) and for down
+ *      (SLIMSERVE_MOE_DOWN_WEIGHTED_SUM: out[token] = sum over slots, in slot order, of the
+ *      router weight * (mid[pair] W_down)); FP32 accumulation, deterministic, no atomics;
+ *   4. after the step: slimserve_moe_routing_read_status (synchronizes), or copy the 16-byte
+ *      slimserve_moe_routing_status word with the step's other outputs.
+ * An expert id outside 0 .. E - 1 makes no kernel read outside its inputs: its pair is
+ * skipped by both GEMMs (its gate+up row is not written and adds nothing to the token's down
+ * output) and counted in the status word. */
+
+typedef int32_t slimserve_moe_epilogue;
+enum { SLIMSERVE_MOE_GATE_UP_SILU = 0, SLIMSERVE_MOE_DOWN_WEIGHTED_SUM = 1 };
+/* How the alignment sorts pairs by expert. */
+typedef int32_t slimserve_moe_align_method;
+enum {
+  SLIMSERVE_MOE_ALIGN_AUTOMATIC = 0, /* CUB on the GPU, serial in the emulator */
+  SLIMSERVE_MOE_ALIGN_SERIAL = 1,    /* one thread, stable counting sort (also on the GPU) */
+  SLIMSERVE_MOE_ALIGN_DEVICE = 2     /* CUB radix sort + scan (CUDA build only) */
+};
+
+/* The router's output as the alignment reads it. One struct serves the plan (which reads the
+ * sizes and options and keeps no pointer) and every step's run (which reads T and the ids). */
+typedef struct slimserve_moe_routing_args {
+  size_t struct_size;
+  int64_t num_tokens;       /* T: 1 .. the plan's max_tokens */
+  int64_t top_k;            /* 1 .. num_experts */
+  int64_t num_experts;      /* E */
+  const int32_t* topk_ids;  /* device [T, top_k] expert ids, 4-byte aligned */
+  int64_t max_tokens;       /* plan only: the largest T it serves; 0: num_tokens */
+  slimserve_moe_align_method align; /* plan only; 0: automatic */
+} slimserve_moe_routing_args;
+
+/* The alignment's device-side check of the ids (device memory, written by every run). */
+typedef struct slimserve_moe_routing_status {
+  int32_t invalid_pairs; /* pairs whose id is outside 0 .. E - 1 (skipped by the GEMMs) */
+  int32_t first_invalid; /* the smallest such pair (token * top_k + slot), or -1 */
+  int32_t first_id;      /* its id */
+  int32_t reserved;
+} slimserve_moe_routing_status;
+
+/* One step's aligned routing: device pointers into the routing workspace plus the sizes and
+ * ids it was aligned from. Written by slimserve_moe_routing_run; pass it to both GEMMs as it
+ * is. Valid until the routing workspace is reused or the ids change; a GEMM refuses a routing
+ * aligned from other ids or sizes. */
+typedef struct slimserve_moe_routing {
+  const int32_t* topk_ids;    /* [T, top_k] the ids it was aligned from */
+  const int32_t* tile_expert; /* [max_tiles] expert of each 16-row tile */
+  const int32_t* tile_rows;   /* [max_tiles, 16] pair of each row (T * top_k: padding) */
+  const int32_t* tiles_used;  /* [1] */
+  const slimserve_moe_routing_status* status;
+  int64_t num_tokens;
+  int64_t top_k;
+  int64_t num_experts;
+  int64_t max_tiles; /* row tiles of the worst routing of T tokens (the GEMMs' grid) */
+} slimserve_moe_routing;
+
+typedef struct slimserve_moe_routing_plan slimserve_moe_routing_plan;
+
+/* Bytes of the routing workspace for every step up to max_tokens (the plan's). */
+SLIMSERVE_C_API slimserve_status slimserve_moe_routing_workspace_size(
+    const slimserve_moe_routing_args* args, size_t* bytes);
+/* Preflight (1 <= top_k <= E, T >= 1, the ids pointer) and sizes; launches nothing. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_routing_plan_create(
+    const slimserve_moe_routing_args* args, slimserve_moe_routing_plan** out);
+SLIMSERVE_C_API void slimserve_moe_routing_plan_destroy(slimserve_moe_routing_plan* plan);
+/* The alignment of args' T tokens on `stream` (launches only: capturable). `workspace`:
+ * device, 256-byte aligned, at least the size query's bytes (else
+ * SLIMSERVE_RESOURCE_EXHAUSTED). Writes *out only on success. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_routing_run(
+    const slimserve_moe_routing_plan* plan, const slimserve_moe_routing_args* args,
+    void* workspace, size_t workspace_bytes, slimserve_stream stream,
+    slimserve_moe_routing* out);
+/* After the step: copies the routing's status word to the host (synchronizes `stream`):
+ * SLIMSERVE_OUT_OF_RANGE naming the first bad token, slot and id and the count of skipped
+ * pairs, SLIMSERVE_OK when every id was in range. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_routing_read_status(
+    const slimserve_moe_routing* routing, slimserve_stream stream);
+/* Host check of a host copy of the ids: every id in 0 .. num_experts - 1
+ * (SLIMSERVE_OUT_OF_RANGE names the first bad token, slot and id). */
+SLIMSERVE_C_API slimserve_status slimserve_moe_validate_routing(const int32_t* host_topk_ids,
+                                                                int64_t num_tokens,
+                                                                int64_t top_k,
+                                                                int64_t num_experts);
+
+/* One grouped GEMM of a layer. Each expert's weights are packed exactly as the dense GEMM's
+ * (slimserve_int4_weights_info of one expert: k x n), the E experts laid end to end. The
+ * element type of a, c, scales and zeros is `activation`; device pointers, 16-byte aligned. */
+typedef struct slimserve_moe_gemm_args {
+  size_t struct_size;
+  slimserve_activation_dtype activation;
+  slimserve_moe_epilogue epilogue;
+  int64_t num_tokens;   /* T: 1 .. the plan's max_tokens */
+  int64_t top_k;        /* 1 .. num_experts */
+  int64_t num_experts;  /* E */
+  int64_t k;            /* reduction size: multiple of 16 and of group_size */
+  int64_t n;            /* expert columns: gate+up [gate | up] 2 x intermediate (multiple of
+                           32), down hidden (multiple of 16) */
+  int64_t group_size;   /* a power of two >= 16 dividing k, or k */
+  const void* a;        /* gate+up: [T, k] tokens; down: [T * top_k, k] in pair order */
+  const uint32_t* b;    /* [E][k/16, n/16, 32] packed */
+  const void* scales;   /* [E][k/group_size, n] */
+  const void* zeros;    /* [E][k/group_size, n], or NULL (symmetric: z = 8) */
+  const int32_t* topk_ids;    /* [T, top_k] device: the ids the routing was aligned from */
+  const float* topk_weights;  /* [T, top_k] device router weights (down only; else NULL) */
+  void* c;              /* gate+up: [T * top_k, n / 2] in pair order; down: [T, n] */
+  int64_t max_tokens;   /* plan only: the largest T it serves; 0: num_tokens */
+} slimserve_moe_gemm_args;
+
+typedef struct slimserve_moe_gemm_plan slimserve_moe_gemm_plan;
+
+/* Bytes of the GEMM's own workspace (with a routing) for every step up to max_tokens: the
+ * down projection's FP32 partials [max_tokens * top_k, n]; 0 for gate+up. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_workspace_size(
+    const slimserve_moe_gemm_args* args, size_t* bytes);
+/* Preflight (shapes, group size, top_k <= E, pointers, alignment) and sizes; launches
+ * nothing. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_plan_create(
+    const slimserve_moe_gemm_args* args, slimserve_moe_gemm_plan** out);
+SLIMSERVE_C_API void slimserve_moe_gemm_plan_destroy(slimserve_moe_gemm_plan* plan);
+
+/* Where the group scales are applied: the FP64 model the results match (docs/int4-gemm.md). */
+typedef int32_t slimserve_group_scaling;
+enum {
+  SLIMSERVE_SCALING_PER_WEIGHT = 0,   /* w = round_T((q - z) * s), as slimserve_int4_weights_dequantize */
+  SLIMSERVE_SCALING_PER_GROUP_SUM = 1 /* w = (q - z) * s exactly (groups >= 64, per-channel) */
+};
+typedef struct slimserve_moe_gemm_plan_info {
+  size_t struct_size;
+  int64_t max_tokens;
+  int64_t max_tiles;          /* row tiles for max_tokens in the worst routing */
+  size_t workspace_bytes;     /* the GEMM's own part (as the size query) */
+  slimserve_group_scaling scaling;
+} slimserve_moe_gemm_plan_info;
+SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_plan_get_info(
+    const slimserve_moe_gemm_plan* plan, slimserve_moe_gemm_plan_info* info);
+
+/* The grouped GEMM (and, for down, the combine into token order) over `routing` on `stream`
+ * (launches only: capturable). `workspace`: the GEMM's own part, device, 256-byte aligned
+ * (may be NULL when that is 0). Refuses a routing aligned from other ids or sizes. */
+SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_run(const slimserve_moe_gemm_plan* plan,
+                                                        const slimserve_moe_gemm_args* args,
+                                                        const slimserve_moe_routing* routing,
+                                                        void* workspace,
+                                                        size_t workspace_bytes,
+                                                        slimserve_stream stream);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -28,6 +28,19 @@ SLIMSERVE_HOST_DEVICE constexpr std::uint32_t splat(std::uint16_t bits) {
   return static_cast<std::uint32_t>(bits) * 0x00010001u;
 }
 
+/// splat() of a value known only at run time (a zero point or scale read from shared
+/// memory). On the GPU a `mov.b32 {h, h}`, which ptxas can fold into the consuming HFMA2's
+/// .H0_H0 operand selector; the multiply by 0x10001 could not be folded (one IMAD per value).
+SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t splat_value(std::uint16_t bits) {
+#if defined(__CUDA_ARCH__)
+  std::uint32_t both;
+  asm("mov.b32 %0, {%1, %1};" : "=r"(both) : "h"(bits));
+  return both;
+#else
+  return splat(bits);
+#endif
+}
+
 /// Per-type constants (bit patterns of one 16-bit value).
 template <class T>
 struct DequantTraits;
@@ -99,10 +112,10 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE DequantColumn make_dequant_column(std::ui
                                                                          std::uint16_t zero_bits,
                                                                          bool symmetric = false) {
   using Traits = detail::DequantTraits<T>;
-  const std::uint32_t zero = detail::splat(zero_bits);
+  const std::uint32_t zero = detail::splat_value(zero_bits);
   const std::uint32_t minus_one = detail::splat(Traits::minus_one);
   DequantColumn column{};
-  column.scale = detail::splat(scale_bits);
+  column.scale = detail::splat_value(scale_bits);
   // -z - magic: exact (integers well inside the significand)
   column.minus_base = detail::fma2<T>(
       zero, minus_one, detail::splat(symmetric ? Traits::minus_magic_eight : Traits::minus_magic));

@@ -41,7 +41,8 @@ enum class GemmTile : std::uint8_t {
 /// How the fused path spreads work over the SMs.
 enum class GemmSchedule : std::uint8_t {
   automatic,  ///< stream-K, unless GemmOptions::split_k asks for a number of slices
-  stream_k,   ///< persistent blocks, equal shares of (tile, K step) units; shared tiles fixed up
+  stream_k,   ///< persistent blocks, equal shares of (tile, K step) units; shared tiles
+              ///< reduced in place by the last of their blocks
   split_k,    ///< grid (N tiles, M tiles, slices); FP32 partials of every slice, then a reduce
 };
 
@@ -84,6 +85,8 @@ struct GemmWorkspaceLayout {
   std::size_t partials_offset = 0;  ///< FP32 [splits, m, n] (split-K, splits > 1) or
                                     ///< [2 * blocks, block_m, block_n] (stream-K)
   std::size_t partials_bytes = 0;
+  std::size_t arrivals_offset = 0;  ///< stream-K: one counter per tile (zeroed by run_gemm)
+  std::size_t arrivals_bytes = 0;
   std::size_t dense_offset = 0;     ///< activation type [k, n] (expansion path)
   std::size_t dense_bytes = 0;
   std::size_t library_offset = 0;   ///< cuBLASLt scratch (expansion path on the GPU)
@@ -105,6 +108,9 @@ struct GemmPlan {
   int splits = 1;        ///< split-K slices (1 under stream-K)
   int k_per_split = 0;
   int stream_k_blocks = 0;  ///< persistent blocks (stream-K)
+  /// Fused path: the block's columns (the decode tile runs groups >= 64 with 256 columns,
+  /// groups of 16 and 32 with 128); run_gemm refuses a plan whose kernel is not this wide.
+  int block_n = 0;
   /// Fused path: where the group scales are applied (the FP64 model the results match; the
   /// expansion path rounds every weight to T: per_weight).
   GroupScaling scaling = GroupScaling::per_weight;

@@ -126,9 +126,9 @@ __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_kernel(const __
 /// Stream-K schedule (persistent): the (tile, 64-row step) units of the whole problem, tile
 /// after tile, are dealt out in equal contiguous ranges to `blocks` blocks. A block writes a
 /// tile it covers completely straight to C; its first and last tiles may be shared with its
-/// neighbours, and those partial sums go to two FP32 slots per block, which
-/// `stream_k_fixup_kernel` adds in block order (deterministic). Only the shared tiles cost
-/// workspace traffic: at most 2 x blocks tiles of block_m x block_n, not splits x M x N.
+/// neighbours. A shared tile is reduced in place by the last of its blocks to finish it (see
+/// `reduce_shared_tile`): the others leave their FP32 sums in a slot (two per block: its
+/// first and its last tile) and count themselves on the tile's arrival counter.
 struct StreamKSchedule {
   int units;            ///< tiles * k_steps (< 2^31, checked by the plan)
   int blocks;
@@ -140,29 +140,122 @@ struct StreamKSchedule {
   SLIMSERVE_HOST_DEVICE int first_unit(int block) const {
     return block * units_per_block + (block < remainder ? block : remainder);
   }
-  /// The block whose range holds `unit`.
-  SLIMSERVE_HOST_DEVICE int block_of(int unit) const {
-    const int long_units = remainder * (units_per_block + 1);  // units of the longer blocks
-    return unit < long_units ? unit / (units_per_block + 1)
-                             : remainder + (unit - long_units) / units_per_block;
-  }
-  /// The partial slot of `block`'s segment of `tile`: 2b for its first tile, 2b + 1 for its last.
-  SLIMSERVE_HOST_DEVICE int slot(int block, int tile) const {
-    return first_unit(block) / k_steps == tile ? 2 * block : 2 * block + 1;
-  }
 };
+
+/// Stream-K workspace: FP32 slots [2 * blocks][block_m * block_n] and one arrival counter
+/// per tile (zeroed by `run_gemm` before the launch).
+struct StreamKWorkspace {
+  float* partials;
+  unsigned* arrivals;  ///< [tiles]
+};
+
+/// The epilogue of a block's segment of a tile that several blocks share, without a second
+/// launch and without waiting on another block. A block that is not the last to finish the
+/// tile stores its FP32 sums in its slot, fences, and counts itself on the tile's counter; the
+/// last one (it sees every other block counted, before or after storing) sums the tile's
+/// segments in block order, its own from registers, adds the bias and rounds once. The order
+/// of the sum is fixed by block index, never by who arrives last: bit-identical run to run.
+/// The last block seldom stores at all: the block holding a tile's first steps finishes it at
+/// the end of its range, long after the block holding its last steps started with it.
+template <class T, class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void reduce_shared_tile(
+    const GemmParams& p, const StreamKSchedule& schedule, const StreamKWorkspace& workspace,
+    const WarpAccumulators<Config>& acc, int block, int tile, int m0, int n0) {
+  constexpr std::int64_t tile_elements = Config::block_m * Config::block_n;
+  // The tile's blocks, first .. last, found by walking from this one (a tile has a few; no
+  // division). Every block but the first starts inside the tile, so the tile is its first
+  // (slot 2b); the first block's slot is 2b unless it started in an earlier tile.
+  const int tile_begin = tile * schedule.k_steps;
+  const int tile_end = tile_begin + schedule.k_steps;
+  int first = block;
+  while (schedule.first_unit(first) > tile_begin) --first;
+  int last = block;
+  while (last + 1 < schedule.blocks && schedule.first_unit(last + 1) < tile_end) ++last;
+  const int first_slot = schedule.first_unit(first) == tile_begin ? 2 * first : 2 * first + 1;
+  const int my_slot = block == first ? first_slot : 2 * block;
+  const unsigned others = static_cast<unsigned>(last - first);
+  unsigned* arrivals = workspace.arrivals + tile;
+  const bool leader = threadIdx.x == 0;
+  // The decode tile (16 FP32 sums per warp column tile) sums from registers; the wide tile
+  // (64 per thread) always stores first and sums from memory, or ptxas spills the sums.
+  constexpr bool from_registers = Config::m16_per_warp == 1;
+  // Every other block has counted itself (and so stored): no need to store this segment.
+  bool reduce = from_registers &&
+                __syncthreads_or(leader && atomicAdd(arrivals, 0u) == others) != 0;
+  if (!reduce) {
+    store_tile<T, Config>(p, acc, m0, n0, workspace.partials + static_cast<std::int64_t>(my_slot) * tile_elements,
+                          Config::block_n, true);
+    __threadfence();  // the stores are visible before the count
+    reduce = __syncthreads_or(leader && atomicAdd(arrivals, 1u) == others) != 0;
+    if (!reduce) return;
+  }
+  __threadfence();  // the others' stores (before their counts) are visible to the loads below
+  if constexpr (!from_registers) {
+    // Every segment is in its slot: a flat pass over the tile, no accumulator registers live.
+    for (int e = static_cast<int>(threadIdx.x); e < Config::block_m * Config::block_n;
+         e += Config::threads) {
+      const int row = m0 + e / Config::block_n;
+      const int col = n0 + e % Config::block_n;
+      if (row >= p.m || col >= p.n) continue;
+      float sum = 0.0f;
+      for (int b = first; b <= last; ++b) {
+        sum += __ldcg(workspace.partials +
+                      static_cast<std::int64_t>(b == first ? first_slot : 2 * b) * tile_elements + e);
+      }
+      if (p.bias != nullptr) sum += to_float(T::from_bits(p.bias[col]));
+      p.c[static_cast<std::int64_t>(row) * p.n + col] = from_float<T>(sum).bits;
+    }
+    return;
+  }
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int warp_row = (warp / Config::warps_n) * Config::warp_m;
+  const int warp_col = (warp % Config::warps_n) * Config::warp_n;
+  SLIMSERVE_INT4_UNROLL
+  for (int i = 0; i < Config::m16_per_warp; ++i) {
+    SLIMSERVE_INT4_UNROLL
+    for (int j = 0; j < 2 * Config::n16_per_warp; ++j) {
+      const int tile_col = warp_col + j * 8 + (lane % 4) * 2;
+      const int col = n0 + tile_col;
+      if (col >= p.n) continue;
+      SLIMSERVE_INT4_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const int tile_row = warp_row + i * 16 + lane / 4 + half * 8;
+        const int row = m0 + tile_row;
+        if (row >= p.m) continue;
+        // sum = segment(first) + ... + segment(last), in block order whoever reduces.
+        const float* slot_pair = workspace.partials + tile_row * Config::block_n + tile_col;
+        float sum[2] = {0.0f, 0.0f};
+        for (int b = first; b <= last; ++b) {
+          const float* from =
+              slot_pair + static_cast<std::int64_t>(b == first ? first_slot : 2 * b) * tile_elements;
+          SLIMSERVE_INT4_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            sum[e] += b == block ? acc[i][j][2 * half + e] : __ldcg(from + e);
+          }
+        }
+        std::uint16_t* out = p.c + static_cast<std::int64_t>(row) * p.n + col;
+        SLIMSERVE_INT4_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const float bias = p.bias != nullptr ? to_float(T::from_bits(p.bias[col + e])) : 0.0f;
+          out[e] = from_float<T>(sum[e] + bias).bits;
+        }
+      }
+    }
+  }
+}
 
 /// Min blocks 1, as the split-K kernel: the 64 x 128 group-16 BF16 tile spilled at ptxas's
 /// default register target.
 template <class T, class Config, GroupSpan Span>
 __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_stream_k_kernel(
-    const __grid_constant__ GemmParams p, const __grid_constant__ StreamKSchedule schedule) {
+    const __grid_constant__ GemmParams p, const __grid_constant__ StreamKSchedule schedule,
+    const __grid_constant__ StreamKWorkspace workspace) {
   using Storage = GemmSharedStorage<Config, Span>;
   Storage& smem = rt::shared_storage<Storage>();
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int block = static_cast<int>(blockIdx.x);
   const int end = schedule.first_unit(block + 1);
-  constexpr int tile_elements = Config::block_m * Config::block_n;
   for (int unit = schedule.first_unit(block); unit < end;) {
     const int tile = unit / schedule.k_steps;
     const int step_begin = unit - tile * schedule.k_steps;
@@ -176,33 +269,12 @@ __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_stream_k_kernel
     WarpAccumulators<Config> acc = {};
     w4a16_mainloop<T, Config, Span>(smem, src, columns, (warp / Config::warps_n) * Config::warp_m,
                                     (warp % Config::warps_n) * Config::warp_n, acc);
-    const bool whole = step_begin == 0 && step_end == schedule.k_steps;
-    float* partial = p.partials + static_cast<std::int64_t>(schedule.slot(block, tile)) * tile_elements;
-    store_tile<T, Config>(p, acc, m0, n0, partial, Config::block_n, !whole);
+    if (step_begin == 0 && step_end == schedule.k_steps) {
+      store_tile<T, Config>(p, acc, m0, n0, nullptr, 0, false);
+    } else {
+      reduce_shared_tile<T, Config>(p, schedule, workspace, acc, block, tile, m0, n0);
+    }
     unit += step_end - step_begin;
-  }
-}
-
-/// Sums the partial slots of every tile that several blocks shared, in block order, adds the
-/// bias, rounds once to T. One block per tile; tiles done by one block return at once.
-template <class T, int BlockM, int BlockN>
-__global__ void stream_k_fixup_kernel(const __grid_constant__ GemmParams p,
-                                      const __grid_constant__ StreamKSchedule schedule) {
-  const int tile = static_cast<int>(blockIdx.x);
-  const int first = schedule.block_of(tile * schedule.k_steps);
-  const int last = schedule.block_of((tile + 1) * schedule.k_steps - 1);
-  if (first == last) return;  // written to C by its only block
-  const int m0 = (tile / schedule.tiles_n) * BlockM;
-  const int n0 = (tile % schedule.tiles_n) * BlockN;
-  constexpr std::int64_t tile_elements = BlockM * BlockN;
-  for (int i = static_cast<int>(threadIdx.x); i < BlockM * BlockN; i += static_cast<int>(blockDim.x)) {
-    const int row = m0 + i / BlockN;
-    const int col = n0 + i % BlockN;
-    if (row >= p.m || col >= p.n) continue;
-    float sum = 0.0f;
-    for (int b = first; b <= last; ++b) sum += p.partials[schedule.slot(b, tile) * tile_elements + i];
-    if (p.bias != nullptr) sum += to_float(T::from_bits(p.bias[col]));
-    p.c[static_cast<std::int64_t>(row) * p.n + col] = from_float<T>(sum).bits;
   }
 }
 

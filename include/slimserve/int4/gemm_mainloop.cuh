@@ -21,6 +21,7 @@
 /// - the K tail needs no skip: A past the slice end is zero-filled, and a zero times a finite
 ///   weight adds nothing.
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -200,13 +201,18 @@ struct StageLoader {
   bool a_present[a_per_thread];
   const std::uint32_t* b_src[b_per_thread];
   bool b_valid[b_per_thread];
+  bool b_complete;                           // every b_valid[i]
   std::int64_t b_step;                       // words per 64 rows: 4 * n/16 * 32
   const std::uint16_t* scale_src;            // this thread's scale/zero chunk at group 0, or null
   std::int64_t scale_group_stride;           // n
   const std::uint16_t* dummy_src;            // an address never read (zero-fill copies)
+  // GroupSpan::stage: the thread's scale/zero chunk of the group of the last stage loaded,
+  // moved by one row when a stage starts a group (groups are consecutive), and its offset in
+  // a stage (bytes from the Stage's start).
+  const std::uint16_t* scale_next;
+  int scale_dst;
   std::uint64_t policy;
   int k_next;                                // row of the next stage to load
-  int k_begin;
   int k_end;
   int group_shift;
   unsigned group_mask;
@@ -238,6 +244,9 @@ struct StageLoader {
                                                                  src.n)
                                : 0);
     }
+    b_complete = true;
+    SLIMSERVE_INT4_UNROLL
+    for (int i = 0; i < b_per_thread; ++i) b_complete = b_complete && b_valid[i];
     b_step = static_cast<std::int64_t>(Config::k16_per_block) * n16_total * gemm_layout::words_per_tile;
     scale_src = nullptr;
     if (tid < 2 * scale_chunks) {
@@ -252,35 +261,46 @@ struct StageLoader {
     }
     scale_group_stride = src.n;
     dummy_src = src.scales;
+    scale_dst = 0;
+    if (tid < 2 * scale_chunks) {
+      const bool is_zero = tid >= scale_chunks;
+      const int index = is_zero ? tid - scale_chunks : tid;
+      scale_dst = static_cast<int>(is_zero ? offsetof(Stage, zeros) : offsetof(Stage, scales)) +
+                  static_cast<int>(sizeof(std::uint16_t)) *
+                      ((index / (Config::block_n / 8)) * Config::block_n +
+                       (index % (Config::block_n / 8)) * 8);
+    }
+    // k_begin's group: the first load copies it, every later group start moves one row.
+    const std::int64_t first_group = static_cast<std::int64_t>(src.k_begin >> src.group_shift);
+    scale_next = scale_src == nullptr ? dummy_src
+                                      : scale_src + first_group * scale_group_stride;
     policy = Config::evict_first_b ? arch::l2_evict_first_policy() : 0;
     k_next = src.k_begin;
-    k_begin = src.k_begin;
     k_end = src.k_end;
     group_shift = src.group_shift;
     group_mask = (1u << src.group_shift) - 1u;
   }
 
-  /// Issues the copies of the next stage (rows k_next .. k_next + 63) into `stage`. Only
-  /// the last stage of a slice can be short; it takes the path that checks rows.
+  /// Issues the copies of the next stage (rows k_next .. k_next + 63) into `stage`. The last
+  /// stage of a slice (which may be short) takes the path that checks rows and columns; the
+  /// others check neither (see load_rows). `First`: the slice's first stage (its scale rows
+  /// are needed even when it starts inside a group).
+  /// Contiguous B: the unchecked path also needs every one of the thread's column chunks
+  /// inside the matrix (`b_complete`, false only in a block over the last columns), so its
+  /// copies take no predicate at all.
+  template <bool First = false>
   SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load(Stage& stage) {
     const int rows_left = k_end - k_next;  // > 0
-    if (rows_left >= Config::block_k) {
-      load_rows<false>(stage, rows_left);
+    if (rows_left > Config::block_k && (!ContiguousB || b_complete)) {
+      load_rows<false, First>(stage, rows_left);
     } else {
-      load_rows<true>(stage, rows_left);
+      load_rows<true, First>(stage, rows_left);
     }
     k_next += Config::block_k;
   }
 
-  /// Whether the stage starting at row k0 needs scale rows: always for groups of 16 and 32;
-  /// for larger groups only where a group starts (and at the slice's first stage).
-  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE bool needs_scales(int k0) const {
-    if constexpr (Span != GroupSpan::stage) return true;
-    return k0 == k_begin || (static_cast<unsigned>(k0) & group_mask) == 0;
-  }
-
  private:
-  template <bool Tail>
+  template <bool Tail, bool First>
   SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load_rows(Stage& stage, int rows_left) {
     const int tid = static_cast<int>(threadIdx.x);
     SLIMSERVE_INT4_UNROLL
@@ -296,7 +316,7 @@ struct StageLoader {
     SLIMSERVE_INT4_UNROLL
     for (int i = 0; i < b_per_thread; ++i) {
       const int chunk = b_chunk(tid, i);
-      const bool valid = b_valid[i] && b_row_valid;
+      const bool valid = (ContiguousB && !Tail) || (b_valid[i] && b_row_valid);  // see load()
       std::uint32_t* dst = &stage.b[chunk * 4];  // the block's chunks in global order
       // Contiguous: chunk i is i * b_threads_per_k16 chunks (16 B each) after chunk 0. An
       // invalid chunk's address is never read (zero-fill), so it may pass the row's end.
@@ -309,7 +329,17 @@ struct StageLoader {
       if (!ContiguousB) b_src[i] += b_step;
     }
     if (ContiguousB) b_src[0] += b_step;
-    if (tid < 2 * scale_chunks && needs_scales(k_next)) {
+    if constexpr (Span == GroupSpan::stage) {
+      // One scale/zero row per stage, copied where a group starts (and in the slice's first
+      // stage), else zero-filled (never read); the source moves one row per group start.
+      if (tid < 2 * scale_chunks) {  // warp-uniform
+        const bool starts = (static_cast<unsigned>(k_next) & group_mask) == 0;
+        if (starts && !First) scale_next += scale_group_stride;
+        const bool valid = (First || starts) && scale_src != nullptr;
+        arch::cp_async_16_zfill(reinterpret_cast<unsigned char*>(&stage) + scale_dst, scale_next,
+                                valid);
+      }
+    } else if (tid < 2 * scale_chunks) {
       const bool is_zero = tid >= scale_chunks;
       const int index = is_zero ? tid - scale_chunks : tid;
       const int row = index / (Config::block_n / 8);
@@ -500,7 +530,11 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
   detail::StageLoader<Config, Span, detail::contiguous_columns_v<ColumnMap>> loader(src, columns);
   SLIMSERVE_INT4_UNROLL
   for (int s = 0; s < Config::stages - 1; ++s) {
-    if (s < k_steps) loader.load(smem.stages[s]);
+    if (s == 0 && k_steps > 0) {
+      loader.template load<true>(smem.stages[0]);
+    } else if (s < k_steps) {
+      loader.load(smem.stages[s]);
+    }
     arch::cp_async_commit();
   }
 
@@ -516,16 +550,16 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
   detail::SumScales<T, Config> sum_scales = {};
   WarpAccumulators<Config>& sums = *(scale_sums ? &group_sums : &acc);
   if constexpr (Span == GroupSpan::stage) {
-    // Groups start on stage boundaries (k_begin and every group size are multiples of 64).
+    // Groups start on stage boundaries (k_begin and every group size are multiples of 64), so
+    // the loop counts in 64-row steps, 32-bit: a group is 1 << step_shift steps (per-channel:
+    // 2^25, more than any k < 2^31 has).
+    const int step_shift = src.group_shift - 6;
+    const int first_step = src.k_begin / Config::block_k;  // absolute step of `step` 0
     int step = 0;
-    int k0 = src.k_begin;
     while (step < k_steps) {
-      // Rows of this group inside the slice; 64-bit: per-channel is 1 << 31.
-      const std::int64_t group_end =
-          ((static_cast<std::int64_t>(k0) >> src.group_shift) + 1) << src.group_shift;
-      const int rows = static_cast<int>(
-          (group_end < src.k_end ? group_end : static_cast<std::int64_t>(src.k_end)) - k0);
-      const int group_steps = (rows + Config::block_k - 1) / Config::block_k;
+      // One past the group's last step inside the slice (relative to the slice).
+      const int group_last = detail::min_int(
+          k_steps, ((((first_step + step) >> step_shift) + 1) << step_shift) - first_step);
 
       detail::begin_step<Config, Span>(smem, loader, step, k_steps);
       const auto& first = smem.stages[detail::stage_index<Config>(step)];
@@ -541,7 +575,6 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
           first, tile_columns, has_zeros, b_lane_word, warp_row, warp_col, lane, sums);
       ++step;
       // The steady state: the group's other stages.
-      const int group_last = step - 1 + group_steps;
       for (; step < group_last; ++step) {
         detail::begin_step<Config, Span>(smem, loader, step, k_steps);
         detail::stage_mma<T, Config, Span, scale_sums>(smem.stages[detail::stage_index<Config>(step)],
@@ -550,7 +583,6 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
       }
       // The group's end: its sums, scaled, into acc (every group, so the report counts it).
       if constexpr (scale_sums) detail::fold_group_sums<T, Config>(acc, group_sums, sum_scales);
-      k0 += group_steps * Config::block_k;
     }
   } else {
     for (int step = 0; step < k_steps; ++step) {

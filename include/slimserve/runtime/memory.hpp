@@ -28,6 +28,13 @@ enum class CopyDirection { host_to_device, device_to_host, device_to_device };
 
 /// GPUs visible to the process; 0 without a GPU and always 0 in the emulator.
 int device_count() noexcept;
+/// What the emulator reports as its SM count: it has none, and a small number keeps the grids
+/// the plans size from it small.
+inline constexpr std::int32_t emulated_sm_count = 8;
+/// Streaming multiprocessors of the current device (emulated_sm_count in the emulator): what
+/// num_sms 0 in a plan's arguments or a workspace bound resolves to. device_error when the
+/// runtime cannot say (no device).
+Result<std::int32_t> current_device_sm_count();
 Status device_malloc(void** ptr, std::size_t bytes);
 Status device_free(void* ptr);
 /// Page-locked host memory (ordinary host memory in the emulator).

@@ -214,7 +214,11 @@ TEST_CASE("the workspace size is the carving: split-K, stream-K and expansion la
   CHECK(stream_k->schedule == GemmSchedule::stream_k);
   CHECK(stream_k->stream_k_blocks == 2);  // 1 tile x 2 steps of 64: never more blocks than units
   CHECK(stream_k->workspace.partials_bytes == 2 * 2 * 16 * 128 * sizeof(float));
-  CHECK(stream_k->workspace_bytes() >= stream_k->workspace.partials_bytes);
+  CHECK(stream_k->workspace.arrivals_bytes == 1 * sizeof(unsigned));  // one counter per tile
+  CHECK(stream_k->workspace.arrivals_offset >=
+        stream_k->workspace.partials_offset + stream_k->workspace.partials_bytes);
+  CHECK(stream_k->workspace_bytes() >=
+        stream_k->workspace.arrivals_offset + stream_k->workspace.arrivals_bytes);
   options.split_k = 2;
   options.schedule = GemmSchedule::stream_k;
   CHECK(plan_gemm(args, options).status().code() == StatusCode::invalid_argument);
@@ -299,4 +303,28 @@ TEST_CASE("gather_activation_columns refuses null, in-place and empty inputs") {
   CHECK(gather_activation_columns(a, order->data(), buffers.c.data(), 0, 128, nullptr).code() ==
         StatusCode::invalid_argument);
   CHECK(still_poisoned(buffers.c));
+}
+
+TEST_CASE("decode tile width: 256 columns for groups >= 64, 128 for groups of 16 and 32") {
+  const Buffers buffers = make_buffers(16, 1024, 256);
+  for (std::int64_t m : {std::int64_t{1}, std::int64_t{2}, std::int64_t{16}}) {
+    GemmArguments args = make_args(buffers, m, 1024, 256);
+    args.group_size = 128;
+    GemmOptions options;
+    options.path = GemmPath::fused;
+    options.sm_count = 5;
+    const Result<GemmPlan> stream_k = plan_gemm(args, options);
+    REQUIRE(stream_k.ok());
+    CHECK(stream_k->schedule == GemmSchedule::stream_k);
+    CHECK(stream_k->block_n == 256);
+    CHECK(stream_k->workspace.arrivals_bytes == 4 * sizeof(unsigned));  // 4 tiles of 256
+    options.schedule = GemmSchedule::split_k;
+    const Result<GemmPlan> split_k = plan_gemm(args, options);
+    REQUIRE(split_k.ok());
+    CHECK(split_k->block_n == 256);
+    args.group_size = 32;
+    const Result<GemmPlan> group_32 = plan_gemm(args, options);
+    REQUIRE(group_32.ok());
+    CHECK(group_32->block_n == 128);
+  }
 }

@@ -119,7 +119,8 @@ TEST_CASE("stream-K: tiles shared by 1..many blocks, both tiles, every group spa
   auto rng = slimserve_test::make_rng(30);
   // (m, n, k, group, SMs): units = tiles * k_steps dealt to `SMs` blocks. E.g. 3 tiles x 7
   // steps over 5 blocks: blocks hold 4-5 units, so tiles start and end inside blocks; 1 tile
-  // x 7 steps over 6 blocks: one tile shared by 6 blocks (5 partial slots + the fixup).
+  // x 7 steps over 6 blocks: one tile shared by 6 blocks (5 partial slots, reduced in place
+  // by the last block to finish it).
   struct Shape {
     std::int64_t m, n, k, group;
     int sms;
