@@ -259,4 +259,15 @@ TEST_CASE("WgmmaTile128B offsets are the canonical 128B layout", "[attention][ml
     }
   }
   CHECK(wrong == 0);
+  // Descriptors of later steps are the base plus constant start-address steps.
+  for (std::uint32_t base : {0u, 1024u, 73728u, 147456u}) {
+    for (int k = 0; k < 576 / 16; ++k) {
+      CHECK(Tile::k_major_descriptor(base, k) == Tile::k_major_descriptor(base, 0) + Tile::k_major_step(k));
+    }
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c < 512; c += 64) {
+        CHECK(Tile::mn_major_descriptor(base, r, c) == Tile::mn_major_descriptor(base, 0, 0) + Tile::mn_major_step(r, c));
+      }
+    }
+  }
 }

@@ -55,6 +55,18 @@ struct WgmmaTile128B {
     return make_wgmma_descriptor(tile_address + (k / 64) * block_bytes + (k % 64) * 2, 16,
                                  group_bytes, WgmmaSwizzle::bytes128);
   }
+  /// k_major_descriptor(a, k) == k_major_descriptor(a, 0) + k_major_step(k): build the base
+  /// once, add constants in unrolled loops (the start address field cannot carry: shared
+  /// addresses stay below 256 KB).
+  SLIMSERVE_HOST_DEVICE static constexpr std::uint64_t k_major_step(int k_step) {
+    const auto k = static_cast<std::uint32_t>(16 * k_step);
+    return ((k / 64) * block_bytes + (k % 64) * 2) >> 4;
+  }
+  /// mn_major_descriptor(a, r, c) == mn_major_descriptor(a, 0, 0) + mn_major_step(r, c).
+  SLIMSERVE_HOST_DEVICE static constexpr std::uint64_t mn_major_step(int row_step, int col0) {
+    return (static_cast<std::uint32_t>(col0 / 64) * block_bytes +
+            static_cast<std::uint32_t>(row_step) * 2 * group_bytes) >> 4;
+  }
   /// MN-major B (rows = K, cols = N): K rows [16 row_step, +16), N columns from col0 on.
   SLIMSERVE_HOST_DEVICE static constexpr std::uint64_t mn_major_descriptor(std::uint32_t tile_address,
                                                                          int row_step, int col0) {

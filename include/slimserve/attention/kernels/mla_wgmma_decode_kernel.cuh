@@ -186,7 +186,8 @@ SLIMSERVE_ATTENTION_UNROLL
     }
   }
 
-  const bool group_scales = p.scale_mode == MlaScaleMode::per_token_group;
+  // Group scales exist only for FP8 latents: a compile-time false for BF16.
+  const bool group_scales = fp8 && p.scale_mode == MlaScaleMode::per_token_group;
   const float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
 
   float o_acc[2][64];  // groups 2 wg, 2 wg + 1: D of m64n128
@@ -302,20 +303,23 @@ SLIMSERVE_ATTENTION_UNROLL
       float s_rope[8];
       const std::uint32_t q_tile = smem_base + Tile::q_offset;
       const std::uint32_t b_tile = smem_base + latent_tile + 2u * LatentTile::group_bytes * static_cast<std::uint32_t>(wg);
+      // Base descriptors once; each k step adds a constant to the start address.
+      const std::uint64_t q_desc = QTile::k_major_descriptor(q_tile, 0);
+      const std::uint64_t b_desc = LatentTile::k_major_descriptor(b_tile, 0);
       arch::wgmma_fence();
 SLIMSERVE_ATTENTION_UNROLL
       for (int grp = 0; grp < Tile::groups; ++grp) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int k = 0; k < Tile::group_k_steps; ++k) {
           const int step = grp * Tile::group_k_steps + k;
-          mla_wgmma_ss<MmaT, 16>(s_group[grp], QTile::k_major_descriptor(q_tile, step), LatentTile::k_major_descriptor(b_tile, step),
-                       k > 0);
+          mla_wgmma_ss<MmaT, 16>(s_group[grp], q_desc + QTile::k_major_step(step), b_desc + LatentTile::k_major_step(step),
+                                 k > 0);
         }
       }
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < Tile::rope_k_steps; ++k) {
         const int step = Tile::groups * Tile::group_k_steps + k;
-        mla_wgmma_ss<MmaT, 16>(s_rope, QTile::k_major_descriptor(q_tile, step), LatentTile::k_major_descriptor(b_tile, step), k > 0);
+        mla_wgmma_ss<MmaT, 16>(s_rope, q_desc + QTile::k_major_step(step), b_desc + LatentTile::k_major_step(step), k > 0);
       }
       arch::wgmma_commit_group();
       arch::wgmma_wait_group<0>();
@@ -391,10 +395,13 @@ SLIMSERVE_ATTENTION_UNROLL
     {
       const float alpha_lo = row_alpha[16 * w + g];
       const float alpha_hi = row_alpha[16 * w + g + 8];
+      // Once the row maxima settle every alpha is 1: skip the 128 multiplies (warp vote).
+      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) {
 SLIMSERVE_ATTENTION_UNROLL
-      for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < 2; ++j) {
 SLIMSERVE_ATTENTION_UNROLL
-        for (int i = 0; i < 64; ++i) o_acc[j][i] *= ((i / 2) % 2) != 0 ? alpha_hi : alpha_lo;
+          for (int i = 0; i < 64; ++i) o_acc[j][i] *= ((i / 2) % 2) != 0 ? alpha_hi : alpha_lo;
+        }
       }
       arch::wgmma_fence();
 SLIMSERVE_ATTENTION_UNROLL
