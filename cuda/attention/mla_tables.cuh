@@ -11,6 +11,7 @@
 // formats' detail:: names that the fragment helpers use.
 #include "slimserve/attention/kernels/mla_cache_kernels.cuh"
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
+#include "slimserve/attention/kernels/mla_wgmma_decode_kernel.cuh"
 #include "kernel_tables.cuh"
 #include "slimserve/runtime/launch.hpp"
 
@@ -47,15 +48,26 @@ Status launch_mla_decode(const kernels::MlaDecodeParams& params, dim3 grid, cuda
                     params);
 }
 
+/// The wgmma kernel's entry: 64 rows per CTA (MlaDecodePlan::warps_m == 4).
+inline constexpr std::int32_t mla_wgmma_warps_m = 4;
+template <class KvT>
+Status launch_mla_wgmma_decode(const kernels::MlaDecodeParams& params, dim3 grid, cudaStream_t stream) {
+  using Tile = kernels::MlaWgmmaTile<KvT>;
+  return rt::launch(kernels::mla_wgmma_decode_kernel<KvT>,
+                    rt::LaunchConfig{grid, dim3(Tile::threads), Tile::shared_bytes, stream}, params);
+}
+
 inline std::span<const MlaDecodeKernelEntry> mla_decode_kernels() {
   static const auto table = [] {
-    std::array<MlaDecodeKernelEntry, 4> entries{};
+    std::array<MlaDecodeKernelEntry, 6> entries{};
     std::size_t count = 0;
     for_each_mla_latent([&]<class KvT>() {
       for_each_mla_warps_m([&]<int WarpsM>() {
         entries[count++] = {kv_dtype_of<KvT>::value, WarpsM, sizeof(kernels::MlaDecodeSharedStorage<KvT, WarpsM>),
                             &launch_mla_decode<KvT, WarpsM>};
       });
+      entries[count++] = {kv_dtype_of<KvT>::value, mla_wgmma_warps_m, kernels::MlaWgmmaTile<KvT>::shared_bytes,
+                          &launch_mla_wgmma_decode<KvT>};
     });
     return entries;
   }();

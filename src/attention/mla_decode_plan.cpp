@@ -16,9 +16,12 @@ using detail::ceil_div;
 /// Split chunks are whole multiples of this many tokens (two of the kernel's 32-token tiles).
 constexpr std::int64_t chunk_granule = 64;
 
-/// Rows per CTA: 16 when a request has at most 16 rows (8 or 16 heads, one token), else 32.
+/// Rows per CTA: 16 when a request has at most 16 rows (8 or 16 heads, one token), else 32;
+/// 64 (warps_m 4: the wgmma kernel) when asked for and a request fills them.
 std::int32_t warps_m_for(const MlaDecodeProblem& p) {
-  return static_cast<std::int64_t>(p.num_heads) * p.query_tokens <= 16 ? 1 : 2;
+  const std::int64_t rows = static_cast<std::int64_t>(p.num_heads) * p.query_tokens;
+  if (p.warpgroup_mma && rows >= 64) return 4;
+  return rows <= 16 ? 1 : 2;
 }
 
 MlaDecodeWorkspaceLayout layout_for(std::size_t items, std::size_t units, std::size_t batch, bool split,

@@ -229,6 +229,7 @@ struct DecodeFixture {
 struct RunOptions {
   bool split = false;
   bool block_table = false;
+  bool wgmma = false;  // MlaDecodeProblem::warpgroup_mma
   std::vector<kv::RequestStatus> status;  // empty: no tag check
 };
 
@@ -259,6 +260,7 @@ std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFi
   MlaDecodePlanArguments pa;
   pa.problem = {static_cast<std::int32_t>(c.batch), c.heads, c.query_tokens, c.page_size, c.dtype, c.mode};
   pa.problem.ragged_queries = f.ragged;
+  pa.problem.warpgroup_mma = opt.wgmma;
   if (f.ragged) pa.qo_indptr_host = f.qo_indptr;
   if (opt.block_table) {
     pa.seq_lens_host = seq_lens;
@@ -281,6 +283,8 @@ std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFi
   REQUIRE(plan.ok());
   if (opt.split) CHECK(plan->split_kv);
   if (!opt.split) CHECK_FALSE(plan->split_kv);
+  // The wgmma kernel (64 rows per CTA) only when asked for and a request fills its rows.
+  CHECK(plan->cta_rows == (opt.wgmma && c.heads * c.query_tokens >= 64 ? 64 : c.heads * c.query_tokens <= 16 ? 16 : 32));
   if (plan_out != nullptr) *plan_out = *plan;
 
   const std::size_t rows = f.total_tokens() * static_cast<std::size_t>(c.heads);
@@ -525,6 +529,44 @@ TEST_CASE("mla decode: every element and lse against FP64, split vs unsplit, CSR
       {
         INFO("split, block table, one request aborted");
         RunOptions opt;
+        opt.split = true;
+        opt.block_table = (i % 2) == 0;
+        opt.status.assign(c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
+        opt.status[1] = {kv::RequestState::stale_tag, 0};
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, opt.status);
+      }
+    }
+  }
+}
+
+TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP64, split and aborted") {
+  const DecodeCase cases[] = {
+      {KvDtype::bf16, MlaScaleMode::none, 64, 1, 64, 3},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, 2, 16, 3},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_tensor, 128, 1, 32, 3},
+      {KvDtype::bf16, MlaScaleMode::none, 16, 4, 128, 3},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 128, 2, 64, 2},
+      {KvDtype::bf16, MlaScaleMode::none, 32, 1, 16, 3},  // 32 rows: stays on mma.sync
+  };
+  const float sm_scale = 1.0f / std::sqrt(192.0f);
+  for (std::size_t i = 0; i < std::size(cases); ++i) {
+    const DecodeCase& c = cases[i];
+    SECTION(describe(c)) {
+      auto rng = slimserve_test::make_rng(1510 + i);
+      DecodeFixture f(c, rng);
+      const Reference ref = f.reference(sm_scale);
+      {
+        INFO("wgmma, unsplit, CSR");
+        RunOptions opt;
+        opt.wgmma = true;
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, {});
+      }
+      {
+        INFO("wgmma, split, block table, one request aborted");
+        RunOptions opt;
+        opt.wgmma = true;
         opt.split = true;
         opt.block_table = (i % 2) == 0;
         opt.status.assign(c.batch, kv::RequestStatus{kv::RequestState::ok, -1});

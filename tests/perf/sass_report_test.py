@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sass_report import budget, cfg, manifest, model, steady
 from sass_report.__main__ import compare
-from sass_report.classify import instruction_class
+from sass_report.classify import instruction_class, tensor_fmas
 from sass_report.formulas import Work, paged_decode, w4a16_gemm
 from sass_report.sass import parse_nvdisasm
 
@@ -128,6 +128,26 @@ class LoopsAndPaths(unittest.TestCase):
         self.assertEqual(by_opcode["LDSM"], "shared_load")
         self.assertEqual(by_opcode["HMMA"], "tensor")
         self.assertEqual(by_opcode["LDS!PT"], "control")  # never executes
+
+    def test_hgmma_forms_from_the_wgmma_wrappers(self):
+        # What nvcc 13 emits for arch/wgmma.cuh (arch_wgmma_test_gpu): A from shared memory or
+        # registers, transposed operands, scale-d as a uniform predicate, f16 without a suffix.
+        text = """
+.text._Z6kernelv:
+        /*0000*/                   WARPGROUP.ARRIVE ;
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8].tnspA.tnspB, R24, UP0, gsb0 ;
+        /*0020*/                   HGMMA.64x256x16.F32.BF16 R24, R4, gdesc[UR12].tnspB, R24, gsb0 ;
+        /*0030*/                   HGMMA.64x128x16.F32 R24, gdesc[UR8], R24, gsb0 ;
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0050*/                   EXIT ;
+"""
+        function = next(iter(parse_nvdisasm(text).values()))
+        gmma = [i for i in function.instructions if i.opcode == "HGMMA"]
+        self.assertEqual([instruction_class(i) for i in gmma], ["tensor"] * 3)
+        # Per warp: a quarter of the warpgroup's 64 x N x 16 multiply-adds.
+        self.assertEqual([tensor_fmas(i) for i in gmma], [64 * 64 * 4, 64 * 256 * 4, 64 * 128 * 4])
+        self.assertEqual([instruction_class(i) for i in function.instructions
+                          if i.opcode == "WARPGROUP"], ["control", "control"])
 
     def test_pipeline_depth_from_depbar(self):
         function, main, result, _ = analyse_text(VERSIONED_LOADS, traffic=16)

@@ -90,6 +90,10 @@ struct MlaDecodeProblem {
   /// Query counts per request from the plan's qo_indptr_host (each 0 .. query_tokens, and
   /// query_tokens up to mla_max_chunk_query_tokens): absorbed prefill of short chunks.
   bool ragged_queries = false;
+  /// Run the sm_90a warpgroup-MMA (wgmma) kernel, 64 rows per CTA, for requests of at least
+  /// 64 rows (heads x query tokens); smaller problems keep the mma.sync kernel. Off by default
+  /// until the kernel has run on a GPU (docs/mla.md, "wgmma path").
+  bool warpgroup_mma = false;
   friend bool operator==(const MlaDecodeProblem&, const MlaDecodeProblem&) = default;
 };
 
@@ -128,7 +132,7 @@ struct MlaDecodeWorkspaceLayout {
 
 struct MlaDecodePlan {
   MlaDecodeProblem problem;
-  std::int32_t warps_m = 2;   ///< CTA = 4 * warps_m warps
+  std::int32_t warps_m = 2;   ///< mma.sync kernel: CTA = 4 * warps_m warps; 4: the wgmma kernel (8 warps)
   std::int32_t cta_rows = 32; ///< packed (query token x head) rows per CTA
   bool split_kv = false;
   std::int32_t chunk_tokens = 0;

@@ -57,6 +57,9 @@ inline void yield_to_scheduler(EmulatedThread& self, ThreadState state) noexcept
 [[noreturn]] inline void fail_this_thread(std::string message) {
   EmulatedThread& self = this_thread("an emulator check");
   self.error = std::move(message);
+  // This fiber never unwinds: free what the moved-from string may still own (libstdc++ hands
+  // it self.error's previous buffer), or LeakSanitizer reports it.
+  std::string().swap(message);
   yield_to_scheduler(self, ThreadState::failed);
   std::abort();  // a failed thread is never resumed
 }
@@ -193,6 +196,9 @@ class Scheduler {
     if (warps_.size() < (threads + warp_size - 1) / warp_size) {
       warps_.resize((threads + warp_size - 1) / warp_size);
     }
+    if (warpgroups_.size() < (threads + warpgroup_size - 1) / warpgroup_size) {
+      warpgroups_.resize((threads + warpgroup_size - 1) / warpgroup_size);
+    }
     return {};
   }
 
@@ -220,6 +226,8 @@ class Scheduler {
       warp.pending.clear();
       std::fill(std::begin(warp.lanes), std::end(warp.lanes), nullptr);
     }
+    for (PendingWarpgroupOp& group : warpgroups_) group = PendingWarpgroupOp{};
+    threads_ = threads;
     queue_.reset(threads);
     for (unsigned i = 0; i < threads; ++i) {
       EmulatedThread& thread = *pool_[i];
@@ -233,6 +241,7 @@ class Scheduler {
       thread.state = ThreadState::running;
       thread.error.clear();
       thread.async_copies.reset();
+      thread.wgmma.reset();
       thread.atomics_since_yield = 0;
       warps_[thread.warp].lanes[thread.lane] = &thread;
       warps_[thread.warp].present |= 1u << thread.lane;
@@ -293,6 +302,7 @@ class Scheduler {
         return thread_error(launch, thread, thread.error);
       case ThreadState::at_barrier: return on_barrier(launch, thread);
       case ThreadState::at_warp_op: return on_warp_op(launch, thread);
+      case ThreadState::at_warpgroup_op: return on_warpgroup_op(launch, thread);
       case ThreadState::running:
       case ThreadState::yielded: break;
     }
@@ -325,6 +335,21 @@ class Scheduler {
             "exited while lanes " + format_mask(op.arrived) + " of its warp wait for it in " +
                 format_site(op.first->posted_site()) + " with mask " + format_mask(op.mask));
       }
+    }
+    if (thread.linear / warpgroup_size < warpgroups_.size()) {
+      const PendingWarpgroupOp& group = warpgroups_[thread.linear / warpgroup_size];
+      if (group.arrived != 0) {
+        return thread_error(launch, thread,
+                            "exited while " + std::to_string(group.arrived) +
+                                " threads of its warpgroup wait for it in " +
+                                format_site(group.first->posted_site()));
+      }
+    }
+    if (!thread.wgmma.ops.empty()) {
+      return thread_error(launch, thread,
+                          "exited with " + std::to_string(thread.wgmma.ops.size()) +
+                              " wgmma.mma_async operations that no wgmma.wait_group retired "
+                              "(their accumulators were never written)");
     }
     // Exited threads no longer count at __syncthreads (as on the hardware).
     if (!barrier_waiters_.empty() && barrier_waiters_.size() == live_) release_barrier();
@@ -419,6 +444,60 @@ class Scheduler {
     return {};
   }
 
+  // A warpgroup operation (wgmma.*: .sync.aligned over 4 warps) completes once all 128
+  // threads of the warpgroup reached the same call site.
+  Status on_warpgroup_op(const LaunchState& launch, EmulatedThread& thread) {
+    const unsigned index = thread.linear / warpgroup_size;
+    const CallSite site = thread.posted_site();
+    const unsigned first_thread = index * warpgroup_size;
+    if (first_thread + warpgroup_size > threads_) {
+      return thread_error(launch, thread,
+                          format_site(site) + ": warpgroup " + std::to_string(index) +
+                              " needs threads " + std::to_string(first_thread) + ".." +
+                              std::to_string(first_thread + warpgroup_size - 1) +
+                              " but the block has " + std::to_string(threads_) + " threads");
+    }
+    for (unsigned w = first_thread / warp_size; w < (first_thread + warpgroup_size) / warp_size;
+         ++w) {
+      if (warps_[w].exited != 0) {
+        return thread_error(launch, thread,
+                            format_site(site) + ": lanes " + format_mask(warps_[w].exited) +
+                                " of warp " + std::to_string(w) +
+                                " in this warpgroup have exited");
+      }
+    }
+    PendingWarpgroupOp& group = warpgroups_[index];
+    const WarpgroupCombine combine = relaxed_load(thread.warpgroup_combine);
+    if (group.arrived == 0) {
+      group.first = &thread;
+      group.combine = combine;
+    } else if (!site.same_place(group.first->posted_site()) || combine != group.combine) {
+      return thread_error(launch, thread,
+                          "divergent warpgroup operation: " + format_site(site) +
+                              " while thread " + format_index(group.first->thread_idx) +
+                              " of the same warpgroup waits in " +
+                              format_site(group.first->posted_site()) +
+                              " (wgmma instructions are .sync.aligned over 128 threads)");
+    }
+    if (++group.arrived != warpgroup_size) return {};
+
+    EmulatedThread* members[warpgroup_size];
+    for (unsigned k = 0; k < warpgroup_size; ++k) members[k] = pool_[first_thread + k].get();
+    WarpgroupView view(members);
+    if (combine != nullptr) combine(view);
+    group = PendingWarpgroupOp{};
+    if (view.failed_index() >= 0) {
+      const EmulatedThread& failed = *members[view.failed_index()];
+      return thread_error(launch, failed, format_site(failed.posted_site()) + ": " + view.error());
+    }
+    for (unsigned k = 0; k < warpgroup_size; ++k) {
+      EmulatedThread* member = members[reverse_ ? warpgroup_size - 1 - k : k];
+      relaxed_store(member->state, ThreadState::running);
+      queue_.push(member);
+    }
+    return {};
+  }
+
   // Lists each distinct place where threads wait, with a count and the first thread there.
   Status deadlock(const LaunchState& launch, unsigned threads) const {
     struct WaitGroup {
@@ -431,7 +510,10 @@ class Scheduler {
     for (unsigned i = 0; i < threads; ++i) {
       const EmulatedThread& thread = *pool_[i];
       const ThreadState state = relaxed_load(thread.state);
-      if (state != ThreadState::at_barrier && state != ThreadState::at_warp_op) continue;
+      if (state != ThreadState::at_barrier && state != ThreadState::at_warp_op &&
+          state != ThreadState::at_warpgroup_op) {
+        continue;
+      }
       const CallSite site = thread.posted_site();
       const unsigned mask = state == ThreadState::at_warp_op ? relaxed_load(thread.warp_mask) : 0;
       auto same = std::find_if(groups.begin(), groups.end(), [&](const WaitGroup& g) {
@@ -456,6 +538,13 @@ class Scheduler {
   FiberContext context_;
   std::vector<std::unique_ptr<EmulatedThread>> pool_;
   std::vector<WarpState> warps_;
+  struct PendingWarpgroupOp {
+    unsigned arrived = 0;
+    WarpgroupCombine combine = nullptr;
+    EmulatedThread* first = nullptr;
+  };
+  std::vector<PendingWarpgroupOp> warpgroups_;
+  unsigned threads_ = 0;  // threads of the running block
   RunQueue queue_;
   std::vector<EmulatedThread*> barrier_waiters_;
   unsigned barrier_predicates_ = 0;

@@ -30,14 +30,29 @@ struct CallSite {
   }
 };
 
-enum class ThreadState : std::uint8_t { running, at_barrier, at_warp_op, yielded, exited, failed };
+enum class ThreadState : std::uint8_t {
+  running,
+  at_barrier,
+  at_warp_op,
+  at_warpgroup_op,
+  yielded,
+  exited,
+  failed
+};
 
 class WarpGroup;
 /// Computes every lane's result of one warp operation once all lanes of its mask arrived.
 using WarpCombine = void (*)(WarpGroup&);
+class WarpgroupView;
+/// Computes every thread's result of one warpgroup operation once all 128 threads arrived.
+using WarpgroupCombine = void (*)(WarpgroupView&);
+
+/// A warpgroup: 4 consecutive warps whose first warp index is a multiple of 4 (sm_90 wgmma).
+inline constexpr unsigned warpgroup_size = 128;
 
 inline constexpr int warp_payload_words = 6;  // mma: A (2 words), B (1), C (2)
-inline constexpr int warp_result_words = 2;   // mma: D (4 floats); ldmatrix.x4: 4 registers
+/// mma: D (4 floats); ldmatrix.x4: 4 registers; wgmma: the quad's A registers (8 words).
+inline constexpr int warp_result_words = 8;
 
 /// One in-flight cp.async copy (16 bytes), completed by cp_async_wait.
 struct AsyncCopy {
@@ -54,6 +69,36 @@ struct AsyncCopyQueue {
     copies.clear();
     committed_groups = 0;
     completed_groups = 0;
+  }
+};
+
+/// One wgmma.mma_async issued by this thread and not yet retired by wgmma.wait_group
+/// (arch/wgmma.cuh). Shared operands are read when it retires; see emu/wgmma.hpp.
+struct WgmmaOp {
+  float* accumulator = nullptr;  // the thread's N/2 accumulator registers
+  unsigned n = 0;
+  unsigned input = 0;            // MmaInput
+  bool a_in_registers = false;
+  bool a_mn_major = false;       // imm-trans-a
+  bool b_mn_major = false;       // imm-trans-b
+  bool scale_d = true;           // D = A*B + D (true) or D = A*B (false)
+  bool has_c = false;            // c holds the input accumulator (else it is still in flight)
+  std::uint64_t desc_a = 0;
+  std::uint64_t desc_b = 0;
+  std::uint16_t a_rows[2][16] = {};  // A from registers: rows g and g+8 of the warp's 16
+  std::vector<float> c;              // N/2 input accumulator values
+  std::uint64_t group = 0;           // 0: not committed yet; otherwise the commit number
+};
+struct WgmmaQueue {
+  std::vector<WgmmaOp> ops;  // oldest first
+  std::uint64_t committed_groups = 0;
+  std::uint64_t completed_groups = 0;
+  bool fenced = false;  // a wgmma.fence since the start or the last wgmma.wait_group
+  void reset() noexcept {
+    ops.clear();
+    committed_groups = 0;
+    completed_groups = 0;
+    fenced = false;
   }
 };
 
@@ -82,11 +127,13 @@ struct EmulatedThread {
   unsigned barrier_predicate = 0;
   unsigned warp_mask = 0;
   WarpCombine combine = nullptr;
+  WarpgroupCombine warpgroup_combine = nullptr;
   std::uint64_t payload[warp_payload_words] = {};
   std::uint64_t result[warp_result_words] = {};
   std::string error;  // written by a failing fiber right before its last switch
 
   AsyncCopyQueue async_copies;  // cp.async emulation (arch/cp_async.cuh)
+  WgmmaQueue wgmma;             // wgmma emulation (arch/wgmma.cuh)
   unsigned atomics_since_yield = 0;  // a spin loop on atomics yields now and then
 
   void post_site(const CallSite& where) noexcept {
@@ -140,6 +187,33 @@ class WarpGroup {
   WarpState& warp_;
   unsigned mask_;
   int failed_lane_ = -1;
+  std::string error_;
+};
+
+/// A warpgroup operation whose 128 threads have all arrived (index 0..127 within the group).
+class WarpgroupView {
+ public:
+  explicit WarpgroupView(EmulatedThread* const* threads) : threads_(threads) {}
+  const EmulatedThread& thread(unsigned index) const noexcept { return *threads_[index]; }
+  std::uint64_t payload(unsigned index, int word) const noexcept {
+    return relaxed_load(threads_[index]->payload[word]);
+  }
+  void set_result(unsigned index, int word, std::uint64_t value) noexcept {
+    relaxed_store(threads_[index]->result[word], value);
+  }
+  /// Reports a broken contract on behalf of thread `index` (the first report wins).
+  void fail(unsigned index, std::string message) {
+    if (failed_ < 0) {
+      failed_ = static_cast<int>(index);
+      error_ = std::move(message);
+    }
+  }
+  int failed_index() const noexcept { return failed_; }
+  const std::string& error() const noexcept { return error_; }
+
+ private:
+  EmulatedThread* const* threads_;
+  int failed_ = -1;
   std::string error_;
 };
 
