@@ -56,19 +56,16 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE TileSources<Config> dense_tile_sources(co
   return src;
 }
 
-/// Epilogue: adds the bias and rounds to T (`out` = C), or stores FP32 sums to `partial`
-/// ([rows of the block tile][block_n] when `partial_row_stride` is block_n, or C's layout).
-template <class T, class Config>
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_tile(const GemmParams& p,
-                                                       const WarpAccumulators<Config>& acc, int m0,
-                                                       int n0, float* partial,
-                                                       std::int64_t partial_row_stride,
-                                                       bool to_partial) {
+/// Calls f(i, j, half, tile_row, tile_col, row, col) for each pair of accumulators this thread
+/// holds inside C: the mma fragment's c0, c1 sit at (row g, cols 2t, 2t+1), c2, c3 at row g + 8.
+/// One walk for every epilogue (store, partials, in-place reduction), so they agree on layout.
+template <class Config, class F>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void for_each_accumulator_pair(const GemmParams& p, int m0, int n0,
+                                                                      F&& f) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int warp_row = (warp / Config::warps_n) * Config::warp_m;
   const int warp_col = (warp % Config::warps_n) * Config::warp_n;
-  // Accumulator fragment: c0, c1 at (row g, cols 2t, 2t+1); c2, c3 at row g + 8.
   SLIMSERVE_INT4_UNROLL
   for (int i = 0; i < Config::m16_per_warp; ++i) {
     SLIMSERVE_INT4_UNROLL
@@ -81,22 +78,36 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_tile(const GemmParams& p,
         const int tile_row = warp_row + i * 16 + lane / 4 + half * 8;
         const int row = m0 + tile_row;
         if (row >= p.m) continue;
-        const float v0 = acc[i][j][2 * half];
-        const float v1 = acc[i][j][2 * half + 1];
-        if (to_partial) {
-          float* out = partial + tile_row * partial_row_stride + tile_col;
-          out[0] = v0;
-          out[1] = v1;
-        } else {
-          const float b0 = p.bias != nullptr ? to_float(T::from_bits(p.bias[col])) : 0.0f;
-          const float b1 = p.bias != nullptr ? to_float(T::from_bits(p.bias[col + 1])) : 0.0f;
-          std::uint16_t* out = p.c + static_cast<std::int64_t>(row) * p.n + col;
-          out[0] = from_float<T>(v0 + b0).bits;
-          out[1] = from_float<T>(v1 + b1).bits;
-        }
+        f(i, j, half, tile_row, tile_col, row, col);
       }
     }
   }
+}
+
+/// Epilogue: adds the bias and rounds to T (`out` = C), or stores FP32 sums to `partial`
+/// ([rows of the block tile][block_n] when `partial_row_stride` is block_n, or C's layout).
+template <class T, class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_tile(const GemmParams& p,
+                                                       const WarpAccumulators<Config>& acc, int m0,
+                                                       int n0, float* partial,
+                                                       std::int64_t partial_row_stride,
+                                                       bool to_partial) {
+  for_each_accumulator_pair<Config>(p, m0, n0, [&](int i, int j, int half, int tile_row, int tile_col,
+                                                  int row, int col) {
+    const float v0 = acc[i][j][2 * half];
+    const float v1 = acc[i][j][2 * half + 1];
+    if (to_partial) {
+      float* out = partial + tile_row * partial_row_stride + tile_col;
+      out[0] = v0;
+      out[1] = v1;
+    } else {
+      const float b0 = p.bias != nullptr ? to_float(T::from_bits(p.bias[col])) : 0.0f;
+      const float b1 = p.bias != nullptr ? to_float(T::from_bits(p.bias[col + 1])) : 0.0f;
+      std::uint16_t* out = p.c + static_cast<std::int64_t>(row) * p.n + col;
+      out[0] = from_float<T>(v0 + b0).bits;
+      out[1] = from_float<T>(v1 + b1).bits;
+    }
+  });
 }
 
 /// Split-K schedule: grid (N tiles, M tiles, splits); each block one tile over one K slice.
@@ -207,42 +218,26 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void reduce_shared_tile(
     }
     return;
   }
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int warp_row = (warp / Config::warps_n) * Config::warp_m;
-  const int warp_col = (warp % Config::warps_n) * Config::warp_n;
-  SLIMSERVE_INT4_UNROLL
-  for (int i = 0; i < Config::m16_per_warp; ++i) {
-    SLIMSERVE_INT4_UNROLL
-    for (int j = 0; j < 2 * Config::n16_per_warp; ++j) {
-      const int tile_col = warp_col + j * 8 + (lane % 4) * 2;
-      const int col = n0 + tile_col;
-      if (col >= p.n) continue;
+  for_each_accumulator_pair<Config>(p, m0, n0, [&](int i, int j, int half, int tile_row, int tile_col,
+                                                  int row, int col) {
+    // sum = segment(first) + ... + segment(last), in block order whoever reduces.
+    const float* slot_pair = workspace.partials + tile_row * Config::block_n + tile_col;
+    float sum[2] = {0.0f, 0.0f};
+    for (int b = first; b <= last; ++b) {
+      const float* from =
+          slot_pair + static_cast<std::int64_t>(b == first ? first_slot : 2 * b) * tile_elements;
       SLIMSERVE_INT4_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        const int tile_row = warp_row + i * 16 + lane / 4 + half * 8;
-        const int row = m0 + tile_row;
-        if (row >= p.m) continue;
-        // sum = segment(first) + ... + segment(last), in block order whoever reduces.
-        const float* slot_pair = workspace.partials + tile_row * Config::block_n + tile_col;
-        float sum[2] = {0.0f, 0.0f};
-        for (int b = first; b <= last; ++b) {
-          const float* from =
-              slot_pair + static_cast<std::int64_t>(b == first ? first_slot : 2 * b) * tile_elements;
-          SLIMSERVE_INT4_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            sum[e] += b == block ? acc[i][j][2 * half + e] : __ldcg(from + e);
-          }
-        }
-        std::uint16_t* out = p.c + static_cast<std::int64_t>(row) * p.n + col;
-        SLIMSERVE_INT4_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const float bias = p.bias != nullptr ? to_float(T::from_bits(p.bias[col + e])) : 0.0f;
-          out[e] = from_float<T>(sum[e] + bias).bits;
-        }
+      for (int e = 0; e < 2; ++e) {
+        sum[e] += b == block ? acc[i][j][2 * half + e] : __ldcg(from + e);
       }
     }
-  }
+    std::uint16_t* out = p.c + static_cast<std::int64_t>(row) * p.n + col;
+    SLIMSERVE_INT4_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      const float bias = p.bias != nullptr ? to_float(T::from_bits(p.bias[col + e])) : 0.0f;
+      out[e] = from_float<T>(sum[e] + bias).bits;
+    }
+  });
 }
 
 /// Min blocks 1, as the split-K kernel: the 64 x 128 group-16 BF16 tile spilled at ptxas's
