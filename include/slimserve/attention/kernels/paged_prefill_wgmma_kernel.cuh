@@ -57,7 +57,7 @@ struct PagedWgmmaTile {
   static constexpr int output_values = HeadDim / 2;       // O accumulator (m64nD) per thread
   using KvTile = arch::WgmmaTile128B<stage_tokens, HeadDim>;  // [tokens][HeadDim] in MmaT
   static_assert(HeadDim % 64 == 0 && HeadDim <= 256, "wgmma N <= 256 in 128-byte atoms");
-  static_assert(stage_tokens % 64 == 0, "whole 64-column P tiles");
+  static_assert(stage_tokens == 64, "one 64-bit token mask per stage");
   // FP8 raw stage: [2 (K, V)][tokens][HeadDim] codes, unswizzled (read once, 16 B per thread).
   static constexpr int raw_row_chunks = HeadDim / 16;
   static constexpr int raw_stage_chunks = stage_tokens * raw_row_chunks;  // per K (and V)
@@ -68,8 +68,12 @@ struct PagedWgmmaTile {
   static constexpr std::uint32_t tiles_offset = 0;  // [kv_tiles][K, V] KvTile
   static constexpr std::uint32_t raw_offset = tiles_offset + kv_tiles * 2 * KvTile::bytes;
   static constexpr std::uint32_t raw_stage_bytes = fp8 ? 2u * stage_tokens * HeadDim : 0u;
+  // Per stage, one bit per token: its page id is valid (written by the producer's first
+  // stage_tokens / 32 warps; read once per tile, before the softmax variants, so that they
+  // hold no shared loads).
+  static constexpr int mask_words = stage_tokens / 32;
   static constexpr std::uint32_t token_ok_offset = raw_offset + stages * raw_stage_bytes;
-  static constexpr std::uint32_t shared_bytes = token_ok_offset + stages * stage_tokens * 4;
+  static constexpr std::uint32_t shared_bytes = token_ok_offset + stages * mask_words * 4;
   static_assert(KvTile::bytes % 1024 == 0 && raw_offset % 16 == 0);
   static_assert(shared_bytes <= 113 * 1024, "two CTAs per SM");
 };
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(128, 2) paged_prefill_wgmma_kernel(const Paged
   using KvTile = typename Tile::KvTile;
   constexpr bool fp8 = Tile::fp8;
   unsigned char* smem = rt::dynamic_shared_memory();
-  std::int32_t* stage_token_ok = reinterpret_cast<std::int32_t*>(smem + Tile::token_ok_offset);  // [stages][tokens]
+  std::uint32_t* stage_token_ok = reinterpret_cast<std::uint32_t*>(smem + Tile::token_ok_offset);  // [stages][mask_words]
   const std::uint32_t smem_base = arch::wgmma_shared_address(smem);
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -157,6 +161,7 @@ __global__ void __launch_bounds__(128, 2) paged_prefill_wgmma_kernel(const Paged
   {
     const std::int64_t first_page = kv_begin >> p.page_shift;
     const std::int64_t end_page = kv_end > kv_begin ? ((kv_end - 1) >> p.page_shift) + 1 : first_page;
+#pragma unroll 1
     for (std::int64_t i = first_page + tid; i < end_page; i += Tile::threads) {
       const std::int32_t page = request_pages[i];
       if (page < 0 || page >= p.num_pages) bad_page = 1;
@@ -252,10 +257,15 @@ SLIMSERVE_ATTENTION_UNROLL
       arch::cp_async_16_zfill(k_dst + dst, k_pages + offset, ok);
       arch::cp_async_16_zfill(v_dst + dst, v_pages + offset, ok);
     }
-    if (!all_pages_ok && tid < Tile::stage_tokens) {
-      const std::int32_t position = tile_begin + tid;
-      const std::int32_t page = position < kv_end32 ? request_pages[position >> p.page_shift] : -1;
-      stage_token_ok[stage * Tile::stage_tokens + tid] = static_cast<std::uint32_t>(page) < num_pages ? 1 : 0;
+    if (tid < Tile::stage_tokens) {  // whole warps
+      bool token_ok = true;
+      if (!all_pages_ok) {
+        const std::int32_t position = tile_begin + tid;
+        const std::int32_t page = position < kv_end32 ? request_pages[position >> p.page_shift] : -1;
+        token_ok = static_cast<std::uint32_t>(page) < num_pages;
+      }
+      const std::uint32_t bits = __ballot_sync(0xffffffffu, token_ok);
+      if (lane == 0) stage_token_ok[stage * Tile::mask_words + tid / 32] = bits;
     }
   };
 
@@ -285,7 +295,12 @@ SLIMSERVE_ATTENTION_UNROLL
   auto consume = [&](std::int64_t i) {
     const int stage = static_cast<int>(i % Tile::stages);
     const std::int64_t tile_begin = kv_begin + i * Tile::stage_tokens;
-    const std::int32_t* token_ok = stage_token_ok + stage * Tile::stage_tokens;
+    // Bit c: token c of the tile has a valid page id (all ones when every page is valid).
+    std::uint64_t token_ok = 0;
+SLIMSERVE_ATTENTION_UNROLL
+    for (int word = 0; word < Tile::mask_words; ++word) {
+      token_ok |= static_cast<std::uint64_t>(stage_token_ok[stage * Tile::mask_words + word]) << (32 * word);
+    }
     const std::uint32_t k_tile = smem_base + Tile::tiles_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * 2u * KvTile::bytes);
     const std::uint32_t v_tile = k_tile + KvTile::bytes;
 
@@ -324,7 +339,7 @@ SLIMSERVE_ATTENTION_UNROLL
         if constexpr (masked) {
           const int column = 8 * (e / 4) + 2 * t + e % 2;
           const std::int64_t position = tile_begin + column;
-          bool visible = row_valid[half] && position < kv_end && (all_pages_ok || token_ok[column] != 0);
+          bool visible = row_valid[half] && position < kv_end && ((token_ok >> column) & 1u) != 0;
           if (p.causal) visible = visible && position <= query_position[half];
           if (windowed) visible = visible && position >= query_position[half] - p.window_left;
           if (!visible) x = -INFINITY;
