@@ -161,7 +161,10 @@ __global__ void __launch_bounds__(128, 2) paged_prefill_wgmma_kernel(const Paged
   {
     const std::int64_t first_page = kv_begin >> p.page_shift;
     const std::int64_t end_page = kv_end > kv_begin ? ((kv_end - 1) >> p.page_shift) + 1 : first_page;
+    // Not unrolled: a rolled scan is not mistaken for the streaming loop by the SASS report.
+#if defined(__CUDACC__)
 #pragma unroll 1
+#endif
     for (std::int64_t i = first_page + tid; i < end_page; i += Tile::threads) {
       const std::int32_t page = request_pages[i];
       if (page < 0 || page >= p.num_pages) bad_page = 1;
