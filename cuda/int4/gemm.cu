@@ -419,6 +419,8 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
     schedule.tiles_n = static_cast<int>(tiles_n);
     schedule.units_per_block = schedule.units / schedule.blocks;
     schedule.remainder = schedule.units % schedule.blocks;
+    schedule.by_k_steps = FastDivisor::make(schedule.k_steps);
+    schedule.by_tiles_n = FastDivisor::make(schedule.tiles_n);
     params.k_per_split = static_cast<int>(args.k);
     params.splits = 1;
     StreamKWorkspace stream_k_workspace{};

@@ -333,8 +333,9 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     segment of it is written once and read once: 2 x (segments - shared tiles) x min(m, BM) x
     BN FP32; the wide tile (warp_m 32) stores every segment, 2 x segments x ... (mirrors
     StreamKSchedule and reduce_shared_tile in gemm_kernel.cuh).
-    Where they go: the slots are stored with an L2 evict-last policy while the weights stream
-    evict-first, and the reducer discards their lines (discard.global.L2) once summed, so
+    Where they go: the decode tile's slots are stored with an L2 evict-last policy while the
+    weights stream evict-first, and the reducer discards their lines (discard.global.L2) once
+    summed (the wide tile, issue-bound, keeps plain stores: its partials count as DRAM), so
     while the stored bytes fit in `l2_resident_bytes` (default half of H200's 50 MB L2) the
     partials are predicted to stay in L2 and never reach DRAM: they are counted in
     `l2_only_bytes`, not `dram_bytes`. A PREDICTION, to confirm with a DRAM byte counter on a
@@ -355,7 +356,8 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     stored = segments - shared_tiles if from_registers else segments
     stored_bytes = stored * min(m, block_m) * block_n * 4
     partials = 2 * stored_bytes
-    in_l2 = (bool(problem.get("partials_in_l2", True))
+    # only the decode tile's slots are stored evict-last and discarded (reduce_shared_tile)
+    in_l2 = (from_registers and bool(problem.get("partials_in_l2", True))
              and stored_bytes <= int(problem.get("l2_resident_bytes", 25 * 2**20)))
     dram_partials, l2_partials = (0, partials) if in_l2 else (partials, 0)
     compulsory, text = _w4a16_bytes(m, n, k, group, zeros)

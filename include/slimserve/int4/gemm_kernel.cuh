@@ -135,6 +135,31 @@ __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_kernel(const __
   store_tile<T, Config>(p, acc, m0, n0, partial, p.n, p.splits > 1);
 }
 
+/// Division of a non-negative int by a fixed positive one with a multiply-high, an add and a
+/// shift (Granlund-Montgomery, round-up multiplier): a 32-bit `/` by a runtime value is ~35
+/// SASS instructions, which the stream-K loop would pay twice per segment. Exact for
+/// 0 <= n < 2^31 and 1 <= divisor < 2^31 (tested against `/` in stream_k_reduce_test).
+struct FastDivisor {
+  int divisor;
+  unsigned multiplier;  ///< floor(2^32 * (2^shift - divisor) / divisor) + 1
+  unsigned shift;       ///< ceil(log2(divisor))
+
+  static FastDivisor make(int divisor) {
+    FastDivisor d{divisor, 0, 0};
+    while ((std::uint64_t{1} << d.shift) < static_cast<std::uint64_t>(divisor)) ++d.shift;
+    d.multiplier = static_cast<unsigned>(
+        ((std::uint64_t{1} << 32) * ((std::uint64_t{1} << d.shift) - static_cast<std::uint64_t>(divisor))) /
+            static_cast<std::uint64_t>(divisor) +
+        1);
+    return d;
+  }
+  /// n / divisor for 0 <= n < 2^31 (the sum below cannot wrap: the high product is <= n).
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int divide(int n) const {
+    const auto u = static_cast<unsigned>(n);
+    return static_cast<int>((__umulhi(u, multiplier) + u) >> shift);
+  }
+};
+
 /// Stream-K schedule (persistent): the (tile, 64-row step) units of the whole problem, tile
 /// after tile, are dealt out in equal contiguous ranges to `blocks` blocks. A block writes a
 /// tile it covers completely straight to C; its first and last tiles may be shared with its
@@ -148,6 +173,8 @@ struct StreamKSchedule {
   int tiles_n;
   int units_per_block;  ///< units / blocks; the first `remainder` blocks take one more
   int remainder;        ///< units % blocks
+  FastDivisor by_k_steps;  ///< unit -> tile
+  FastDivisor by_tiles_n;  ///< tile -> M tile
   // 32-bit arithmetic only: a 64-bit division is a call with a stack frame on the GPU.
   SLIMSERVE_HOST_DEVICE int first_unit(int block) const {
     return block * units_per_block + (block < remainder ? block : remainder);
@@ -232,14 +259,21 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void reduce_shared_tile(
   const bool leader = threadIdx.x == 0;
   // The decode tile (16 FP32 sums per warp column tile) sums from registers; the wide tile
   // (64 per thread) always stores first and sums from memory, or ptxas spills the sums.
+  // Only the decode tile keeps its slots in L2 (evict-last, discarded once summed): the wide
+  // tile is issue-bound, so DRAM bytes do not set its time, and the L2 code cost its mainloop
+  // ~2% more instructions (ptxas allocates it differently; docs/int4-gemm.md).
   constexpr bool from_registers = Config::m16_per_warp == 1;
   // Every other block has counted itself (and so stored): no need to store this segment.
   bool reduce = from_registers &&
                 __syncthreads_or(leader && atomicAdd(arrivals, 0u) == others) != 0;
   const int unstored = reduce ? block : -1;  // the early reducer's own slot holds nothing
   if (!reduce) {
-    store_partial_slot<Config>(p, acc, m0, n0,
-                               workspace.partials + static_cast<std::int64_t>(my_slot) * tile_elements);
+    float* slot = workspace.partials + static_cast<std::int64_t>(my_slot) * tile_elements;
+    if constexpr (from_registers) {
+      store_partial_slot<Config>(p, acc, m0, n0, slot);
+    } else {
+      store_tile<T, Config>(p, acc, m0, n0, slot, Config::block_n, true);
+    }
     __threadfence();  // the stores are visible before the count
     reduce = __syncthreads_or(leader && atomicAdd(arrivals, 1u) == others) != 0;
     if (!reduce) return;
@@ -260,8 +294,6 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void reduce_shared_tile(
       if (p.bias != nullptr) sum += to_float(T::from_bits(p.bias[col]));
       p.c[static_cast<std::int64_t>(row) * p.n + col] = from_float<T>(sum).bits;
     }
-    __syncthreads();  // every thread's loads are done before any line is discarded
-    discard_tile_slots<Config>(p, workspace, first, first_slot, last, -1, m0);
     return;
   }
   for_each_accumulator_pair<Config>(p, m0, n0, [&](int i, int j, int half, int tile_row, int tile_col,
@@ -298,18 +330,18 @@ __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_stream_k_kernel
   Storage& smem = rt::shared_storage<Storage>();
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int block = static_cast<int>(blockIdx.x);
-  const int begin = schedule.first_unit(block);
   const int end = schedule.first_unit(block + 1);
-  // The first tile by division, the next ones by counting: a 32-bit division is ~35
-  // instructions, and every segment after the first starts a tile at step 0.
-  int tile = begin / schedule.k_steps;
-  int step_begin = begin - tile * schedule.k_steps;
-  int tile_m = tile / schedule.tiles_n;
-  int tile_n = tile - tile_m * schedule.tiles_n;
-  for (int unit = begin; unit < end;) {
+  for (int unit = schedule.first_unit(block); unit < end;) {
+    // The decode tile divides with FastDivisor (two `/` of ~35 instructions each per
+    // segment would undo what its L2 partials save); the wide tile keeps `/`: with the
+    // multiply-high ptxas allocated its mainloop ~2% worse (sm_90a SASS report).
+    constexpr bool fast = Config::m16_per_warp == 1;
+    const int tile = fast ? schedule.by_k_steps.divide(unit) : unit / schedule.k_steps;
+    const int step_begin = unit - tile * schedule.k_steps;
     const int step_end = detail::min_int(schedule.k_steps, step_begin + (end - unit));
+    const int tile_m = fast ? schedule.by_tiles_n.divide(tile) : tile / schedule.tiles_n;
     const int m0 = tile_m * Config::block_m;
-    const int n0 = tile_n * Config::block_n;
+    const int n0 = (tile - tile_m * schedule.tiles_n) * Config::block_n;
     const TileSources<Config> src = dense_tile_sources<Config>(
         p, m0, step_begin * Config::block_k, detail::min_int(p.k, step_end * Config::block_k));
     const DenseColumns columns{n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n};
@@ -323,12 +355,6 @@ __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_stream_k_kernel
       reduce_shared_tile<T, Config>(p, schedule, workspace, acc, block, tile, m0, n0);
     }
     unit += step_end - step_begin;
-    step_begin = 0;
-    ++tile;
-    if (++tile_n == schedule.tiles_n) {
-      tile_n = 0;
-      ++tile_m;
-    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
 #include <vector>
@@ -118,6 +119,8 @@ void check_orders(ActivationType type) {
   schedule.tiles_n = 1;
   schedule.units_per_block = 1;
   schedule.remainder = 0;
+  schedule.by_k_steps = FastDivisor::make(schedule.k_steps);
+  schedule.by_tiles_n = FastDivisor::make(schedule.tiles_n);
   const StreamKWorkspace workspace{d_partials->data(), d_arrivals->data()};
 
   std::array<int, blocks> order = {0, 1, 2};
@@ -169,7 +172,60 @@ void check_orders(ActivationType type) {
   } while (std::next_permutation(order.begin(), order.end()));
 }
 
+__global__ void divide_kernel(const FastDivisor divisor, const int* numerators, int* quotients,
+                              int count) {
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) {
+    quotients[i] = divisor.divide(numerators[i]);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("FastDivisor divides like / for every non-negative int and positive divisor") {
+  auto rng = slimserve_test::make_rng(43);
+  std::uniform_int_distribution<int> any(0, std::numeric_limits<int>::max());
+  std::vector<int> divisors = {1, 2, 3, 5, 7, 64, 112, 127, 128, 129, 131, 132, 1000, 65535,
+                               65536, 65537, (1 << 30) - 1, 1 << 30, (1 << 30) + 1,
+                               std::numeric_limits<int>::max()};
+  for (int i = 0; i < 12; ++i) divisors.push_back(any(rng) >> (i % 31));
+  constexpr int count = 512;
+  auto d_numerators = rt::DeviceBuffer<int>::create(count);
+  auto d_quotients = rt::DeviceBuffer<int>::create(count);
+  REQUIRE((d_numerators.ok() && d_quotients.ok()));
+  for (int divisor : divisors) {
+    divisor = std::max(divisor, 1);
+    CAPTURE(divisor);
+    // Edges around multiples of the divisor and the top of the range, and random values.
+    std::vector<int> numerators = {0, 1, std::numeric_limits<int>::max(),
+                                   std::numeric_limits<int>::max() - 1};
+    for (std::int64_t q : {std::int64_t{1}, std::int64_t{2}, std::int64_t{1000},
+                           std::int64_t{std::numeric_limits<int>::max()} / divisor}) {
+      for (std::int64_t delta = -1; delta <= 1; ++delta) {
+        const std::int64_t n = q * divisor + delta;
+        if (n >= 0 && n <= std::numeric_limits<int>::max()) numerators.push_back(static_cast<int>(n));
+      }
+    }
+    while (numerators.size() < static_cast<std::size_t>(count)) numerators.push_back(any(rng));
+    REQUIRE(d_numerators->upload(numerators).ok());
+    REQUIRE(d_quotients->fill_bytes(0xFF).ok());
+    REQUIRE(rt::launch(divide_kernel, rt::LaunchConfig{dim3(1), dim3(128), 0, nullptr},
+                       FastDivisor::make(divisor), static_cast<const int*>(d_numerators->data()),
+                       d_quotients->data(), count)
+                .ok());
+    std::vector<int> quotients(count);
+    REQUIRE(d_quotients->download(quotients).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    int wrong = 0;
+    for (int i = 0; i < count; ++i) {
+      if (quotients[static_cast<std::size_t>(i)] != numerators[static_cast<std::size_t>(i)] / divisor &&
+          ++wrong <= 5) {
+        UNSCOPED_INFO(numerators[static_cast<std::size_t>(i)] << " / " << divisor << ": got "
+                                                              << quotients[static_cast<std::size_t>(i)]);
+      }
+    }
+    CHECK(wrong == 0);
+  }
+}
 
 TEST_CASE("stream-K in-place reduction sums a shared tile in block order, whoever reduces") {
   check_orders<bf16>(ActivationType::bf16);
