@@ -21,16 +21,21 @@ using namespace slimserve_capi;
 
 static_assert(SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP == static_cast<int>(attention::MlaScaleMode::per_token_group));
 
+Status to_mla_scale_mode(slimserve_mla_scale_mode scale_mode, attention::MlaScaleMode& out) {
+  SLIMSERVE_RETURN_IF_ERROR(to_enum(scale_mode, "MLA scale mode", out));
+  if (out > attention::MlaScaleMode::per_token_group) {
+    return make_status(StatusCode::invalid_argument, "unknown MLA scale mode ", scale_mode);
+  }
+  return {};
+}
+
 Status to_mla_cache(const slimserve_mla_cache& c, attention::MlaCacheView& out) {
   out.pages = c.pages;
   out.latent_scale = c.latent_scale;
   out.num_pages = c.num_pages;
   out.page_size = c.page_size;
   SLIMSERVE_RETURN_IF_ERROR(to_kv_dtype(c.dtype, out.dtype));
-  SLIMSERVE_RETURN_IF_ERROR(to_enum(c.scale_mode, "MLA scale mode", out.scale_mode));
-  if (out.scale_mode > attention::MlaScaleMode::per_token_group) {
-    return make_status(StatusCode::invalid_argument, "unknown MLA scale mode ", c.scale_mode);
-  }
+  SLIMSERVE_RETURN_IF_ERROR(to_mla_scale_mode(c.scale_mode, out.scale_mode));
   return attention::validate_mla_cache_view(out);
 }
 
@@ -40,10 +45,7 @@ Status to_mla_problem(const slimserve_mla_problem& p, attention::MlaDecodeProble
   out.query_tokens = p.query_tokens;
   out.page_size = p.page_size;
   SLIMSERVE_RETURN_IF_ERROR(to_kv_dtype(p.kv_dtype, out.kv_dtype));
-  SLIMSERVE_RETURN_IF_ERROR(to_enum(p.scale_mode, "MLA scale mode", out.scale_mode));
-  if (out.scale_mode > attention::MlaScaleMode::per_token_group) {
-    return make_status(StatusCode::invalid_argument, "unknown MLA scale mode ", p.scale_mode);
-  }
+  SLIMSERVE_RETURN_IF_ERROR(to_mla_scale_mode(p.scale_mode, out.scale_mode));
   SLIMSERVE_RETURN_IF_ERROR(to_activation(p.q_dtype, "activation dtype", out.q_dtype));
   out.ragged_queries = p.ragged_queries != 0;
   return attention::validate_mla_decode_problem(out);

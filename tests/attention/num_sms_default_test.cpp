@@ -5,6 +5,7 @@
 // on the SM count (a short batch that the plan would split across the device).
 #include <catch2/catch.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,6 +16,30 @@
 
 using namespace slimserve;
 using namespace slimserve::attention;
+
+namespace {
+
+/// bound(n) is a workspace bound computed for n SMs. 0 must give what the device's own count
+/// gives; another count must give another bound (so that check can fail); a negative count is
+/// refused, naming num_sms. Returns the device's bound.
+template <class Bound>
+std::size_t check_bound_follows_device(const Bound& bound, std::int32_t device_sms) {
+  auto device = bound(0);
+  REQUIRE(device.ok());
+  auto explicit_count = bound(device_sms);
+  REQUIRE(explicit_count.ok());
+  CHECK(*device == *explicit_count);
+  auto other = bound(device_sms + 100);
+  REQUIRE(other.ok());
+  CHECK(*other != *device);
+  auto negative = bound(-1);
+  REQUIRE_FALSE(negative.ok());
+  CHECK(negative.status().code() == StatusCode::invalid_argument);
+  CHECK(negative.status().message().find("num_sms") != std::string::npos);
+  return *device;
+}
+
+}  // namespace
 
 TEST_CASE("num_sms 0: the current device's SM count", "[attention][plan]") {
   auto sms = rt::current_device_sm_count();
@@ -35,22 +60,11 @@ TEST_CASE("paged attention: workspace bound and size query with num_sms 0", "[at
   p.page_size = 16;
   p.kv_dtype = KvDtype::fp8_e4m3;
 
-  auto bound = [&](std::int32_t num_sms) {
-    return paged_attention_workspace_bound(PagedAttentionWorkspaceBound{p, 2, 4000, num_sms, 2});
-  };
-  auto device = bound(0);
-  REQUIRE(device.ok());
-  auto explicit_count = bound(sms);
-  REQUIRE(explicit_count.ok());
-  CHECK(*device == *explicit_count);
-  auto other = bound(sms + 100);
-  REQUIRE(other.ok());
-  CHECK(*other != *device);  // the bound depends on the count: the check above can fail
-
-  auto negative = bound(-1);
-  REQUIRE_FALSE(negative.ok());
-  CHECK(negative.status().code() == StatusCode::invalid_argument);
-  CHECK(negative.status().message().find("num_sms") != std::string::npos);
+  const std::size_t device = check_bound_follows_device(
+      [&](std::int32_t num_sms) {
+        return paged_attention_workspace_bound(PagedAttentionWorkspaceBound{p, 2, 4000, num_sms, 2});
+      },
+      sms);
 
   // Two decode requests of 2000 and 1 tokens: the plan splits the long one over the device.
   const std::vector<std::int32_t> qo_indptr{0, 1, 2}, seq_lens{2000, 1};
@@ -66,7 +80,7 @@ TEST_CASE("paged attention: workspace bound and size query with num_sms 0", "[at
   auto size_explicit = paged_attention_workspace_size(args);
   REQUIRE(size_explicit.ok());
   CHECK(*size == *size_explicit);
-  CHECK(*size <= *device);
+  CHECK(*size <= device);
 
   args.num_sms = 0;
   auto workspace = rt::DeviceBuffer<unsigned char>::create(*size);
@@ -96,17 +110,9 @@ TEST_CASE("MLA decode: workspace bound and size query with num_sms 0", "[attenti
   p.page_size = 64;
   p.kv_dtype = KvDtype::bf16;
 
-  auto device = mla_decode_workspace_bound(MlaDecodeWorkspaceBound{p, 0, 1});
-  REQUIRE(device.ok());
-  auto explicit_count = mla_decode_workspace_bound(MlaDecodeWorkspaceBound{p, sms, 1});
-  REQUIRE(explicit_count.ok());
-  CHECK(*device == *explicit_count);
-  auto other = mla_decode_workspace_bound(MlaDecodeWorkspaceBound{p, sms + 100, 1});
-  REQUIRE(other.ok());
-  CHECK(*other != *device);
-  auto negative = mla_decode_workspace_bound(MlaDecodeWorkspaceBound{p, -3, 1});
-  REQUIRE_FALSE(negative.ok());
-  CHECK(negative.status().message().find("num_sms") != std::string::npos);
+  const std::size_t device = check_bound_follows_device(
+      [&](std::int32_t num_sms) { return mla_decode_workspace_bound(MlaDecodeWorkspaceBound{p, num_sms, 1}); },
+      sms);
 
   const std::vector<std::int32_t> seq_lens{3000};
   MlaDecodePlanArguments args;
@@ -119,7 +125,7 @@ TEST_CASE("MLA decode: workspace bound and size query with num_sms 0", "[attenti
   auto size_explicit = mla_decode_workspace_size(args);
   REQUIRE(size_explicit.ok());
   CHECK(*size == *size_explicit);
-  CHECK(*size <= *device);
+  CHECK(*size <= device);
 
   args.num_sms = 0;
   auto workspace = rt::DeviceBuffer<unsigned char>::create(*size);

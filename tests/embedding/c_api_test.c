@@ -13,33 +13,10 @@
 
 #include <slimserve/c/slimserve.h>
 
-static int failures = 0;
-
-#define CHECK_OK(call)                                                                     \
-  do {                                                                                     \
-    slimserve_status status_ = (call);                                                     \
-    if (status_ != SLIMSERVE_OK) {                                                         \
-      fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,            \
-              slimserve_status_name(status_), slimserve_last_error());                     \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
-
-#define EXPECT(condition)                                                                  \
-  do {                                                                                     \
-    if (!(condition)) {                                                                    \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #condition);             \
-      ++failures;                                                                          \
-    }                                                                                      \
-  } while (0)
+#include "c_test_support.h"
 
 static int message_has(const char* text) { return strstr(slimserve_last_error(), text) != NULL; }
 
-static uint64_t rng_state;
-static float uniform(void) { /* [-1, 1) */
-  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-  return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
 static uint16_t to_bf16(float value) {
   uint32_t bits;
   memcpy(&bits, &value, sizeof bits);
@@ -142,8 +119,8 @@ static void test_int4_gemm(int64_t m, int64_t k, int64_t n, int64_t group_size, 
   void *d_packed = NULL, *d_scales = NULL, *d_zeros = NULL, *d_a = NULL, *d_c = NULL, *d_ws = NULL;
   size_t workspace_bytes;
   int64_t i, row, col, bad = 0;
-  for (i = 0; i < k * n; ++i) weight[i] = uniform();
-  for (i = 0; i < m * k; ++i) a[i] = to_bf16(uniform());
+  for (i = 0; i < k * n; ++i) weight[i] = (float)uniform();
+  for (i = 0; i < m * k; ++i) a[i] = to_bf16((float)uniform());
   options.group_size = group_size;
   options.symmetric = symmetric;
   options.activation = SLIMSERVE_ACT_BF16;
@@ -272,8 +249,8 @@ static void test_request_sets_and_page_movement(void) {
   uint32_t page_tags[2];
 
   for (i = 0; i < MV_PAGES * MV_PAGE_ELEMS; ++i) {
-    k_image[i] = to_bf16(uniform());
-    v_image[i] = to_bf16(uniform());
+    k_image[i] = to_bf16((float)uniform());
+    v_image[i] = to_bf16((float)uniform());
   }
   for (i = 0; i < 20; ++i) {
     tokens_a[i] = (int32_t)(100 + i);

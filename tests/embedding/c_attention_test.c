@@ -62,17 +62,6 @@ static double from_e4m3(uint8_t code) {
 
 /* ---- device memory --------------------------------------------------------------------- */
 
-static void* upload(const void* host, size_t bytes) {
-  void* device = NULL;
-  CHECK_OK(slimserve_device_alloc(bytes > 0 ? bytes : 16, &device));
-  if (bytes > 0) CHECK_OK(slimserve_memcpy_async(device, host, bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
-  CHECK_OK(slimserve_stream_synchronize(NULL));
-  return device;
-}
-static void download(void* host, const void* device, size_t bytes) {
-  CHECK_OK(slimserve_memcpy_async(host, device, bytes, SLIMSERVE_DEVICE_TO_HOST, NULL));
-  CHECK_OK(slimserve_stream_synchronize(NULL));
-}
 static void* device_filled(size_t bytes, int32_t byte_value) {
   void* device = NULL;
   CHECK_OK(slimserve_device_alloc(bytes, &device));

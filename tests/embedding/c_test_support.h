@@ -1,7 +1,7 @@
 /*
  * What the C ABI tests share: the check macros (a failed call ends the test; a failed
  * expectation is counted and the test goes on), the refusal check (the status code and a
- * message naming the problem), and the seeded random numbers.
+ * message naming the problem), device upload/download, and the seeded random numbers.
  * Include once per test program, after <slimserve/c/slimserve.h>.
  */
 #ifndef SLIMSERVE_TESTS_C_TEST_SUPPORT_H
@@ -45,6 +45,20 @@ static int failures = 0;
       ++failures;                                                                          \
     }                                                                                      \
   } while (0)
+
+/* ---- device memory (the emulated library's allocations) ----------------------------------- */
+
+static inline void* upload(const void* host, size_t bytes) {
+  void* device = NULL;
+  CHECK_OK(slimserve_device_alloc(bytes > 0 ? bytes : 16, &device));
+  if (bytes > 0) CHECK_OK(slimserve_memcpy_async(device, host, bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_stream_synchronize(NULL));
+  return device;
+}
+static inline void download(void* host, const void* device, size_t bytes) {
+  CHECK_OK(slimserve_memcpy_async(host, device, bytes, SLIMSERVE_DEVICE_TO_HOST, NULL));
+  CHECK_OK(slimserve_stream_synchronize(NULL));
+}
 
 /* ---- numbers ----------------------------------------------------------------------------- */
 

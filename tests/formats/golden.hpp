@@ -3,6 +3,7 @@
 // directory the build passes in SLIMSERVE_GOLDEN_DIR.
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -13,7 +14,7 @@ namespace slimserve_test {
 
 template <class T>
 std::vector<T> load_golden(const std::string& name) {
-  const std::string path = std::string(SLIMSERVE_GOLDEN_DIR) + "/" + name;
+  const std::string path = (std::filesystem::path(SLIMSERVE_GOLDEN_DIR) / name).string();
   std::ifstream file(path, std::ios::binary | std::ios::ate);
   INFO("golden table " << path << " (regenerate with tests/formats/gen_golden.py)");
   REQUIRE(file.good());

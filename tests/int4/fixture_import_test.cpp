@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "slimserve/int4/checkpoint_formats.hpp"
@@ -17,7 +18,8 @@ namespace int4 = slimserve::int4;
 namespace {
 
 int4::SafetensorsFile open_fixture(const char* name) {
-  auto file = int4::SafetensorsFile::read(std::string(SLIMSERVE_INT4_FIXTURE_DIR) + "/" + name);
+  auto file = int4::SafetensorsFile::read(
+      (std::filesystem::path(SLIMSERVE_INT4_FIXTURE_DIR) / name).string());
   INFO(file.status().to_string());
   REQUIRE(file.ok());
   return std::move(file).value();
