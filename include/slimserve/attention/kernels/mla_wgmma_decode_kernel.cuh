@@ -236,8 +236,11 @@ SLIMSERVE_ATTENTION_UNROLL
     const std::int64_t tile_begin = work.kv_begin + static_cast<std::int64_t>(tile_index) * Tile::tile_tokens;
     const float* scales = stage_scales + stage * Tile::tile_tokens * Tile::groups;
     const std::int32_t* token_ok = stage_ok + stage * Tile::tile_tokens;
-    const std::uint32_t latent_tile =
-        smem_base + Tile::latent_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * LatentTile::bytes);
+    // Uniform across the CTA; the shuffle from lane 0 tells the compiler so, which keeps the
+    // descriptors in uniform registers (no per-wgmma moves into them).
+    const std::uint32_t latent_tile = __shfl_sync(
+        0xffffffffu, smem_base + Tile::latent_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * LatentTile::bytes),
+        0);
     if constexpr (fp8) {
       // 0. Widen the stage's codes (each once) into the converted tile; copy the rope.
       const unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes;
@@ -300,14 +303,15 @@ SLIMSERVE_ATTENTION_UNROLL
       arch::wgmma_wait_group<0>();
     }
     float s[8];
+    // FP8 group scales of the thread's tokens token0 + {0, 1, 8, 9}: scale_of(k, group).
+    auto scale_of = [&](int k, int grp) { return scales[(token0 + 8 * (k / 2) + k % 2) * Tile::groups + grp]; };
     if constexpr (fp8) {
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 8; ++i) {
-        const int token = token0 + 8 * (i / 4) + i % 2;
         float latent = 0.0f;
 SLIMSERVE_ATTENTION_UNROLL
         for (int grp = 0; grp < Tile::groups; ++grp) {
-          latent = group_scales ? fmaf(s_acc[grp][i], scales[token * Tile::groups + grp], latent) : latent + s_acc[grp][i];
+          latent = group_scales ? fmaf(s_acc[grp][i], scale_of(2 * (i / 4) + i % 2, grp), latent) : latent + s_acc[grp][i];
         }
         s[i] = group_scales ? latent + s_acc[Tile::groups][i] : fmaf(latent, static_scale, s_acc[Tile::groups][i]);
       }
@@ -369,7 +373,7 @@ SLIMSERVE_ATTENTION_UNROLL
     constexpr int own_copies = fp8 ? 2 : 1;
     std::uint32_t p_own[own_copies][4];
     auto p_scale = [&](int grp, int k, int e) {
-      return group_scales ? scales[(token0 + 8 * (k / 2) + e) * Tile::groups + grp] * per_token_p_headroom : 1.0f;
+      return group_scales ? scale_of(2 * (k / 2) + e, grp) * per_token_p_headroom : 1.0f;
     };
 SLIMSERVE_ATTENTION_UNROLL
     for (int j = 0; j < own_copies; ++j) {
