@@ -73,9 +73,10 @@ struct MlaWgmmaTile {
   static constexpr std::uint32_t raw_offset = p_offset + p_tiles * PTile::bytes;
   static constexpr std::uint32_t raw_stage_bytes = fp8 ? tile_tokens * (code_bytes + rope_bytes) : 0;
   static constexpr std::uint32_t scales_offset = raw_offset + stages * raw_stage_bytes;
-  static constexpr std::uint32_t token_ok_offset = scales_offset + stages * tile_tokens * groups * 4;
+  /// Per stage and token: 0 when the token is readable, -inf past the range or on a bad page.
+  static constexpr std::uint32_t token_bias_offset = scales_offset + stages * tile_tokens * groups * 4;
   /// Per warpgroup and row: the tile's maximum (exchanged every tile), the final sum.
-  static constexpr std::uint32_t stats_offset = token_ok_offset + stages * tile_tokens * 4;
+  static constexpr std::uint32_t stats_offset = token_bias_offset + stages * tile_tokens * 4;
   static constexpr std::uint32_t shared_bytes = stats_offset + 2 * warpgroups * rows * 4;
   static_assert(shared_bytes <= 227 * 1024, "over the per-CTA shared memory limit");
   static_assert(latent_offset % 1024 == 0 && p_offset % 1024 == 0 && raw_offset % 16 == 0);
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
   constexpr bool fp8 = Tile::fp8;
   unsigned char* smem = rt::dynamic_shared_memory();
   float* stage_scales = reinterpret_cast<float*>(smem + Tile::scales_offset);  // [stages][tokens][groups]
-  std::int32_t* stage_ok = reinterpret_cast<std::int32_t*>(smem + Tile::token_ok_offset);  // [stages][tokens]
+  float* stage_bias = reinterpret_cast<float*>(smem + Tile::token_bias_offset);  // [stages][tokens]
   float* tile_max = reinterpret_cast<float*>(smem + Tile::stats_offset);  // [warpgroups][rows]
   float* final_sum = tile_max + Tile::warpgroups * Tile::rows;             // [warpgroups][rows]
   const std::uint32_t smem_base = arch::wgmma_shared_address(smem);
@@ -129,6 +130,10 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
   // The thread's accumulator rows (16 w + g, + 8) and, in S, tokens token0 + {0, 1, 8, 9}.
   const int rows_of_thread[2] = {16 * w + g, 16 * w + g + 8};
   const int token0 = Tile::warpgroup_tokens * wg + 2 * t;
+
+  const std::uint32_t p_store_offset[2] = {PTile::element_offset(rows_of_thread[0], token0),
+                                           PTile::element_offset(rows_of_thread[0], token0 + 8)};
+  static_assert(PTile::group_bytes == 1024, "rows r and r + 8 share the swizzle, one pattern apart");
 
   const MlaWork work = mla_work<Tile::rows, Tile::tile_tokens>(p);
   if (work.aborted) {
@@ -228,14 +233,14 @@ SLIMSERVE_ATTENTION_UNROLL
         arch::cp_async_16_zfill(stage_scales + (stage * Tile::tile_tokens + producer_token) * Tile::groups,
                                 record + p.scales_offset, ok);
       }
-      stage_ok[stage * Tile::tile_tokens + producer_token] = ok;
+      stage_bias[stage * Tile::tile_tokens + producer_token] = ok ? 0.0f : -INFINITY;
     }
   };
 
   auto consume = [&](int stage, std::int32_t tile_index) {
     const std::int64_t tile_begin = work.kv_begin + static_cast<std::int64_t>(tile_index) * Tile::tile_tokens;
     const float* scales = stage_scales + stage * Tile::tile_tokens * Tile::groups;
-    const std::int32_t* token_ok = stage_ok + stage * Tile::tile_tokens;
+    const float* token_bias = stage_bias + stage * Tile::tile_tokens;
     // Uniform across the CTA; the shuffle from lane 0 tells the compiler so, which keeps the
     // descriptors in uniform registers (no per-wgmma moves into them).
     const std::uint32_t latent_tile = __shfl_sync(
@@ -303,17 +308,24 @@ SLIMSERVE_ATTENTION_UNROLL
       arch::wgmma_wait_group<0>();
     }
     float s[8];
-    // FP8 group scales of the thread's tokens token0 + {0, 1, 8, 9}: scale_of(k, group).
-    auto scale_of = [&](int k, int grp) { return scales[(token0 + 8 * (k / 2) + k % 2) * Tile::groups + grp]; };
+    // The thread's tokens: token0 + 8 (k / 2) + k % 2, k = 0..3; element i of S holds token
+    // k = 2 (i / 4) + i % 2 of row (i / 2) % 2.
     if constexpr (fp8) {
 SLIMSERVE_ATTENTION_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        float latent = 0.0f;
-SLIMSERVE_ATTENTION_UNROLL
-        for (int grp = 0; grp < Tile::groups; ++grp) {
-          latent = group_scales ? fmaf(s_acc[grp][i], scale_of(2 * (i / 4) + i % 2, grp), latent) : latent + s_acc[grp][i];
+      for (int k = 0; k < 4; ++k) {
+        float scale[Tile::groups] = {static_scale, static_scale, static_scale, static_scale};
+        if (group_scales) {
+          const Vec16 v = load16(scales + (token0 + 8 * (k / 2) + k % 2) * Tile::groups);
+          std::memcpy(scale, v.word, sizeof scale);
         }
-        s[i] = group_scales ? latent + s_acc[Tile::groups][i] : fmaf(latent, static_scale, s_acc[Tile::groups][i]);
+SLIMSERVE_ATTENTION_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * (k / 2) + 2 * h + k % 2;
+          float latent = s_acc[0][i] * scale[0];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int grp = 1; grp < Tile::groups; ++grp) latent = fmaf(s_acc[grp][i], scale[grp], latent);
+          s[i] = latent + s_acc[Tile::groups][i];
+        }
       }
     } else {
 SLIMSERVE_ATTENTION_UNROLL
@@ -324,16 +336,24 @@ SLIMSERVE_ATTENTION_UNROLL
     //    the tile's end), the row maximum across both warpgroups, exp2.
     float row_tile_max[2] = {-INFINITY, -INFINITY};
     {
-      bool visible[4];
+      float bias[4];
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < 4; ++k) visible[k] = token_ok[token0 + 8 * (k / 2) + k % 2] != 0;
-      const bool causal_tile = tile_begin + Tile::tile_tokens - 1 > unmasked_end;
+      for (int k = 0; k < 4; ++k) bias[k] = token_bias[token0 + 8 * (k / 2) + k % 2];
+      // Row h sees the tile's tokens up to visible_end[h] (inclusive, tile-relative): all of
+      // them unless the tile reaches past the first row's query position.
+      int visible_end[2] = {Tile::tile_tokens, Tile::tile_tokens};
+      if (tile_begin + Tile::tile_tokens - 1 > unmasked_end) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const std::int64_t end = query_position[h] - tile_begin;
+          visible_end[h] = end < -1 ? -1 : (end > Tile::tile_tokens ? Tile::tile_tokens : static_cast<int>(end));
+        }
+      }
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 8; ++i) {
         const int h = (i / 2) % 2;
-        bool seen = visible[2 * (i / 4) + i % 2];
-        if (causal_tile) seen = seen && tile_begin + token0 + 8 * (i / 4) + i % 2 <= query_position[h];
-        s[i] = seen ? s[i] : -INFINITY;
+        const int k = 2 * (i / 4) + i % 2;
+        s[i] = token0 + 8 * (i / 4) + i % 2 <= visible_end[h] ? s[i] + bias[k] : -INFINITY;
         row_tile_max[h] = fmaxf(row_tile_max[h], s[i]);
       }
 SLIMSERVE_ATTENTION_UNROLL
@@ -372,25 +392,44 @@ SLIMSERVE_ATTENTION_UNROLL
     // copies when scales are per token group).
     constexpr int own_copies = fp8 ? 2 : 1;
     std::uint32_t p_own[own_copies][4];
-    auto p_scale = [&](int grp, int k, int e) {
-      return group_scales ? scale_of(2 * (k / 2) + e, grp) * per_token_p_headroom : 1.0f;
-    };
+    // Where pair k lands in a P tile: row rows_of_thread[k % 2] (the second is 8 rows, one
+    // 1024-byte swizzle pattern, further), tokens token0 + 8 (k / 2).
+    auto p_offset = [&](int k) { return p_store_offset[k / 2] + (k % 2) * PTile::group_bytes; };
+    if constexpr (fp8) {
+      // Copies for groups 2 wg + j (own, registers) and 2 other_wg + j (the P tiles), j = 0, 1:
+      // P x scale_group(token) x 2^8 (per token group), else P.
 SLIMSERVE_ATTENTION_UNROLL
-    for (int j = 0; j < own_copies; ++j) {
+      for (int pair_tokens = 0; pair_tokens < 2; ++pair_tokens) {
+        float own_scale[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};    // [token e][j]
+        float other_scale[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};  // [token e][j]
+        if (group_scales) {
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        const int grp = 2 * wg + j;
-        p_own[j][k] = pack_pair<MmaT>(weight[2 * k] * p_scale(grp, k, 0), weight[2 * k + 1] * p_scale(grp, k, 1));
+          for (int e = 0; e < 2; ++e) {
+            const float* token_scales = scales + (token0 + 8 * pair_tokens + e) * Tile::groups;
+SLIMSERVE_ATTENTION_UNROLL
+            for (int j = 0; j < 2; ++j) {
+              own_scale[e][j] = token_scales[2 * wg + j] * per_token_p_headroom;
+              other_scale[e][j] = token_scales[2 * other_wg + j] * per_token_p_headroom;
+            }
+          }
+        }
+SLIMSERVE_ATTENTION_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int k = 2 * pair_tokens + h;
+SLIMSERVE_ATTENTION_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            p_own[j][k] = pack_pair<MmaT>(weight[2 * k] * own_scale[0][j], weight[2 * k + 1] * own_scale[1][j]);
+            const std::uint32_t pair =
+                pack_pair<MmaT>(weight[2 * k] * other_scale[0][j], weight[2 * k + 1] * other_scale[1][j]);
+            std::memcpy(smem + Tile::p_offset + (2 * other_wg + j) * PTile::bytes + p_offset(k), &pair, sizeof pair);
+          }
+        }
       }
-    }
-SLIMSERVE_ATTENTION_UNROLL
-    for (int j = 0; j < own_copies; ++j) {
-      const int grp = 2 * other_wg + j;
-      unsigned char* p_tile = smem + Tile::p_offset + (fp8 ? grp : 0) * PTile::bytes;
+    } else {
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < 4; ++k) {
-        const std::uint32_t pair = pack_pair<MmaT>(weight[2 * k] * p_scale(grp, k, 0), weight[2 * k + 1] * p_scale(grp, k, 1));
-        std::memcpy(p_tile + PTile::element_offset(rows_of_thread[k % 2], token0 + 8 * (k / 2)), &pair, sizeof pair);
+        p_own[0][k] = pack_pair<MmaT>(weight[2 * k], weight[2 * k + 1]);
+        std::memcpy(smem + Tile::p_offset + p_offset(k), &p_own[0][k], sizeof p_own[0][k]);
       }
     }
     arch::fence_proxy_async_shared();
