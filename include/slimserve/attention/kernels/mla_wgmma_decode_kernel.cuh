@@ -55,11 +55,13 @@ struct MlaWgmmaTile {
   static constexpr int k_steps = dims / 16;                    // 36
   static constexpr int threads_per_token = threads / tile_tokens;  // 8
   using QTile = arch::WgmmaTile128B<rows, dims>;
-  using LatentTile = arch::WgmmaTile128B<tile_tokens, dims>;
+  /// BF16: latent and rope, cp.async'd per stage; FP8: the latent widened to fp16, one tile.
+  using LatentTile = arch::WgmmaTile128B<tile_tokens, fp8 ? mla_latent_dim : dims>;
+  /// FP8: the BF16 rope, cp.async'd per stage straight into its own tile (a BF16 S chain).
+  using RopeTile = arch::WgmmaTile128B<tile_tokens, mla_rope_dim>;
   using PTile = arch::WgmmaTile128B<rows, 64>;  // tokens 0..31 used
-  // FP8 raw record parts per stage.
+  // FP8 raw codes per stage.
   static constexpr int code_bytes = mla_latent_dim;          // 512
-  static constexpr int rope_bytes = mla_rope_dim * 2;        // 128
   static_assert(groups == 4 && threads_per_token == 8 && warpgroup_tokens == 16);
 
   // Shared memory, carved by byte offsets (the tiles need 1024-byte alignment, more than a
@@ -71,15 +73,18 @@ struct MlaWgmmaTile {
   /// P tiles: one per scale group for FP8 (P x the group's per-token scale), else one.
   static constexpr int p_tiles = fp8 ? groups : 1;
   static constexpr std::uint32_t raw_offset = p_offset + p_tiles * PTile::bytes;
-  static constexpr std::uint32_t raw_stage_bytes = fp8 ? tile_tokens * (code_bytes + rope_bytes) : 0;
-  static constexpr std::uint32_t scales_offset = raw_offset + stages * raw_stage_bytes;
+  static constexpr std::uint32_t raw_stage_bytes = fp8 ? tile_tokens * code_bytes : 0;
+  static constexpr std::uint32_t rope_offset = raw_offset + stages * raw_stage_bytes;
+  static constexpr int rope_tiles = fp8 ? stages : 0;
+  static constexpr std::uint32_t scales_offset = rope_offset + rope_tiles * RopeTile::bytes;
   /// Per stage and token: 0 when the token is readable, -inf past the range or on a bad page.
   static constexpr std::uint32_t token_bias_offset = scales_offset + stages * tile_tokens * groups * 4;
   /// Per warpgroup and row: the tile's maximum (exchanged every tile), the final sum.
   static constexpr std::uint32_t stats_offset = token_bias_offset + stages * tile_tokens * 4;
   static constexpr std::uint32_t shared_bytes = stats_offset + 2 * warpgroups * rows * 4;
   static_assert(shared_bytes <= 227 * 1024, "over the per-CTA shared memory limit");
-  static_assert(latent_offset % 1024 == 0 && p_offset % 1024 == 0 && raw_offset % 16 == 0);
+  static_assert(latent_offset % 1024 == 0 && p_offset % 1024 == 0 && raw_offset % 1024 == 0 &&
+                rope_offset % 1024 == 0);
 };
 
 /// One wgmma.mma_async with both operands in shared memory, in the 16-bit type T.
@@ -111,6 +116,7 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
   using QTile = typename Tile::QTile;
   using LatentTile = typename Tile::LatentTile;
   using PTile = typename Tile::PTile;
+  using RopeTile = typename Tile::RopeTile;
   constexpr bool fp8 = Tile::fp8;
   unsigned char* smem = rt::dynamic_shared_memory();
   float* stage_scales = reinterpret_cast<float*>(smem + Tile::scales_offset);  // [stages][tokens][groups]
@@ -143,7 +149,8 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
   const std::int64_t tile_row0 = work.tile_row0;
   const std::int64_t valid_rows = work.valid_rows;
 
-  // Q tile [64 rows][576] in the mma input type (FP8 caches: fp16, clamped to its range).
+  // Q tile [64 rows][576] in the mma input type (FP8 caches: the latent part fp16, clamped to
+  // its range; the rope part BF16).
   {
     const bf16* q = static_cast<const bf16*>(p.q);
     constexpr int chunks = Tile::dims / 8;
@@ -157,16 +164,18 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
                                   (packed % p.num_heads) * p.q_head_stride + 8 * chunk;
         const Vec16 raw = load16(q + base);  // 8 bf16 (q rows and strides are 16-byte aligned)
         float v[8];
+        if (std::is_same_v<MmaT, bf16> || chunk >= mla_latent_dim / 8) {
+          // BF16 as it is (the rope part always: FP8 caches keep a BF16 rope, a BF16 chain).
+          std::memcpy(words, raw.word, sizeof words);
+        } else {
 SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 8; ++e) {
-          float x = to_float(bf16::from_bits(static_cast<std::uint16_t>(raw.word[e / 2] >> (16 * (e % 2)))));
-          if constexpr (!std::is_same_v<MmaT, bf16>) {
-            x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+          for (int e = 0; e < 8; ++e) {
+            const float x = to_float(bf16::from_bits(static_cast<std::uint16_t>(raw.word[e / 2] >> (16 * (e % 2)))));
+            v[e] = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
           }
-          v[e] = x;
-        }
 SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 4; ++e) words[e] = pack_pair<MmaT>(v[2 * e], v[2 * e + 1]);
+          for (int e = 0; e < 4; ++e) words[e] = pack_pair<MmaT>(v[2 * e], v[2 * e + 1]);
+        }
       }
       Vec16 chunk_value;
       std::memcpy(chunk_value.word, words, sizeof words);
@@ -202,18 +211,19 @@ SLIMSERVE_ATTENTION_UNROLL
     const unsigned char* record =
         mla_token_record(p, work, work.kv_begin + static_cast<std::int64_t>(i) * Tile::tile_tokens + producer_token, ok);
     if constexpr (fp8) {
-      unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes +
-                           producer_token * (Tile::code_bytes + Tile::rope_bytes) + 16 * producer_sub;
-      constexpr int chunks = (Tile::code_bytes + Tile::rope_bytes) / 16;  // 40: 5 per thread
-      static_assert(chunks % Tile::threads_per_token == 0 && Tile::code_bytes / 16 % Tile::threads_per_token == 0);
+      unsigned char* raw =
+          smem + Tile::raw_offset + stage * Tile::raw_stage_bytes + producer_token * Tile::code_bytes + 16 * producer_sub;
+      constexpr int code_chunks = Tile::code_bytes / 16;  // 32: 4 per thread
+      static_assert(code_chunks % Tile::threads_per_token == 0 && mla_rope_dim / 8 == Tile::threads_per_token);
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < chunks / Tile::threads_per_token; ++k) {
-        const int c = producer_sub + Tile::threads_per_token * k;
-        const unsigned char* source = k < Tile::code_bytes / 16 / Tile::threads_per_token
-                                          ? record + 16 * c
-                                          : record + p.rope_offset + 16 * (c - Tile::code_bytes / 16);
-        arch::cp_async_16_zfill(raw + 16 * Tile::threads_per_token * k, source, ok);
+      for (int k = 0; k < code_chunks / Tile::threads_per_token; ++k) {
+        arch::cp_async_16_zfill(raw + 16 * Tile::threads_per_token * k,
+                                record + 16 * (producer_sub + Tile::threads_per_token * k), ok);
       }
+      // Rope chunk `sub` (8 BF16 values) straight into the stage's rope tile.
+      arch::cp_async_16_zfill(smem + Tile::rope_offset + stage * RopeTile::bytes +
+                                  RopeTile::chunk_offset(producer_token, producer_sub),
+                              record + p.rope_offset + 16 * producer_sub, ok);
     } else {
       // Chunk c = sub + 8 k of the token's row sits at k column blocks from chunk `sub`.
       unsigned char* tile = smem + Tile::latent_offset + stage * LatentTile::bytes +
@@ -247,7 +257,7 @@ SLIMSERVE_ATTENTION_UNROLL
         0xffffffffu, smem_base + Tile::latent_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * LatentTile::bytes),
         0);
     if constexpr (fp8) {
-      // 0. Widen the stage's codes (each once) into the converted tile; copy the rope.
+      // 0. Widen the stage's codes (each once) into the converted tile.
       const unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes;
       unsigned char* tile = smem + Tile::latent_offset;
       constexpr int code_chunks = Tile::code_bytes / 16;  // 32 chunks of 16 codes per token
@@ -257,7 +267,7 @@ SLIMSERVE_ATTENTION_UNROLL
         const int u = tid + Tile::threads * unit;
         const int token = u / code_chunks;
         const int c = u % code_chunks;
-        const Vec16 codes = load16(raw + token * (Tile::code_bytes + Tile::rope_bytes) + 16 * c);
+        const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
         Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
         for (int k = 0; k < 4; ++k) {
@@ -266,23 +276,6 @@ SLIMSERVE_ATTENTION_UNROLL
         }
         store16(tile + LatentTile::chunk_offset(token, 2 * c), wide[0]);
         store16(tile + LatentTile::chunk_offset(token, 2 * c + 1), wide[1]);
-      }
-      constexpr int rope_chunks = Tile::rope_bytes / 16;
-      static_assert(Tile::tile_tokens * rope_chunks % Tile::threads == 0);
-SLIMSERVE_ATTENTION_UNROLL
-      for (int unit = 0; unit < Tile::tile_tokens * rope_chunks / Tile::threads; ++unit) {
-        const int u = tid + Tile::threads * unit;
-        const int token = u / rope_chunks;
-        const int c = u % rope_chunks;
-        // The rope is BF16 in the cache; the tile is fp16 (exact within fp16's normal range).
-        const Vec16 rope = load16(raw + token * (Tile::code_bytes + Tile::rope_bytes) + Tile::code_bytes + 16 * c);
-        Vec16 narrow;
-SLIMSERVE_ATTENTION_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          narrow.word[k] = pack_pair<MmaT>(to_float(bf16::from_bits(static_cast<std::uint16_t>(rope.word[k]))),
-                                           to_float(bf16::from_bits(static_cast<std::uint16_t>(rope.word[k] >> 16))));
-        }
-        store16(tile + LatentTile::chunk_offset(token, mla_latent_dim / 8 + c), narrow);
       }
       arch::fence_proxy_async_shared();
       __syncthreads();
@@ -297,12 +290,26 @@ SLIMSERVE_ATTENTION_UNROLL
       const std::uint64_t b_desc = LatentTile::k_major_descriptor(
           latent_tile + 2u * LatentTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
       arch::wgmma_fence();
+      constexpr int latent_steps = fp8 ? mla_latent_dim / 16 : Tile::k_steps;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int step = 0; step < Tile::k_steps; ++step) {
-        const int chain = fp8 ? step / Tile::group_k_steps : 0;  // the rope's 4 steps: chain 4
+      for (int step = 0; step < latent_steps; ++step) {
+        const int chain = fp8 ? step / Tile::group_k_steps : 0;
         const bool accumulate = fp8 ? step % Tile::group_k_steps != 0 : step != 0;
         mla_wgmma_ss<MmaT, 16>(s_acc[chain], arch::wgmma_descriptor_add(q_desc, QTile::k_major_step(step)),
                                arch::wgmma_descriptor_add(b_desc, LatentTile::k_major_step(step)), accumulate);
+      }
+      if constexpr (fp8) {
+        // The rope: BF16 Q columns 512..575 against the stage's BF16 rope tile, chain 4.
+        const std::uint32_t rope_tile = __shfl_sync(
+            0xffffffffu, smem_base + Tile::rope_offset + static_cast<std::uint32_t>(stage) * RopeTile::bytes, 0);
+        const std::uint64_t rope_desc = RopeTile::k_major_descriptor(
+            rope_tile + 2u * RopeTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
+SLIMSERVE_ATTENTION_UNROLL
+        for (int step = 0; step < mla_rope_dim / 16; ++step) {
+          mla_wgmma_ss<bf16, 16>(s_acc[Tile::groups],
+                                 arch::wgmma_descriptor_add(q_desc, QTile::k_major_step(latent_steps + step)),
+                                 arch::wgmma_descriptor_add(rope_desc, RopeTile::k_major_step(step)), step != 0);
+        }
       }
       arch::wgmma_commit_group();
       arch::wgmma_wait_group<0>();
