@@ -428,7 +428,7 @@ SLIMSERVE_ATTENTION_UNROLL
             p_own[j][k] = pack_pair<MmaT>(weight[2 * k] * own_scale[0][j], weight[2 * k + 1] * own_scale[1][j]);
             const std::uint32_t pair =
                 pack_pair<MmaT>(weight[2 * k] * other_scale[0][j], weight[2 * k + 1] * other_scale[1][j]);
-            std::memcpy(smem + Tile::p_offset + (2 * other_wg + j) * PTile::bytes + p_offset(k), &pair, sizeof pair);
+            store4(smem + Tile::p_offset + (2 * other_wg + j) * PTile::bytes + p_offset(k), pair);
           }
         }
       }
@@ -436,7 +436,7 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < 4; ++k) {
         p_own[0][k] = pack_pair<MmaT>(weight[2 * k], weight[2 * k + 1]);
-        std::memcpy(smem + Tile::p_offset + p_offset(k), &p_own[0][k], sizeof p_own[0][k]);
+        store4(smem + Tile::p_offset + p_offset(k), p_own[0][k]);
       }
     }
     arch::fence_proxy_async_shared();
