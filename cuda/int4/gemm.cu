@@ -91,8 +91,10 @@ constexpr std::array<T, A + B> concat(const std::array<T, A>& a, const std::arra
 // would halve the FP32 partials of each tile two blocks share (M = 16, n = 28672, k = 8192,
 // 132 SMs: 1.8% of the weight bytes instead of 3.6%), but its mainloop costs 2.98 (BF16) /
 // 2.79 (FP16) warp-instructions per 16 B against 2.40 / 2.20 for 256 columns (sm_90a SASS
-// report): by the static model a tie for BF16 and 1.7% faster for FP16, and only if the
-// partials reach DRAM rather than staying in L2 (docs/int4-gemm.md, Schedules).
+// report): by the static model a tie for BF16 and 1.7% faster for FP16 only if the partials
+// reach DRAM. The stream-K slots are now stored evict-last and discarded from L2 after the
+// reduction (predicted to never reach DRAM), which leaves the 128-column tile only its
+// costlier mainloop (docs/int4-gemm.md, "Partials in L2").
 /// The one list of supported fused kernels: {bf16, fp16} x {decode, wide tile} x group span
 /// {16, 32, >= 64 (incl. per-channel)}. Adding a span or a tile is an edit here (a second
 /// width of one key too: `find_fused_kernel` takes the plan's block_n).
@@ -151,6 +153,9 @@ int device_sm_count() {
 #endif
 }
 
+/// Stream-K partial slots start on an L2 line (`discard_tile_slots` drops whole lines).
+constexpr std::size_t stream_k_slot_alignment = arch::l2_line_bytes;
+
 std::size_t align_up(std::size_t bytes, std::size_t alignment) {
   return (bytes + alignment - 1) / alignment * alignment;
 }
@@ -197,9 +202,12 @@ GemmWorkspaceLayout layout_workspace(const GemmArguments& args, const GemmPlan& 
                                                   group_span_of(args.group_size), plan.block_n);
     const std::size_t tile_elements =
         kernel == nullptr ? 0 : static_cast<std::size_t>(kernel->block_m * kernel->block_n);
+    // The slots are discarded from L2 by 128-byte lines: run_gemm rounds their start up to a
+    // line (the workspace itself need only be 16-byte aligned), so one line of slack.
     layout.partials_offset = offset;
     layout.partials_bytes =
-        2 * static_cast<std::size_t>(plan.stream_k_blocks) * tile_elements * sizeof(float);
+        2 * static_cast<std::size_t>(plan.stream_k_blocks) * tile_elements * sizeof(float) +
+        (tile_elements == 0 ? 0 : stream_k_slot_alignment);
     offset = align_up(offset + layout.partials_bytes, alignment);
     // One arrival counter per tile (zeroed by run_gemm before each launch).
     const std::size_t tiles =
@@ -411,10 +419,13 @@ Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace
     schedule.tiles_n = static_cast<int>(tiles_n);
     schedule.units_per_block = schedule.units / schedule.blocks;
     schedule.remainder = schedule.units % schedule.blocks;
+    schedule.by_k_steps = FastDivisor::make(schedule.k_steps);
+    schedule.by_tiles_n = FastDivisor::make(schedule.tiles_n);
     params.k_per_split = static_cast<int>(args.k);
     params.splits = 1;
     StreamKWorkspace stream_k_workspace{};
-    stream_k_workspace.partials = reinterpret_cast<float*>(bytes + layout.partials_offset);
+    stream_k_workspace.partials = reinterpret_cast<float*>(align_up(
+        reinterpret_cast<std::uintptr_t>(bytes + layout.partials_offset), stream_k_slot_alignment));
     stream_k_workspace.arrivals = reinterpret_cast<unsigned*>(bytes + layout.arrivals_offset);
     // The counters start at zero in every launch (a memset node when captured in a graph);
     // the workspace may hold anything between calls.

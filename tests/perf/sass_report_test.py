@@ -9,7 +9,7 @@ from pathlib import Path
 from sass_report import budget, cfg, manifest, model, steady
 from sass_report.__main__ import compare
 from sass_report.classify import instruction_class, tensor_fmas
-from sass_report.formulas import Work, paged_decode, w4a16_gemm
+from sass_report.formulas import Work, paged_decode, w4a16_gemm, w4a16_stream_k
 from sass_report.sass import parse_nvdisasm
 
 # A loop streaming 16 B per thread per iteration: an online-softmax-like rescale block that a
@@ -186,6 +186,25 @@ class Analyse(unittest.TestCase):
         wide = w4a16_gemm(["fp16", "GemmTileConfig<64, 128, 2, 2, 4, false>", "(GroupSpan)16"],
                           {"m": 64, "n": 28672, "k": 8192, "group": 16})
         self.assertEqual((wide.threads, wide.dynamic_smem), (128, 57344))
+
+    def test_stream_k_partials_in_l2(self):
+        # Issue shape at m = 16: 130 stored 16 x 256 FP32 slots, written and read (4.26 MB).
+        # The decode tile's slots are evict-last and discarded: L2-only, not DRAM bytes.
+        decode = ["bf16", "GemmTileConfig<16, 256, 1, 4, 4, true>", "(GroupSpan)64"]
+        shape = {"m": 16, "n": 28672, "k": 8192, "group": 128}
+        compulsory = 28672 * 8192 // 2 + 28672 * 64 * 2 + 16 * 8192 * 2 + 16 * 28672 * 2
+        in_l2 = w4a16_stream_k(decode, shape)
+        self.assertEqual(in_l2.l2_only_bytes, 2 * 130 * 16 * 256 * 4)
+        self.assertEqual(in_l2.dram_bytes, compulsory)
+        to_dram = w4a16_stream_k(decode, dict(shape, partials_in_l2=False))
+        self.assertEqual((to_dram.l2_only_bytes, to_dram.dram_bytes),
+                         (0, compulsory + 2 * 130 * 16 * 256 * 4))
+        too_big = w4a16_stream_k(decode, dict(shape, l2_resident_bytes=1 << 20))
+        self.assertEqual(too_big.l2_only_bytes, 0)
+        # The wide tile keeps plain stores: its partials are DRAM traffic.
+        wide = w4a16_stream_k(["fp16", "GemmTileConfig<64, 128, 2, 2, 4, false>", "(GroupSpan)64"],
+                              {"m": 64, "n": 28672, "k": 8192, "group": 128})
+        self.assertEqual(wide.l2_only_bytes, 0)
 
 
 class ManifestAndBudget(unittest.TestCase):

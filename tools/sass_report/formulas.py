@@ -30,6 +30,8 @@ class Work:
     dynamic_smem: int = 0        # bytes per CTA, as the launch asks
     inner_trips: float | None = None  # per main iteration: trips of its heaviest nested loop
     bytes_formula: str = ""      # how dram_bytes was computed, for the report
+    l2_only_bytes: float = 0.0   # traffic predicted to stay in L2 (written and read back within
+                                 # the launch, never written to DRAM): not in dram_bytes
     other_child_trips: float = 1.0  # trips of every other nested loop
     stages_in_flight: int = 1    # TMA pipelines: iterations of loads in flight (tile bytes are
                                  # in the tensor map, not in the SASS)
@@ -330,7 +332,14 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     Partials: a shared tile is reduced in place by the last CTA to finish it, so every other
     segment of it is written once and read once: 2 x (segments - shared tiles) x min(m, BM) x
     BN FP32; the wide tile (warp_m 32) stores every segment, 2 x segments x ... (mirrors
-    StreamKSchedule and reduce_shared_tile in gemm_kernel.cuh)."""
+    StreamKSchedule and reduce_shared_tile in gemm_kernel.cuh).
+    Where they go: the decode tile's slots are stored with an L2 evict-last policy while the
+    weights stream evict-first, and the reducer discards their lines (discard.global.L2) once
+    summed (the wide tile, issue-bound, keeps plain stores: its partials count as DRAM), so
+    while the stored bytes fit in `l2_resident_bytes` (default half of H200's 50 MB L2) the
+    partials are predicted to stay in L2 and never reach DRAM: they are counted in
+    `l2_only_bytes`, not `dram_bytes`. A PREDICTION, to confirm with a DRAM byte counter on a
+    GPU; `partials_in_l2 = false` in the problem counts them as DRAM traffic instead."""
     tile, stage_bytes = _w4a16_stage_bytes(args)
     block_m, block_n, warps_m, warps_n, stages = tile[:5]
     m, n, k, group = _need(problem, "m", "n", "k", "group")
@@ -345,18 +354,27 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
     # segment is never stored; the wide tile stores every segment and its reducer reads all
     from_registers = block_m // warps_m == 16
     stored = segments - shared_tiles if from_registers else segments
-    partials = 2 * stored * min(m, block_m) * block_n * 4
+    stored_bytes = stored * min(m, block_m) * block_n * 4
+    partials = 2 * stored_bytes
+    # only the decode tile's slots are stored evict-last and discarded (reduce_shared_tile)
+    in_l2 = (from_registers and bool(problem.get("partials_in_l2", True))
+             and stored_bytes <= int(problem.get("l2_resident_bytes", 25 * 2**20)))
+    dram_partials, l2_partials = (0, partials) if in_l2 else (partials, 0)
     compulsory, text = _w4a16_bytes(m, n, k, group, zeros)
     trips = _stream_k_segments(tiles, k_steps, blocks, shared_only=False)
     # per segment: its groups (the group loop), each with group_steps - 1 nested steps
     group_steps = _w4a16_group_steps(args, k, group)
     return Work(threads=warps_m * warps_n * 32, ctas=blocks,
-                dram_bytes=compulsory + partials,
+                dram_bytes=compulsory + dram_partials, l2_only_bytes=l2_partials,
                 iterations=trips, inner_trips=units / trips / group_steps,
                 other_child_trips=group_steps - 1 if group_steps > 1 else 1.0, dynamic_smem=stage_bytes * stages,
-                bytes_formula=text + " + shared tiles' FP32 partials but the last CTA's (written + read)",
+                bytes_formula=text + (" (shared tiles' FP32 partials, written + read, predicted to stay in L2:"
+                                      " evict-last stores, discarded after the reduction)" if in_l2 else
+                                      " + shared tiles' FP32 partials but the last CTA's (written + read)"),
                 notes=[f"stream-K {blocks} CTAs, {shared_tiles} shared tiles in {segments} segments, "
-                       f"partials {partials / (n * k / 2):.1%} of weights"])
+                       f"partials {partials / (n * k / 2):.1%} of weights: "
+                       f"L2 {l2_partials / (n * k / 2):.1%}, DRAM {dram_partials / (n * k / 2):.1%}"
+                       + (" (predicted; unmeasured)" if in_l2 else "")])
 
 
 @formula("moe_w4a16")

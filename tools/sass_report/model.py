@@ -211,6 +211,7 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
         },
         "dram_bytes_per_iteration": round(work.bytes_per_iteration, 1),
         "bytes_formula": work.bytes_formula,
+        "l2_only_bytes": work.l2_only_bytes,
         "warp_instr_per_16B": round(per16, 3),
         "instr_by_class": class_per16,
         "top_opcodes_per_16B": {op: round(warps * n / units, 3)

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "slimserve/arch/l2_cache.cuh"
 #include "slimserve/formats/float_formats.hpp"
 #include "slimserve/int4/gemm_mainloop.cuh"
 #include "slimserve/runtime/platform.hpp"
@@ -134,6 +135,31 @@ __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_kernel(const __
   store_tile<T, Config>(p, acc, m0, n0, partial, p.n, p.splits > 1);
 }
 
+/// Division of a non-negative int by a fixed positive one with a multiply-high, an add and a
+/// shift (Granlund-Montgomery, round-up multiplier): a 32-bit `/` by a runtime value is ~35
+/// SASS instructions, which the stream-K loop would pay twice per segment. Exact for
+/// 0 <= n < 2^31 and 1 <= divisor < 2^31 (tested against `/` in stream_k_reduce_test).
+struct FastDivisor {
+  int divisor;
+  unsigned multiplier;  ///< floor(2^32 * (2^shift - divisor) / divisor) + 1
+  unsigned shift;       ///< ceil(log2(divisor))
+
+  static FastDivisor make(int divisor) {
+    FastDivisor d{divisor, 0, 0};
+    while ((std::uint64_t{1} << d.shift) < static_cast<std::uint64_t>(divisor)) ++d.shift;
+    d.multiplier = static_cast<unsigned>(
+        ((std::uint64_t{1} << 32) * ((std::uint64_t{1} << d.shift) - static_cast<std::uint64_t>(divisor))) /
+            static_cast<std::uint64_t>(divisor) +
+        1);
+    return d;
+  }
+  /// n / divisor for 0 <= n < 2^31 (the sum below cannot wrap: the high product is <= n).
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int divide(int n) const {
+    const auto u = static_cast<unsigned>(n);
+    return static_cast<int>((__umulhi(u, multiplier) + u) >> shift);
+  }
+};
+
 /// Stream-K schedule (persistent): the (tile, 64-row step) units of the whole problem, tile
 /// after tile, are dealt out in equal contiguous ranges to `blocks` blocks. A block writes a
 /// tile it covers completely straight to C; its first and last tiles may be shared with its
@@ -147,18 +173,60 @@ struct StreamKSchedule {
   int tiles_n;
   int units_per_block;  ///< units / blocks; the first `remainder` blocks take one more
   int remainder;        ///< units % blocks
+  FastDivisor by_k_steps;  ///< unit -> tile
+  FastDivisor by_tiles_n;  ///< tile -> M tile
   // 32-bit arithmetic only: a 64-bit division is a call with a stack frame on the GPU.
   SLIMSERVE_HOST_DEVICE int first_unit(int block) const {
     return block * units_per_block + (block < remainder ? block : remainder);
   }
 };
 
-/// Stream-K workspace: FP32 slots [2 * blocks][block_m * block_n] and one arrival counter
-/// per tile (zeroed by `run_gemm` before the launch).
+/// Stream-K workspace: FP32 slots [2 * blocks][block_m * block_n] (128-byte aligned: they are
+/// discarded from L2 by whole lines) and one arrival counter per tile (zeroed by `run_gemm`
+/// before the launch).
 struct StreamKWorkspace {
   float* partials;
   unsigned* arrivals;  ///< [tiles]
 };
+
+/// A segment's FP32 sums into its slot ([block_m][block_n]), kept in L2 (evict-last) until
+/// the tile's reducer has read them: they live for one launch only. The policy is made here
+/// (one instruction) rather than once per kernel, so no 64-bit register stays live across
+/// the mainloop.
+template <class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_partial_slot(const GemmParams& p,
+                                                               const WarpAccumulators<Config>& acc,
+                                                               int m0, int n0, float* slot) {
+  const std::uint64_t keep = arch::l2_evict_last_policy();
+  for_each_accumulator_pair<Config>(p, m0, n0, [&](int i, int j, int half, int tile_row, int tile_col,
+                                                  int, int) {
+    arch::store_f32x2_l2_hint(slot + tile_row * Config::block_n + tile_col, acc[i][j][2 * half],
+                              acc[i][j][2 * half + 1], keep);
+  });
+}
+
+/// After the reducer has read a tile's slots: drops their L2 lines without a write-back
+/// (`discard.global.L2`), so partials that stayed in L2 never reach DRAM. Only the rows
+/// inside C (< m - m0) were written; `skipped` (a block index, or -1) never stored its slot.
+/// The caller's barrier orders every thread's reads before the discards.
+template <class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void discard_tile_slots(const GemmParams& p,
+                                                               const StreamKWorkspace& workspace,
+                                                               int first, int first_slot, int last,
+                                                               int skipped, int m0) {
+  constexpr int floats_per_line = arch::l2_line_bytes / static_cast<int>(sizeof(float));
+  static_assert(Config::block_n % floats_per_line == 0, "a slot row is whole L2 lines");
+  constexpr std::int64_t tile_elements = Config::block_m * Config::block_n;
+  const int lines = detail::min_int(Config::block_m, p.m - m0) * (Config::block_n / floats_per_line);
+  for (int b = first; b <= last; ++b) {
+    if (b == skipped) continue;
+    float* slot = workspace.partials +
+                  static_cast<std::int64_t>(b == first ? first_slot : 2 * b) * tile_elements;
+    for (int line = static_cast<int>(threadIdx.x); line < lines; line += Config::threads) {
+      arch::discard_l2_line(slot + line * floats_per_line);
+    }
+  }
+}
 
 /// The epilogue of a block's segment of a tile that several blocks share, without a second
 /// launch and without waiting on another block. A block that is not the last to finish the
@@ -168,6 +236,8 @@ struct StreamKWorkspace {
 /// of the sum is fixed by block index, never by who arrives last: bit-identical run to run.
 /// The last block seldom stores at all: the block holding a tile's first steps finishes it at
 /// the end of its range, long after the block holding its last steps started with it.
+/// The slots are stored L2 evict-last and discarded from L2 once summed: they are meant never
+/// to reach DRAM (docs/int4-gemm.md, "Partials in L2").
 template <class T, class Config>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void reduce_shared_tile(
     const GemmParams& p, const StreamKSchedule& schedule, const StreamKWorkspace& workspace,
@@ -189,13 +259,21 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void reduce_shared_tile(
   const bool leader = threadIdx.x == 0;
   // The decode tile (16 FP32 sums per warp column tile) sums from registers; the wide tile
   // (64 per thread) always stores first and sums from memory, or ptxas spills the sums.
+  // Only the decode tile keeps its slots in L2 (evict-last, discarded once summed): the wide
+  // tile is issue-bound, so DRAM bytes do not set its time, and the L2 code cost its mainloop
+  // ~2% more instructions (ptxas allocates it differently; docs/int4-gemm.md).
   constexpr bool from_registers = Config::m16_per_warp == 1;
   // Every other block has counted itself (and so stored): no need to store this segment.
   bool reduce = from_registers &&
                 __syncthreads_or(leader && atomicAdd(arrivals, 0u) == others) != 0;
+  const int unstored = reduce ? block : -1;  // the early reducer's own slot holds nothing
   if (!reduce) {
-    store_tile<T, Config>(p, acc, m0, n0, workspace.partials + static_cast<std::int64_t>(my_slot) * tile_elements,
-                          Config::block_n, true);
+    float* slot = workspace.partials + static_cast<std::int64_t>(my_slot) * tile_elements;
+    if constexpr (from_registers) {
+      store_partial_slot<Config>(p, acc, m0, n0, slot);
+    } else {
+      store_tile<T, Config>(p, acc, m0, n0, slot, Config::block_n, true);
+    }
     __threadfence();  // the stores are visible before the count
     reduce = __syncthreads_or(leader && atomicAdd(arrivals, 1u) == others) != 0;
     if (!reduce) return;
@@ -238,6 +316,8 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void reduce_shared_tile(
       out[e] = from_float<T>(sum[e] + bias).bits;
     }
   });
+  __syncthreads();  // every thread's loads are done before any line is discarded
+  discard_tile_slots<Config>(p, workspace, first, first_slot, last, unstored, m0);
 }
 
 /// Min blocks 1, as the split-K kernel: the 64 x 128 group-16 BF16 tile spilled at ptxas's
@@ -252,11 +332,16 @@ __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_stream_k_kernel
   const int block = static_cast<int>(blockIdx.x);
   const int end = schedule.first_unit(block + 1);
   for (int unit = schedule.first_unit(block); unit < end;) {
-    const int tile = unit / schedule.k_steps;
+    // The decode tile divides with FastDivisor (two `/` of ~35 instructions each per
+    // segment would undo what its L2 partials save); the wide tile keeps `/`: with the
+    // multiply-high ptxas allocated its mainloop ~2% worse (sm_90a SASS report).
+    constexpr bool fast = Config::m16_per_warp == 1;
+    const int tile = fast ? schedule.by_k_steps.divide(unit) : unit / schedule.k_steps;
     const int step_begin = unit - tile * schedule.k_steps;
     const int step_end = detail::min_int(schedule.k_steps, step_begin + (end - unit));
-    const int m0 = (tile / schedule.tiles_n) * Config::block_m;
-    const int n0 = (tile % schedule.tiles_n) * Config::block_n;
+    const int tile_m = fast ? schedule.by_tiles_n.divide(tile) : tile / schedule.tiles_n;
+    const int m0 = tile_m * Config::block_m;
+    const int n0 = (tile - tile_m * schedule.tiles_n) * Config::block_n;
     const TileSources<Config> src = dense_tile_sources<Config>(
         p, m0, step_begin * Config::block_k, detail::min_int(p.k, step_end * Config::block_k));
     const DenseColumns columns{n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n};

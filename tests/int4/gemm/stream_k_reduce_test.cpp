@@ -12,7 +12,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "slimserve/int4/gemm_kernel.cuh"
@@ -117,6 +119,8 @@ void check_orders(ActivationType type) {
   schedule.tiles_n = 1;
   schedule.units_per_block = 1;
   schedule.remainder = 0;
+  schedule.by_k_steps = FastDivisor::make(schedule.k_steps);
+  schedule.by_tiles_n = FastDivisor::make(schedule.tiles_n);
   const StreamKWorkspace workspace{d_partials->data(), d_arrivals->data()};
 
   std::array<int, blocks> order = {0, 1, 2};
@@ -125,7 +129,8 @@ void check_orders(ActivationType type) {
     const std::vector<int> logical(order.begin(), order.end());
     REQUIRE(d_order->upload(logical).ok());
     REQUIRE(d_arrivals->fill_bytes(0).ok());
-    REQUIRE(d_partials->fill_bytes(0xFF).ok());  // NaN: a slot read before written shows
+    // 0x7F7F7F7F (3.4e38, finite): a slot read before it is written overflows the sum.
+    REQUIRE(d_partials->fill_bytes(0x7F).ok());
     REQUIRE(d_c->fill_bytes(0xFF).ok());
     const rt::LaunchConfig config{dim3(blocks), dim3(Config::threads), 0, nullptr};
     REQUIRE(rt::launch(reduce_in_logical_order_kernel<T>, config, p, schedule, workspace,
@@ -143,10 +148,84 @@ void check_orders(ActivationType type) {
       }
     }
     CHECK(mismatches == 0);
+#if !defined(__CUDACC__)
+    // After the sum the reducer discards the stored slots from L2 (the emulator poisons
+    // discarded lines with 0xFF; on a GPU their contents are indeterminate, so this is checked
+    // on the emulator only): the two blocks launched first stored theirs; the last one
+    // launched reduced early and stored nothing, so its slot and every second slot (a block's
+    // last-tile slot, unused here) still hold the fill.
+    std::vector<std::uint32_t> slots(d_partials->size());
+    REQUIRE(d_partials->download(std::span<float>(reinterpret_cast<float*>(slots.data()), slots.size())).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    int wrong_words = 0;
+    for (int slot = 0; slot < 2 * blocks; ++slot) {
+      const bool stored = slot % 2 == 0 && slot / 2 != order[blocks - 1];
+      const std::uint32_t want_word = stored ? 0xFFFFFFFFu : 0x7F7F7F7Fu;
+      for (int e = 0; e < tile_elements; ++e) {
+        if (slots[static_cast<std::size_t>(slot * tile_elements + e)] != want_word && ++wrong_words <= 5) {
+          UNSCOPED_INFO("slot " << slot << " element " << e << (stored ? " not discarded" : " touched"));
+        }
+      }
+    }
+    CHECK(wrong_words == 0);
+#endif
   } while (std::next_permutation(order.begin(), order.end()));
 }
 
+__global__ void divide_kernel(const FastDivisor divisor, const int* numerators, int* quotients,
+                              int count) {
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) {
+    quotients[i] = divisor.divide(numerators[i]);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("FastDivisor divides like / for every non-negative int and positive divisor") {
+  auto rng = slimserve_test::make_rng(43);
+  std::uniform_int_distribution<int> any(0, std::numeric_limits<int>::max());
+  std::vector<int> divisors = {1, 2, 3, 5, 7, 64, 112, 127, 128, 129, 131, 132, 1000, 65535,
+                               65536, 65537, (1 << 30) - 1, 1 << 30, (1 << 30) + 1,
+                               std::numeric_limits<int>::max()};
+  for (int i = 0; i < 12; ++i) divisors.push_back(any(rng) >> (i % 31));
+  constexpr int count = 512;
+  auto d_numerators = rt::DeviceBuffer<int>::create(count);
+  auto d_quotients = rt::DeviceBuffer<int>::create(count);
+  REQUIRE((d_numerators.ok() && d_quotients.ok()));
+  for (int divisor : divisors) {
+    divisor = std::max(divisor, 1);
+    CAPTURE(divisor);
+    // Edges around multiples of the divisor and the top of the range, and random values.
+    std::vector<int> numerators = {0, 1, std::numeric_limits<int>::max(),
+                                   std::numeric_limits<int>::max() - 1};
+    for (std::int64_t q : {std::int64_t{1}, std::int64_t{2}, std::int64_t{1000},
+                           std::int64_t{std::numeric_limits<int>::max()} / divisor}) {
+      for (std::int64_t delta = -1; delta <= 1; ++delta) {
+        const std::int64_t n = q * divisor + delta;
+        if (n >= 0 && n <= std::numeric_limits<int>::max()) numerators.push_back(static_cast<int>(n));
+      }
+    }
+    while (numerators.size() < static_cast<std::size_t>(count)) numerators.push_back(any(rng));
+    REQUIRE(d_numerators->upload(numerators).ok());
+    REQUIRE(d_quotients->fill_bytes(0xFF).ok());
+    REQUIRE(rt::launch(divide_kernel, rt::LaunchConfig{dim3(1), dim3(128), 0, nullptr},
+                       FastDivisor::make(divisor), static_cast<const int*>(d_numerators->data()),
+                       d_quotients->data(), count)
+                .ok());
+    std::vector<int> quotients(count);
+    REQUIRE(d_quotients->download(quotients).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    int wrong = 0;
+    for (int i = 0; i < count; ++i) {
+      if (quotients[static_cast<std::size_t>(i)] != numerators[static_cast<std::size_t>(i)] / divisor &&
+          ++wrong <= 5) {
+        UNSCOPED_INFO(numerators[static_cast<std::size_t>(i)] << " / " << divisor << ": got "
+                                                              << quotients[static_cast<std::size_t>(i)]);
+      }
+    }
+    CHECK(wrong == 0);
+  }
+}
 
 TEST_CASE("stream-K in-place reduction sums a shared tile in block order, whoever reduces") {
   check_orders<bf16>(ActivationType::bf16);
