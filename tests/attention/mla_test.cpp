@@ -548,6 +548,8 @@ TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP
       {KvDtype::bf16, MlaScaleMode::none, 16, 4, 128, 3},
       {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 128, 2, 64, 2},
       {KvDtype::bf16, MlaScaleMode::none, 32, 1, 16, 3},  // 32 rows: stays on mma.sync
+      {KvDtype::bf16, MlaScaleMode::none, 8, 8, 32, 3},  // 64 rows of 8 tokens: causal in the tile
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 16, 4, 64, 2},
   };
   const float sm_scale = 1.0f / std::sqrt(192.0f);
   for (std::size_t i = 0; i < std::size(cases); ++i) {
@@ -608,6 +610,16 @@ TEST_CASE("mla ragged absorbed prefill: chunks of 0..N query tokens, causal with
         opt.block_table = (i % 2) == 1;
         opt.status.assign(rc.c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
         opt.status[1] = {kv::RequestState::stale_tag, 0};
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, opt.status);
+      }
+      if (i >= 2) {  // two of the cases (TSan time): FP8 per-tensor 8 heads, BF16 128 heads
+        INFO("wgmma (64-row tiles), split, CSR, one request aborted");
+        RunOptions opt;
+        opt.wgmma = true;
+        opt.split = true;
+        opt.status.assign(rc.c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
+        opt.status[2] = {kv::RequestState::stale_tag, 0};
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
         check_decode(f, o, lse, ref, opt.status);
       }

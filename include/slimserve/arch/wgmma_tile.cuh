@@ -24,6 +24,14 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace arch {
 
+/// desc advanced by `step` (16-byte units of its start address) without a 64-bit add: the
+/// start address field (bits 0-13) cannot carry, shared addresses staying below 256 KB, so
+/// only the low word changes — one 32-bit add where a 64-bit add costs a carry chain and moves.
+SLIMSERVE_HOST_DEVICE constexpr std::uint64_t wgmma_descriptor_add(std::uint64_t desc, std::uint64_t step) {
+  return (desc & ~std::uint64_t{0xFFFFFFFFu}) |
+         static_cast<std::uint32_t>(static_cast<std::uint32_t>(desc) + static_cast<std::uint32_t>(step));
+}
+
 template <int Rows, int Cols>
 struct WgmmaTile128B {
   static_assert(Rows % 8 == 0 && Rows > 0, "rows come in core-matrix groups of 8");

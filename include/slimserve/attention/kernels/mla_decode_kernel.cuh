@@ -35,6 +35,7 @@
 #include <cstring>
 
 #include "slimserve/arch/cp_async.cuh"
+#include "slimserve/attention/kernels/mla_decode_work.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
@@ -46,45 +47,6 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
 
-struct MlaDecodeParams {
-  // Cache: token records [num_pages, page_size, token_bytes].
-  const unsigned char* pages;
-  const float* latent_scale;  // per_tensor
-  std::int32_t num_pages;
-  std::int32_t page_size;
-  std::int32_t page_shift;  // log2(page_size)
-  std::int32_t token_bytes;
-  std::int32_t scales_offset;
-  std::int32_t rope_offset;
-  MlaScaleMode scale_mode;
-  // Page table: CSR (indptr != null) or block table.
-  const std::int32_t* indptr;         // [B + 1]
-  const std::int32_t* indices;        // [indptr[B]]
-  const std::int32_t* last_page_len;  // [B]
-  const std::int32_t* block_table;    // [B, block_table_stride]
-  std::int32_t block_table_stride;
-  const std::int32_t* seq_lens;     // [B]
-  const kv::RequestStatus* status;  // [B] or null
-  // Queries [T, H, 576] and outputs [T, H, 512] (+ lse [T, H]); request b owns query tokens
-  // [qo_indptr[b], qo_indptr[b + 1]), its last positions (causal within them).
-  const void* q;
-  void* o;
-  float* lse;
-  std::int64_t q_token_stride, q_head_stride;
-  std::int64_t o_token_stride, o_head_stride;
-  std::int32_t num_heads;
-  const std::int32_t* qo_indptr;  // [B + 1] (workspace, written by the plan)
-  float score_scale;  // sm_scale * log2(e)
-  // Schedule (workspace, written by the plan).
-  const std::int32_t* work_request;
-  const std::int32_t* work_row_tile;
-  const std::int32_t* work_split;
-  const std::int32_t* work_num_splits;
-  std::int32_t chunk_tokens;
-  bool split_kv;
-  float* partial_o;    // [W, rows, 512]
-  float* partial_lse;  // [W, rows]
-};
 
 /// Tile geometry of one instantiation.
 template <class KvT, int WarpsM>
@@ -144,32 +106,6 @@ struct MlaDecodeSharedStorage {
   float row_sum[Tile::rows];  // final running sum
 };
 
-/// Tokens of request b per the device page table; -1 when the table is inconsistent.
-SLIMSERVE_DEVICE inline std::int64_t mla_request_length(const MlaDecodeParams& p, std::int32_t b) {
-  if (p.indptr != nullptr) {
-    const std::int32_t pages = p.indptr[b + 1] - p.indptr[b];
-    if (pages == 0) return 0;
-    const std::int32_t last = p.last_page_len[b];
-    if (pages < 0 || last < 1 || last > p.page_size) return -1;
-    return (static_cast<std::int64_t>(pages - 1) << p.page_shift) + last;
-  }
-  const std::int32_t len = p.seq_lens[b];
-  if (len < 0 || static_cast<std::int64_t>(len) > (static_cast<std::int64_t>(p.block_table_stride) << p.page_shift)) {
-    return -1;
-  }
-  return len;
-}
-
-/// Page id of the request's `page_index`-th page, or -1 when outside the cache.
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::int32_t mla_page(const MlaDecodeParams& p, std::int32_t b,
-                                                             std::int64_t page_index) {
-  const std::int32_t page =
-      p.indptr != nullptr
-          ? p.indices[p.indptr[b] + static_cast<std::int32_t>(page_index)]
-          : p.block_table[static_cast<std::int64_t>(b) * p.block_table_stride + page_index];
-  return (page >= 0 && page < p.num_pages) ? page : -1;
-}
-
 template <class KvT, class QT, int WarpsM>
 __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
     mla_decode_kernel(const MlaDecodeParams p) {
@@ -190,48 +126,16 @@ __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
   const int wm = warp % WarpsM;  // m tile
   const int wn = warp / WarpsM;  // latent group / rope k step
 
-  const std::int32_t work = static_cast<std::int32_t>(blockIdx.x);
-  const std::int32_t b = p.work_request[work];
-  const std::int32_t row_tile = p.work_row_tile[work];
-  const std::int32_t split = p.work_split[work];
-  const std::int32_t num_splits = p.work_num_splits[work];
-
-  const std::int64_t kv_len = mla_request_length(p, b);
-  const bool aborted = kv_len < 0 || !(p.status == nullptr || kv::request_ok(p.status[b]));
-  const std::int64_t first_token = p.qo_indptr[b];
-  const std::int32_t query_count = p.qo_indptr[b + 1] - p.qo_indptr[b];
-  const std::int64_t valid_rows = static_cast<std::int64_t>(query_count) * p.num_heads;
-  const std::int64_t tile_row0 = static_cast<std::int64_t>(row_tile) * Tile::rows;
-  auto partial_row = [&](int r) { return static_cast<std::int64_t>(work) * Tile::rows + r; };
-
-  if (aborted) {
-    // Nothing of the request is read. Unsplit: NaN rows, lse -inf; split: partial lse NaN,
-    // which the merge turns into the same marked rows.
-    for (int r = tid; r < Tile::rows; r += Tile::threads) {
-      const std::int64_t packed = tile_row0 + r;
-      if (p.split_kv) {
-        p.partial_lse[partial_row(r)] = NAN;
-        continue;
-      }
-      if (packed >= valid_rows) continue;
-      const std::int64_t token = first_token + packed / p.num_heads;
-      const std::int64_t head = packed % p.num_heads;
-      QT* o = static_cast<QT*>(p.o) + token * p.o_token_stride + head * p.o_head_stride;
-      for (int d = 0; d < mla_latent_dim; ++d) o[d] = from_float<QT>(NAN);
-      if (p.lse != nullptr) p.lse[token * p.num_heads + head] = -INFINITY;
-    }
+  const MlaWork work = mla_work<Tile::rows, Tile::tile_tokens>(p);
+  if (work.aborted) {
+    mla_write_aborted_rows<QT>(p, work, tid, Tile::threads);
     return;
   }
-
-  // This split's KV range, cut at what the last query token of the tile can see.
-  const std::int64_t last_row = (tile_row0 + Tile::rows < valid_rows ? tile_row0 + Tile::rows : valid_rows) - 1;
-  const std::int64_t max_query = kv_len - query_count + last_row / p.num_heads;
-  const std::int64_t kv_begin = static_cast<std::int64_t>(split) * p.chunk_tokens;
-  std::int64_t kv_end = split == num_splits - 1 ? kv_len : kv_begin + p.chunk_tokens;
-  if (kv_end > kv_len) kv_end = kv_len;
-  if (kv_end > max_query + 1) kv_end = max_query + 1;
-  if (kv_end < kv_begin) kv_end = kv_begin;
-  const std::int64_t num_tiles = (kv_end - kv_begin + Tile::tile_tokens - 1) / Tile::tile_tokens;
+  const std::int64_t first_token = work.first_token;
+  const std::int64_t valid_rows = work.valid_rows;
+  const std::int64_t tile_row0 = work.tile_row0;
+  const std::int64_t num_tiles = work.num_tiles;
+  auto partial_row = [&](int r) { return work.partial_row(r); };
 
   // Q fragments of m tile wm: latent group wn (8 k steps) and rope k step wn.
   std::uint32_t q_latent[Tile::latent_frags][4];
@@ -285,7 +189,7 @@ SLIMSERVE_ATTENTION_UNROLL
   const int soft_seg = tid % Tile::threads_per_row;
   const std::int64_t soft_packed = tile_row0 + soft_row;
   const bool soft_valid = soft_packed < valid_rows;
-  const std::int64_t soft_query = kv_len - query_count + soft_packed / p.num_heads;  // position
+  const std::int64_t soft_query = work.query_position(p, soft_packed);
   float run_max = -INFINITY;
   float run_sum = 0.0f;
 
@@ -297,12 +201,8 @@ SLIMSERVE_ATTENTION_UNROLL
   const int producer_sub = tid % Tile::threads_per_token;
   auto produce = [&](std::int64_t i) {
     auto& stage = smem.stages[i % Tile::stages];
-    const std::int64_t position = kv_begin + i * Tile::tile_tokens + producer_token;
-    const std::int32_t page = position < kv_end ? mla_page(p, b, position >> p.page_shift) : -1;
-    const bool ok = page >= 0;
-    const unsigned char* record =
-        p.pages + (ok ? (static_cast<std::int64_t>(page) * p.page_size + (position & (p.page_size - 1))) * p.token_bytes
-                      : 0);
+    bool ok = false;
+    const unsigned char* record = mla_token_record(p, work, work.kv_begin + i * Tile::tile_tokens + producer_token, ok);
 SLIMSERVE_ATTENTION_UNROLL
     for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
       const int lane_chunk = producer_sub + Tile::threads_per_token * k;  // 0..7
@@ -329,7 +229,7 @@ SLIMSERVE_ATTENTION_UNROLL
 
   auto consume = [&](std::int64_t i) {
     const auto& stage = smem.stages[i % Tile::stages];
-    const std::int64_t tile_begin = kv_begin + i * Tile::tile_tokens;
+    const std::int64_t tile_begin = work.kv_begin + i * Tile::tile_tokens;
     const unsigned char* mma_latent = stage.latent[wn];
     if constexpr (fp8) {
       static_assert(Group::row_chunks == 8, "an FP8 group is one 16-byte chunk per chunk lane");
@@ -540,16 +440,7 @@ SLIMSERVE_ATTENTION_UNROLL
     }
   }
   // LSE (natural log): one thread per row.
-  if (soft_seg == 0) {
-    const bool empty = !(run_sum > 0.0f);
-    const float lse = empty ? -INFINITY : (run_max + log2f(run_sum)) * paged_ln_2;
-    if (p.split_kv) {
-      p.partial_lse[partial_row(soft_row)] = soft_valid ? lse : -INFINITY;
-    } else if (soft_valid && p.lse != nullptr) {
-      const std::int64_t token = first_token + soft_packed / p.num_heads;
-      p.lse[token * p.num_heads + soft_packed % p.num_heads] = lse;
-    }
-  }
+  if (soft_seg == 0) mla_write_row_lse(p, work, soft_row, run_max, run_sum);
 }
 
 }  // namespace attention::kernels

@@ -6,21 +6,23 @@
 /// mla_decode_kernel (the mma.sync kernel); the plan picks it only when asked and when a
 /// request has at least 64 rows (MlaDecodeProblem::warpgroup_mma).
 ///
-/// Per tile of 32 tokens (`Tile`):
+/// Per tile of 32 tokens (`Tile`), warpgroup w owns tokens [16 w, 16 w + 16) in S and latent
+/// columns [256 w, 256 w + 256) (groups 2w, 2w+1) in O:
 ///   P. producer: 8 threads per token; BF16: cp.async of the record straight into the
 ///      swizzled latent tile of the stage (latent and rope: columns 0..575); FP8: the raw
 ///      record (codes, scales, rope) into the stage;
 ///   0. FP8: every thread widens 4 chunks of 16 codes (exactly, to fp16) into the one
 ///      converted tile, and converts one chunk of the BF16 rope to fp16;
-///   1. S: warpgroup w, tokens [16 w, 16 w + 16): per latent group g an m64n16k16 chain over
-///      its 8 k steps (Q K-major, latent K-major), and one for the rope; S = sum_g scale_g S_g
-///      + S_rope, to shared memory;
-///   2. softmax: 4 threads per row, 8 tokens each (as the mma.sync kernel, FP32, exp2); P as
-///      16-bit values into K-major P tiles (per group, times the group scale, when the cache
-///      has group scales);
-///   3. O: warpgroup w owns latent columns [256 w, 256 w + 256) = groups 2w, 2w+1: rescale by
-///      alpha, then per group an m64n128k16 chain over the tile's 2 token k steps (P K-major,
-///      latent MN-major: the same bytes as in step 1).
+///   1. S for the warpgroup's 16 tokens, in its accumulator registers: one m64n16k16 chain over
+///      all 36 k steps (BF16); FP8: one chain per latent group and one for the rope, combined
+///      as sum_g scale_g S_g + S_rope in FP32;
+///   2. softmax in those registers (FlashAttention-3 style): mask, the row maximum over the
+///      thread's 4 tokens and its quad, exchanged with the other warpgroup through 512 bytes
+///      of shared memory; P = exp2(S - max), the sum kept per thread (reduced once at the end);
+///   3. O = alpha O + P latent[tile, own columns]: the k step of the warpgroup's own tokens
+///      with P from registers (the S accumulator layout is the A fragment layout: wgmma RS),
+///      the other warpgroup's k step from the P tile it wrote (wgmma SS); latent MN-major, the
+///      same bytes as in step 1.
 /// Numerics as the mma.sync kernel: 16-bit inputs of mma_input_t<KvT> (fp16 for FP8, with Q
 /// clamped to its range), FP32 accumulation, per-token group scales on S and on P (2^8
 /// headroom).
@@ -45,21 +47,22 @@ struct MlaWgmmaTile {
   static constexpr int warpgroups = 2;
   static constexpr int threads = 128 * warpgroups;
   static constexpr int tile_tokens = 32;
-  static constexpr int stages = fp8 ? 3 : 3;
+  static constexpr int warpgroup_tokens = tile_tokens / warpgroups;  // 16: one k step of O
+  static constexpr int stages = 3;
   static constexpr int dims = mla_latent_dim + mla_rope_dim;  // 576
   static constexpr int groups = mla_scale_groups;              // 4
   static constexpr int group_k_steps = mla_scale_group / 16;   // 8
-  static constexpr int rope_k_steps = mla_rope_dim / 16;       // 4
-  static constexpr int threads_per_row = threads / rows;       // 4
-  static constexpr int tokens_per_thread = tile_tokens / threads_per_row;  // 8
-  static constexpr int threads_per_token = threads / tile_tokens;          // 8
+  static constexpr int k_steps = dims / 16;                    // 36
+  static constexpr int threads_per_token = threads / tile_tokens;  // 8
   using QTile = arch::WgmmaTile128B<rows, dims>;
-  using LatentTile = arch::WgmmaTile128B<tile_tokens, dims>;
+  /// BF16: latent and rope, cp.async'd per stage; FP8: the latent widened to fp16, one tile.
+  using LatentTile = arch::WgmmaTile128B<tile_tokens, fp8 ? mla_latent_dim : dims>;
+  /// FP8: the BF16 rope, cp.async'd per stage straight into its own tile (a BF16 S chain).
+  using RopeTile = arch::WgmmaTile128B<tile_tokens, mla_rope_dim>;
   using PTile = arch::WgmmaTile128B<rows, 64>;  // tokens 0..31 used
-  // FP8 raw record parts per stage.
+  // FP8 raw codes per stage.
   static constexpr int code_bytes = mla_latent_dim;          // 512
-  static constexpr int rope_bytes = mla_rope_dim * 2;        // 128
-  static_assert(groups == 4 && tokens_per_thread == 8 && threads_per_token == 8);
+  static_assert(groups == 4 && threads_per_token == 8 && warpgroup_tokens == 16);
 
   // Shared memory, carved by byte offsets (the tiles need 1024-byte alignment, more than a
   // struct can ask of the dynamic shared memory base).
@@ -67,16 +70,21 @@ struct MlaWgmmaTile {
   static constexpr std::uint32_t latent_offset = q_offset + QTile::bytes;
   static constexpr int latent_tiles = fp8 ? 1 : stages;
   static constexpr std::uint32_t p_offset = latent_offset + latent_tiles * LatentTile::bytes;
-  static constexpr int p_tiles = groups;
+  /// P tiles: one per scale group for FP8 (P x the group's per-token scale), else one.
+  static constexpr int p_tiles = fp8 ? groups : 1;
   static constexpr std::uint32_t raw_offset = p_offset + p_tiles * PTile::bytes;
-  static constexpr std::uint32_t raw_stage_bytes = fp8 ? tile_tokens * (code_bytes + rope_bytes) : 0;
-  static constexpr std::uint32_t scores_offset = raw_offset + stages * raw_stage_bytes;
-  static constexpr std::uint32_t scales_offset = scores_offset + rows * tile_tokens * 4;
-  static constexpr std::uint32_t token_ok_offset = scales_offset + stages * tile_tokens * groups * 4;
-  static constexpr std::uint32_t stats_offset = token_ok_offset + stages * tile_tokens * 4;
-  static constexpr std::uint32_t shared_bytes = stats_offset + 3 * rows * 4;  // alpha, max, sum
+  static constexpr std::uint32_t raw_stage_bytes = fp8 ? tile_tokens * code_bytes : 0;
+  static constexpr std::uint32_t rope_offset = raw_offset + stages * raw_stage_bytes;
+  static constexpr int rope_tiles = fp8 ? stages : 0;
+  static constexpr std::uint32_t scales_offset = rope_offset + rope_tiles * RopeTile::bytes;
+  /// Per stage and token: 0 when the token is readable, -inf past the range or on a bad page.
+  static constexpr std::uint32_t token_bias_offset = scales_offset + stages * tile_tokens * groups * 4;
+  /// Per warpgroup and row: the tile's maximum (exchanged every tile), the final sum.
+  static constexpr std::uint32_t stats_offset = token_bias_offset + stages * tile_tokens * 4;
+  static constexpr std::uint32_t shared_bytes = stats_offset + 2 * warpgroups * rows * 4;
   static_assert(shared_bytes <= 227 * 1024, "over the per-CTA shared memory limit");
-  static_assert(latent_offset % 1024 == 0 && p_offset % 1024 == 0 && raw_offset % 16 == 0);
+  static_assert(latent_offset % 1024 == 0 && p_offset % 1024 == 0 && raw_offset % 1024 == 0 &&
+                rope_offset % 1024 == 0);
 };
 
 /// One wgmma.mma_async with both operands in shared memory, in the 16-bit type T.
@@ -89,6 +97,16 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void mla_wgmma_ss(float (&d)[N / 2], std:
     arch::wgmma_mma_ss_fp16<N, arch::WgmmaMajor::k, BMajor>(d, desc_a, desc_b, accumulate);
   }
 }
+/// The same with A (K-major) from registers.
+template <class T, int N, arch::WgmmaMajor BMajor = arch::WgmmaMajor::k>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void mla_wgmma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4],
+                                                         std::uint64_t desc_b, bool accumulate) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    arch::wgmma_mma_rs_bf16<N, BMajor>(d, a, desc_b, accumulate);
+  } else {
+    arch::wgmma_mma_rs_fp16<N, BMajor>(d, a, desc_b, accumulate);
+  }
+}
 
 template <class KvT>
 __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
@@ -98,64 +116,41 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
   using QTile = typename Tile::QTile;
   using LatentTile = typename Tile::LatentTile;
   using PTile = typename Tile::PTile;
+  using RopeTile = typename Tile::RopeTile;
   constexpr bool fp8 = Tile::fp8;
   unsigned char* smem = rt::dynamic_shared_memory();
-  float* scores = reinterpret_cast<float*>(smem + Tile::scores_offset);       // [rows][tile_tokens]
   float* stage_scales = reinterpret_cast<float*>(smem + Tile::scales_offset);  // [stages][tokens][groups]
-  std::int32_t* stage_ok = reinterpret_cast<std::int32_t*>(smem + Tile::token_ok_offset);  // [stages][tokens]
-  float* row_alpha = reinterpret_cast<float*>(smem + Tile::stats_offset);
-  float* row_max = row_alpha + Tile::rows;
-  float* row_sum = row_max + Tile::rows;
+  float* stage_bias = reinterpret_cast<float*>(smem + Tile::token_bias_offset);  // [stages][tokens]
+  float* tile_max = reinterpret_cast<float*>(smem + Tile::stats_offset);  // [warpgroups][rows]
+  float* final_sum = tile_max + Tile::warpgroups * Tile::rows;             // [warpgroups][rows]
   const std::uint32_t smem_base = arch::wgmma_shared_address(smem);
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int wg = tid / 128;
+  // Warp-uniform (a shuffle from lane 0), so descriptor arithmetic stays in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const int other_wg = 1 - wg;
   const int w = (tid / 32) % 4;  // warp within the warpgroup: rows 16 w ..
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t = lane % 4;
+  // The thread's accumulator rows (16 w + g, + 8) and, in S, tokens token0 + {0, 1, 8, 9}.
+  const int rows_of_thread[2] = {16 * w + g, 16 * w + g + 8};
+  const int token0 = Tile::warpgroup_tokens * wg + 2 * t;
 
-  const std::int32_t work = static_cast<std::int32_t>(blockIdx.x);
-  const std::int32_t b = p.work_request[work];
-  const std::int32_t row_tile = p.work_row_tile[work];
-  const std::int32_t split = p.work_split[work];
-  const std::int32_t num_splits = p.work_num_splits[work];
+  const std::uint32_t p_store_offset[2] = {PTile::element_offset(rows_of_thread[0], token0),
+                                           PTile::element_offset(rows_of_thread[0], token0 + 8)};
+  static_assert(PTile::group_bytes == 1024, "rows r and r + 8 share the swizzle, one pattern apart");
 
-  const std::int64_t kv_len = mla_request_length(p, b);
-  const bool aborted = kv_len < 0 || !(p.status == nullptr || kv::request_ok(p.status[b]));
-  const std::int64_t first_token = p.qo_indptr[b];
-  const std::int32_t query_count = p.qo_indptr[b + 1] - p.qo_indptr[b];
-  const std::int64_t valid_rows = static_cast<std::int64_t>(query_count) * p.num_heads;
-  const std::int64_t tile_row0 = static_cast<std::int64_t>(row_tile) * Tile::rows;
-  auto partial_row = [&](int r) { return static_cast<std::int64_t>(work) * Tile::rows + r; };
-
-  if (aborted) {
-    for (int r = tid; r < Tile::rows; r += Tile::threads) {
-      const std::int64_t packed = tile_row0 + r;
-      if (p.split_kv) {
-        p.partial_lse[partial_row(r)] = NAN;
-        continue;
-      }
-      if (packed >= valid_rows) continue;
-      const std::int64_t token = first_token + packed / p.num_heads;
-      const std::int64_t head = packed % p.num_heads;
-      bf16* o = static_cast<bf16*>(p.o) + token * p.o_token_stride + head * p.o_head_stride;
-      for (int d = 0; d < mla_latent_dim; ++d) o[d] = from_float<bf16>(NAN);
-      if (p.lse != nullptr) p.lse[token * p.num_heads + head] = -INFINITY;
-    }
+  const MlaWork work = mla_work<Tile::rows, Tile::tile_tokens>(p);
+  if (work.aborted) {
+    mla_write_aborted_rows<bf16>(p, work, tid, Tile::threads);
     return;
   }
+  const std::int64_t tile_row0 = work.tile_row0;
+  const std::int64_t valid_rows = work.valid_rows;
 
-  const std::int64_t last_row = (tile_row0 + Tile::rows < valid_rows ? tile_row0 + Tile::rows : valid_rows) - 1;
-  const std::int64_t max_query = kv_len - query_count + last_row / p.num_heads;
-  const std::int64_t kv_begin = static_cast<std::int64_t>(split) * p.chunk_tokens;
-  std::int64_t kv_end = split == num_splits - 1 ? kv_len : kv_begin + p.chunk_tokens;
-  if (kv_end > kv_len) kv_end = kv_len;
-  if (kv_end > max_query + 1) kv_end = max_query + 1;
-  if (kv_end < kv_begin) kv_end = kv_begin;
-  const std::int64_t num_tiles = (kv_end - kv_begin + Tile::tile_tokens - 1) / Tile::tile_tokens;
-
-  // Q tile [64 rows][576] in the mma input type (FP8 caches: fp16, clamped to its range).
+  // Q tile [64 rows][576] in the mma input type (FP8 caches: the latent part fp16, clamped to
+  // its range; the rope part BF16).
   {
     const bf16* q = static_cast<const bf16*>(p.q);
     constexpr int chunks = Tile::dims / 8;
@@ -165,20 +160,22 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
       const std::int64_t packed = tile_row0 + r;
       std::uint32_t words[4] = {0u, 0u, 0u, 0u};
       if (packed < valid_rows) {
-        const std::int64_t base = (first_token + packed / p.num_heads) * p.q_token_stride +
+        const std::int64_t base = (work.first_token + packed / p.num_heads) * p.q_token_stride +
                                   (packed % p.num_heads) * p.q_head_stride + 8 * chunk;
         const Vec16 raw = load16(q + base);  // 8 bf16 (q rows and strides are 16-byte aligned)
         float v[8];
+        if (std::is_same_v<MmaT, bf16> || chunk >= mla_latent_dim / 8) {
+          // BF16 as it is (the rope part always: FP8 caches keep a BF16 rope, a BF16 chain).
+          std::memcpy(words, raw.word, sizeof words);
+        } else {
 SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 8; ++e) {
-          float x = to_float(bf16::from_bits(static_cast<std::uint16_t>(raw.word[e / 2] >> (16 * (e % 2)))));
-          if constexpr (!std::is_same_v<MmaT, bf16>) {
-            x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+          for (int e = 0; e < 8; ++e) {
+            const float x = to_float(bf16::from_bits(static_cast<std::uint16_t>(raw.word[e / 2] >> (16 * (e % 2)))));
+            v[e] = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
           }
-          v[e] = x;
-        }
 SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 4; ++e) words[e] = pack_pair<MmaT>(v[2 * e], v[2 * e + 1]);
+          for (int e = 0; e < 4; ++e) words[e] = pack_pair<MmaT>(v[2 * e], v[2 * e + 1]);
+        }
       }
       Vec16 chunk_value;
       std::memcpy(chunk_value.word, words, sizeof words);
@@ -197,47 +194,48 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int i = 0; i < 64; ++i) o_acc[j][i] = 0.0f;
   }
 
-  // Softmax role: 4 threads per row, 8 tokens each.
-  const int soft_row = tid / Tile::threads_per_row;
-  const int soft_seg = tid % Tile::threads_per_row;
-  const std::int64_t soft_packed = tile_row0 + soft_row;
-  const bool soft_valid = soft_packed < valid_rows;
-  const std::int64_t soft_query = kv_len - query_count + soft_packed / p.num_heads;
-  float run_max = -INFINITY;
-  float run_sum = 0.0f;
+  // Softmax state of the thread's two rows, the same in both warpgroups; the sum is this
+  // thread's share (its tokens), reduced once at the end.
+  std::int64_t query_position[2];
+  float run_max[2] = {-INFINITY, -INFINITY};
+  float run_sum[2] = {0.0f, 0.0f};
+SLIMSERVE_ATTENTION_UNROLL
+  for (int h = 0; h < 2; ++h) query_position[h] = work.query_position(p, tile_row0 + rows_of_thread[h]);
+  // Tiles ending at or before this position need no causal mask (the CTA's first row sees the least).
+  const std::int64_t unmasked_end = work.query_position(p, tile_row0);
 
   const int producer_token = tid / Tile::threads_per_token;
   const int producer_sub = tid % Tile::threads_per_token;
-  auto produce = [&](std::int64_t i) {
-    const int stage = static_cast<int>(i % Tile::stages);
-    const std::int64_t position = kv_begin + i * Tile::tile_tokens + producer_token;
-    const std::int32_t page = position < kv_end ? mla_page(p, b, position >> p.page_shift) : -1;
-    const bool ok = page >= 0;
+  auto produce = [&](std::int32_t i, int stage) {
+    bool ok = false;
     const unsigned char* record =
-        p.pages + (ok ? (static_cast<std::int64_t>(page) * p.page_size + (position & (p.page_size - 1))) * p.token_bytes
-                      : 0);
+        mla_token_record(p, work, work.kv_begin + static_cast<std::int64_t>(i) * Tile::tile_tokens + producer_token, ok);
     if constexpr (fp8) {
-      unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes +
-                           producer_token * (Tile::code_bytes + Tile::rope_bytes);
-      constexpr int chunks = (Tile::code_bytes + Tile::rope_bytes) / 16;  // 40: 5 per thread
-      static_assert(chunks % Tile::threads_per_token == 0);
+      unsigned char* raw =
+          smem + Tile::raw_offset + stage * Tile::raw_stage_bytes + producer_token * Tile::code_bytes + 16 * producer_sub;
+      constexpr int code_chunks = Tile::code_bytes / 16;  // 32: 4 per thread
+      static_assert(code_chunks % Tile::threads_per_token == 0 && mla_rope_dim / 8 == Tile::threads_per_token);
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < chunks / Tile::threads_per_token; ++k) {
-        const int c = producer_sub + Tile::threads_per_token * k;
-        const unsigned char* source =
-            c < Tile::code_bytes / 16 ? record + 16 * c : record + p.rope_offset + 16 * (c - Tile::code_bytes / 16);
-        arch::cp_async_16_zfill(raw + 16 * c, source, ok);
+      for (int k = 0; k < code_chunks / Tile::threads_per_token; ++k) {
+        arch::cp_async_16_zfill(raw + 16 * Tile::threads_per_token * k,
+                                record + 16 * (producer_sub + Tile::threads_per_token * k), ok);
       }
+      // Rope chunk `sub` (8 BF16 values) straight into the stage's rope tile.
+      arch::cp_async_16_zfill(smem + Tile::rope_offset + stage * RopeTile::bytes +
+                                  RopeTile::chunk_offset(producer_token, producer_sub),
+                              record + p.rope_offset + 16 * producer_sub, ok);
     } else {
-      unsigned char* tile = smem + Tile::latent_offset + stage * LatentTile::bytes;
+      // Chunk c = sub + 8 k of the token's row sits at k column blocks from chunk `sub`.
+      unsigned char* tile = smem + Tile::latent_offset + stage * LatentTile::bytes +
+                            LatentTile::chunk_offset(producer_token, producer_sub);
       constexpr int chunks = Tile::dims / 8;  // 72: 9 per thread
-      static_assert(chunks % Tile::threads_per_token == 0);
+      static_assert(chunks % Tile::threads_per_token == 0 && Tile::threads_per_token == 8);
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < chunks / Tile::threads_per_token; ++k) {
         const int c = producer_sub + Tile::threads_per_token * k;
         const unsigned char* source =
-            c < mla_latent_dim / 8 ? record + 16 * c : record + p.rope_offset + 16 * (c - mla_latent_dim / 8);
-        arch::cp_async_16_zfill(tile + LatentTile::chunk_offset(producer_token, c), source, ok);
+            k < mla_latent_dim / 64 ? record + 16 * c : record + p.rope_offset + 16 * (c - mla_latent_dim / 8);
+        arch::cp_async_16_zfill(tile + k * LatentTile::block_bytes, source, ok);
       }
     }
     if (producer_sub == 0) {
@@ -245,18 +243,21 @@ SLIMSERVE_ATTENTION_UNROLL
         arch::cp_async_16_zfill(stage_scales + (stage * Tile::tile_tokens + producer_token) * Tile::groups,
                                 record + p.scales_offset, ok);
       }
-      stage_ok[stage * Tile::tile_tokens + producer_token] = ok;
+      stage_bias[stage * Tile::tile_tokens + producer_token] = ok ? 0.0f : -INFINITY;
     }
   };
 
-  auto consume = [&](std::int64_t tile_index) {
-    const int stage = static_cast<int>(tile_index % Tile::stages);
-    const std::int64_t tile_begin = kv_begin + tile_index * Tile::tile_tokens;
+  auto consume = [&](int stage, std::int32_t tile_index) {
+    const std::int64_t tile_begin = work.kv_begin + static_cast<std::int64_t>(tile_index) * Tile::tile_tokens;
     const float* scales = stage_scales + stage * Tile::tile_tokens * Tile::groups;
-    const std::int32_t* token_ok = stage_ok + stage * Tile::tile_tokens;
-    std::uint32_t latent_tile = Tile::latent_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * LatentTile::bytes);
+    const float* token_bias = stage_bias + stage * Tile::tile_tokens;
+    // Uniform across the CTA; the shuffle from lane 0 tells the compiler so, which keeps the
+    // descriptors in uniform registers (no per-wgmma moves into them).
+    const std::uint32_t latent_tile = __shfl_sync(
+        0xffffffffu, smem_base + Tile::latent_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * LatentTile::bytes),
+        0);
     if constexpr (fp8) {
-      // 0. Widen the stage's codes (each once) into the converted tile; copy the rope.
+      // 0. Widen the stage's codes (each once) into the converted tile.
       const unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes;
       unsigned char* tile = smem + Tile::latent_offset;
       constexpr int code_chunks = Tile::code_bytes / 16;  // 32 chunks of 16 codes per token
@@ -266,7 +267,7 @@ SLIMSERVE_ATTENTION_UNROLL
         const int u = tid + Tile::threads * unit;
         const int token = u / code_chunks;
         const int c = u % code_chunks;
-        const Vec16 codes = load16(raw + token * (Tile::code_bytes + Tile::rope_bytes) + 16 * c);
+        const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
         Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
         for (int k = 0; k < 4; ++k) {
@@ -276,144 +277,194 @@ SLIMSERVE_ATTENTION_UNROLL
         store16(tile + LatentTile::chunk_offset(token, 2 * c), wide[0]);
         store16(tile + LatentTile::chunk_offset(token, 2 * c + 1), wide[1]);
       }
-      constexpr int rope_chunks = Tile::rope_bytes / 16;
-      static_assert(Tile::tile_tokens * rope_chunks % Tile::threads == 0);
-SLIMSERVE_ATTENTION_UNROLL
-      for (int unit = 0; unit < Tile::tile_tokens * rope_chunks / Tile::threads; ++unit) {
-        const int u = tid + Tile::threads * unit;
-        const int token = u / rope_chunks;
-        const int c = u % rope_chunks;
-        // The rope is BF16 in the cache; the tile is fp16 (exact within fp16's normal range).
-        const Vec16 rope = load16(raw + token * (Tile::code_bytes + Tile::rope_bytes) + Tile::code_bytes + 16 * c);
-        Vec16 narrow;
-SLIMSERVE_ATTENTION_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          narrow.word[k] = pack_pair<MmaT>(to_float(bf16::from_bits(static_cast<std::uint16_t>(rope.word[k]))),
-                                           to_float(bf16::from_bits(static_cast<std::uint16_t>(rope.word[k] >> 16))));
-        }
-        store16(tile + LatentTile::chunk_offset(token, mla_latent_dim / 8 + c), narrow);
-      }
       arch::fence_proxy_async_shared();
       __syncthreads();
     }
 
-    // 1. S for tokens [16 wg, 16 wg + 16): one accumulator per latent group and one for the rope.
+    // 1. S[64 rows, the warpgroup's 16 tokens] in registers. d[i]: row rows_of_thread[(i/2)%2],
+    //    token token0 + 8 (i/4) + i%2. BF16: one chain; FP8: per latent group, and the rope.
+    constexpr int chains = fp8 ? Tile::groups + 1 : 1;
+    float s_acc[chains][8];
     {
-      float s_group[Tile::groups][8];
-      float s_rope[8];
-      const std::uint32_t q_tile = smem_base + Tile::q_offset;
-      const std::uint32_t b_tile = smem_base + latent_tile + 2u * LatentTile::group_bytes * static_cast<std::uint32_t>(wg);
-      // Base descriptors once; each k step adds a constant to the start address.
-      const std::uint64_t q_desc = QTile::k_major_descriptor(q_tile, 0);
-      const std::uint64_t b_desc = LatentTile::k_major_descriptor(b_tile, 0);
+      const std::uint64_t q_desc = QTile::k_major_descriptor(smem_base + Tile::q_offset, 0);
+      const std::uint64_t b_desc = LatentTile::k_major_descriptor(
+          latent_tile + 2u * LatentTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
       arch::wgmma_fence();
+      constexpr int latent_steps = fp8 ? mla_latent_dim / 16 : Tile::k_steps;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int grp = 0; grp < Tile::groups; ++grp) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int k = 0; k < Tile::group_k_steps; ++k) {
-          const int step = grp * Tile::group_k_steps + k;
-          mla_wgmma_ss<MmaT, 16>(s_group[grp], q_desc + QTile::k_major_step(step), b_desc + LatentTile::k_major_step(step),
-                                 k > 0);
-        }
+      for (int step = 0; step < latent_steps; ++step) {
+        const int chain = fp8 ? step / Tile::group_k_steps : 0;
+        const bool accumulate = fp8 ? step % Tile::group_k_steps != 0 : step != 0;
+        mla_wgmma_ss<MmaT, 16>(s_acc[chain], arch::wgmma_descriptor_add(q_desc, QTile::k_major_step(step)),
+                               arch::wgmma_descriptor_add(b_desc, LatentTile::k_major_step(step)), accumulate);
       }
+      if constexpr (fp8) {
+        // The rope: BF16 Q columns 512..575 against the stage's BF16 rope tile, chain 4.
+        const std::uint32_t rope_tile = __shfl_sync(
+            0xffffffffu, smem_base + Tile::rope_offset + static_cast<std::uint32_t>(stage) * RopeTile::bytes, 0);
+        const std::uint64_t rope_desc = RopeTile::k_major_descriptor(
+            rope_tile + 2u * RopeTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < Tile::rope_k_steps; ++k) {
-        const int step = Tile::groups * Tile::group_k_steps + k;
-        mla_wgmma_ss<MmaT, 16>(s_rope, q_desc + QTile::k_major_step(step), b_desc + LatentTile::k_major_step(step), k > 0);
+        for (int step = 0; step < mla_rope_dim / 16; ++step) {
+          mla_wgmma_ss<bf16, 16>(s_acc[Tile::groups],
+                                 arch::wgmma_descriptor_add(q_desc, QTile::k_major_step(latent_steps + step)),
+                                 arch::wgmma_descriptor_add(rope_desc, RopeTile::k_major_step(step)), step != 0);
+        }
       }
       arch::wgmma_commit_group();
       arch::wgmma_wait_group<0>();
+    }
+    float s[8];
+    // The thread's tokens: token0 + 8 (k / 2) + k % 2, k = 0..3; element i of S holds token
+    // k = 2 (i / 4) + i % 2 of row (i / 2) % 2.
+    if constexpr (fp8) {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        float scale[Tile::groups] = {static_scale, static_scale, static_scale, static_scale};
+        if (group_scales) {
+          const Vec16 v = load16(scales + (token0 + 8 * (k / 2) + k % 2) * Tile::groups);
+          std::memcpy(scale, v.word, sizeof scale);
+        }
+SLIMSERVE_ATTENTION_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * (k / 2) + 2 * h + k % 2;
+          float latent = s_acc[0][i] * scale[0];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int grp = 1; grp < Tile::groups; ++grp) latent = fmaf(s_acc[grp][i], scale[grp], latent);
+          s[i] = latent + s_acc[Tile::groups][i];
+        }
+      }
+    } else {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int i = 0; i < 8; ++i) s[i] = s_acc[0][i];
+    }
+
+    // 2. Mask (token in range and on a valid page; causal only where a row can be short of
+    //    the tile's end), the row maximum across both warpgroups, exp2.
+    float row_tile_max[2] = {-INFINITY, -INFINITY};
+    {
+      float bias[4];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int k = 0; k < 4; ++k) bias[k] = token_bias[token0 + 8 * (k / 2) + k % 2];
+      // Row h sees the tile's tokens up to visible_end[h] (inclusive, tile-relative): all of
+      // them unless the tile reaches past the first row's query position.
+      int visible_end[2] = {Tile::tile_tokens, Tile::tile_tokens};
+      if (tile_begin + Tile::tile_tokens - 1 > unmasked_end) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const std::int64_t end = query_position[h] - tile_begin;
+          visible_end[h] = end < -1 ? -1 : (end > Tile::tile_tokens ? Tile::tile_tokens : static_cast<int>(end));
+        }
+      }
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 8; ++i) {
-        const int row = 16 * w + g + 8 * ((i / 2) % 2);
-        const int token = 16 * wg + 8 * (i / 4) + 2 * t + i % 2;
-        float s = s_rope[i];
+        const int h = (i / 2) % 2;
+        const int k = 2 * (i / 4) + i % 2;
+        s[i] = token0 + 8 * (i / 4) + i % 2 <= visible_end[h] ? s[i] + bias[k] : -INFINITY;
+        row_tile_max[h] = fmaxf(row_tile_max[h], s[i]);
+      }
 SLIMSERVE_ATTENTION_UNROLL
-        for (int grp = 0; grp < Tile::groups; ++grp) {
-          const float scale = group_scales ? scales[token * Tile::groups + grp] : static_scale;
-          s = fmaf(s_group[grp][i], scale, s);
-        }
-        scores[row * Tile::tile_tokens + token] = s;
+      for (int h = 0; h < 2; ++h) {
+        row_tile_max[h] = fmaxf(row_tile_max[h], __shfl_xor_sync(0xffffffffu, row_tile_max[h], 1));
+        row_tile_max[h] = fmaxf(row_tile_max[h], __shfl_xor_sync(0xffffffffu, row_tile_max[h], 2));
+        if (t == 0) tile_max[wg * Tile::rows + rows_of_thread[h]] = row_tile_max[h];
       }
     }
     __syncthreads();
+    float alpha[2];
+    float base[2];
+SLIMSERVE_ATTENTION_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      // max(S) x score_scale (> 0) is the maximum of the scaled scores; fmaxf is exact and
+      // commutative, so both warpgroups compute the same running maximum.
+      const float other = tile_max[other_wg * Tile::rows + rows_of_thread[h]];
+      const float new_max = fmaxf(run_max[h], fmaxf(row_tile_max[h], other) * p.score_scale);
+      base[h] = new_max == -INFINITY ? 0.0f : new_max;
+      alpha[h] = fast_exp2(run_max[h] - base[h]);  // 0 before the first visible token
+      run_max[h] = new_max;
+    }
+    float weight[8];
+    float sum[2] = {0.0f, 0.0f};
+SLIMSERVE_ATTENTION_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      const int h = (i / 2) % 2;
+      weight[i] = fast_exp2(fmaf(s[i], p.score_scale, -base[h]));  // masked: exp2(-inf) = 0
+      sum[h] += weight[i];
+    }
+SLIMSERVE_ATTENTION_UNROLL
+    for (int h = 0; h < 2; ++h) run_sum[h] = run_sum[h] * alpha[h] + sum[h];
 
-    // 2. Online softmax: row soft_row, tokens [8 soft_seg, 8 soft_seg + 8).
-    {
-      constexpr int tokens = Tile::tokens_per_thread;
-      const int token0 = soft_seg * tokens;
-      float x[tokens];
-      float tile_max = -INFINITY;
+    // P as A fragments (a[k]: rows_of_thread[k % 2], tokens token0 + 8 (k / 2) + {0, 1}): the
+    // own k step from registers; the other warpgroup's k step through the P tiles (its groups'
+    // copies when scales are per token group).
+    constexpr int own_copies = fp8 ? 2 : 1;
+    std::uint32_t p_own[own_copies][4];
+    // Where pair k lands in a P tile: row rows_of_thread[k % 2] (the second is 8 rows, one
+    // 1024-byte swizzle pattern, further), tokens token0 + 8 (k / 2).
+    auto p_offset = [&](int k) { return p_store_offset[k / 2] + (k % 2) * PTile::group_bytes; };
+    if constexpr (fp8) {
+      // Copies for groups 2 wg + j (own, registers) and 2 other_wg + j (the P tiles), j = 0, 1:
+      // P x scale_group(token) x 2^8 (per token group), else P.
 SLIMSERVE_ATTENTION_UNROLL
-      for (int j = 0; j < tokens; ++j) {
-        const std::int64_t position = tile_begin + token0 + j;
-        const bool visible = soft_valid && token_ok[token0 + j] != 0 && position <= soft_query;
-        x[j] = visible ? scores[soft_row * Tile::tile_tokens + token0 + j] * p.score_scale : -INFINITY;
-        tile_max = fmaxf(tile_max, x[j]);
-      }
+      for (int pair_tokens = 0; pair_tokens < 2; ++pair_tokens) {
+        float own_scale[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};    // [token e][j]
+        float other_scale[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};  // [token e][j]
+        if (group_scales) {
 SLIMSERVE_ATTENTION_UNROLL
-      for (int offset = 1; offset < Tile::threads_per_row; offset *= 2) {
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
-      }
-      const float new_max = fmaxf(run_max, tile_max);
-      const float base = new_max == -INFINITY ? 0.0f : new_max;
-      const float alpha = exp2f(run_max - base);
-      float weight[tokens];
-      float sum = 0.0f;
+          for (int e = 0; e < 2; ++e) {
+            const float* token_scales = scales + (token0 + 8 * pair_tokens + e) * Tile::groups;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int j = 0; j < tokens; ++j) {
-        weight[j] = exp2f(x[j] - base);
-        sum += weight[j];
-      }
-      // One 16-byte chunk of P per P tile: columns [8 soft_seg, 8 soft_seg + 8) of the row.
-      for (int grp = 0; grp < (group_scales ? Tile::groups : 1); ++grp) {
-        Vec16 chunk;
-SLIMSERVE_ATTENTION_UNROLL
-        for (int j = 0; j < tokens; j += 2) {
-          float lo = weight[j];
-          float hi = weight[j + 1];
-          if (group_scales) {
-            lo *= scales[(token0 + j) * Tile::groups + grp] * per_token_p_headroom;
-            hi *= scales[(token0 + j + 1) * Tile::groups + grp] * per_token_p_headroom;
+            for (int j = 0; j < 2; ++j) {
+              own_scale[e][j] = token_scales[2 * wg + j] * per_token_p_headroom;
+              other_scale[e][j] = token_scales[2 * other_wg + j] * per_token_p_headroom;
+            }
           }
-          chunk.word[j / 2] = pack_pair<MmaT>(lo, hi);
         }
-        store16(smem + Tile::p_offset + grp * PTile::bytes + PTile::chunk_offset(soft_row, soft_seg), chunk);
-      }
 SLIMSERVE_ATTENTION_UNROLL
-      for (int offset = 1; offset < Tile::threads_per_row; offset *= 2) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        for (int h = 0; h < 2; ++h) {
+          const int k = 2 * pair_tokens + h;
+SLIMSERVE_ATTENTION_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            p_own[j][k] = pack_pair<MmaT>(weight[2 * k] * own_scale[0][j], weight[2 * k + 1] * own_scale[1][j]);
+            const std::uint32_t pair =
+                pack_pair<MmaT>(weight[2 * k] * other_scale[0][j], weight[2 * k + 1] * other_scale[1][j]);
+            store4(smem + Tile::p_offset + (2 * other_wg + j) * PTile::bytes + p_offset(k), pair);
+          }
+        }
       }
-      run_sum = run_sum * alpha + sum;
-      run_max = new_max;
-      if (soft_seg == 0) row_alpha[soft_row] = alpha;
+    } else {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        p_own[0][k] = pack_pair<MmaT>(weight[2 * k], weight[2 * k + 1]);
+        store4(smem + Tile::p_offset + p_offset(k), p_own[0][k]);
+      }
     }
     arch::fence_proxy_async_shared();
     __syncthreads();
 
-    // 3. O[:, groups 2 wg, 2 wg + 1] = alpha O + P_group . latent[tile, group columns].
+    // 3. O[:, groups 2 wg, 2 wg + 1] = alpha O + P . latent[tile, group columns].
     {
-      const float alpha_lo = row_alpha[16 * w + g];
-      const float alpha_hi = row_alpha[16 * w + g + 8];
       // Once the row maxima settle every alpha is 1: skip the 128 multiplies (warp vote).
-      if (__any_sync(0xffffffffu, alpha_lo != 1.0f || alpha_hi != 1.0f)) {
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int j = 0; j < 2; ++j) {
 SLIMSERVE_ATTENTION_UNROLL
-          for (int i = 0; i < 64; ++i) o_acc[j][i] *= ((i / 2) % 2) != 0 ? alpha_hi : alpha_lo;
+          for (int i = 0; i < 64; ++i) o_acc[j][i] *= alpha[(i / 2) % 2];
         }
       }
+      const std::uint64_t v_desc = LatentTile::mn_major_descriptor(latent_tile, 0, 0);
       arch::wgmma_fence();
 SLIMSERVE_ATTENTION_UNROLL
       for (int j = 0; j < 2; ++j) {
         const int grp = 2 * wg + j;
-        const std::uint32_t p_tile = smem_base + Tile::p_offset + static_cast<std::uint32_t>(group_scales ? grp : 0) * PTile::bytes;
-SLIMSERVE_ATTENTION_UNROLL
-        for (int k = 0; k < Tile::tile_tokens / 16; ++k) {
-          mla_wgmma_ss<MmaT, 128, arch::WgmmaMajor::mn>(o_acc[j], PTile::k_major_descriptor(p_tile, k),
-                                              LatentTile::mn_major_descriptor(smem_base + latent_tile, k, mla_scale_group * grp),
-                                              true);
-        }
+        const std::uint64_t p_desc = PTile::k_major_descriptor(
+            smem_base + Tile::p_offset + static_cast<std::uint32_t>(fp8 ? grp : 0) * PTile::bytes, 0);
+        mla_wgmma_rs<MmaT, 128, arch::WgmmaMajor::mn>(
+            o_acc[j], p_own[fp8 ? j : 0],
+            arch::wgmma_descriptor_add(v_desc, LatentTile::mn_major_step(wg, mla_scale_group * grp)), true);
+        mla_wgmma_ss<MmaT, 128, arch::WgmmaMajor::mn>(
+            o_acc[j], arch::wgmma_descriptor_add(p_desc, PTile::k_major_step(other_wg)),
+            arch::wgmma_descriptor_add(v_desc, LatentTile::mn_major_step(other_wg, mla_scale_group * grp)), true);
       }
       arch::wgmma_commit_group();
       arch::wgmma_wait_group<0>();
@@ -422,37 +473,45 @@ SLIMSERVE_ATTENTION_UNROLL
 
 SLIMSERVE_ATTENTION_UNROLL
   for (int i = 0; i < Tile::stages - 1; ++i) {
-    if (i < num_tiles) produce(i);
+    if (i < work.num_tiles) produce(i, i);
     arch::cp_async_commit();
   }
-  for (std::int64_t i = 0; i < num_tiles; ++i) {
+  int read_stage = 0;
+  int write_stage = Tile::stages - 1;
+  for (std::int32_t i = 0; i < work.num_tiles; ++i) {
     arch::cp_async_wait<Tile::stages - 2>();
     arch::fence_proxy_async_shared();  // the copies are read by wgmma (BF16) next
     __syncthreads();  // tile i visible to all; tile i - 1 consumed by all
-    if (i + Tile::stages - 1 < num_tiles) produce(i + Tile::stages - 1);
+    if (i + Tile::stages - 1 < work.num_tiles) produce(i + Tile::stages - 1, write_stage);
     arch::cp_async_commit();
-    consume(i);
+    consume(read_stage, i);
+    read_stage = read_stage == Tile::stages - 1 ? 0 : read_stage + 1;
+    write_stage = write_stage == Tile::stages - 1 ? 0 : write_stage + 1;
   }
   arch::cp_async_wait<0>();
 
-  if (soft_seg == 0) {
-    row_max[soft_row] = run_max;
-    row_sum[soft_row] = run_sum;
+  // Epilogue: each row's sum over its quad and both warpgroups.
+SLIMSERVE_ATTENTION_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 2);
+    if (t == 0) final_sum[wg * Tile::rows + rows_of_thread[h]] = run_sum[h];
   }
   __syncthreads();
   const float out_scale = group_scales ? 1.0f / per_token_p_headroom : static_scale;
 SLIMSERVE_ATTENTION_UNROLL
   for (int half = 0; half < 2; ++half) {
-    const int r = 16 * w + g + 8 * half;
+    const int r = rows_of_thread[half];
     const std::int64_t packed = tile_row0 + r;
-    const float sum = row_sum[r];
+    const float sum = final_sum[r] + final_sum[Tile::rows + r];  // the same order in both warpgroups
+    if (wg == 0 && t == 0) mla_write_row_lse(p, work, r, run_max[half], sum);
     const bool empty = !(sum > 0.0f);
     const float norm = empty ? 0.0f : out_scale / sum;
     if (!p.split_kv && packed >= valid_rows) continue;
-    float* po = p.split_kv ? p.partial_o + partial_row(r) * mla_latent_dim : nullptr;
+    float* po = p.split_kv ? p.partial_o + work.partial_row(r) * mla_latent_dim : nullptr;
     bf16* o = nullptr;
     if (!p.split_kv) {
-      const std::int64_t token = first_token + packed / p.num_heads;
+      const std::int64_t token = work.first_token + packed / p.num_heads;
       const std::int64_t head = packed % p.num_heads;
       o = static_cast<bf16*>(p.o) + token * p.o_token_stride + head * p.o_head_stride;
     }
@@ -468,16 +527,6 @@ SLIMSERVE_ATTENTION_UNROLL
           o[column] = from_float<bf16>(o_acc[j][i] * norm);
         }
       }
-    }
-  }
-  if (soft_seg == 0) {
-    const bool empty = !(run_sum > 0.0f);
-    const float lse = empty ? -INFINITY : (run_max + log2f(run_sum)) * paged_ln_2;
-    if (p.split_kv) {
-      p.partial_lse[partial_row(soft_row)] = soft_valid ? lse : -INFINITY;
-    } else if (soft_valid && p.lse != nullptr) {
-      const std::int64_t token = first_token + soft_packed / p.num_heads;
-      p.lse[token * p.num_heads + soft_packed % p.num_heads] = lse;
     }
   }
 }

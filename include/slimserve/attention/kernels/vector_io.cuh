@@ -63,6 +63,15 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store8(void* address, const Vec8& v)
 #endif
 }
 
+/// One 4-byte store (a packed pair of 16-bit values); `address` must be 4-byte aligned.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store4(void* address, std::uint32_t word) {
+#if defined(__CUDACC__)
+  *static_cast<std::uint32_t*>(address) = word;
+#else
+  std::memcpy(address, &word, sizeof(word));
+#endif
+}
+
 /// Stores N elements of T (8 or 16 bytes, aligned to their size) with one vector store.
 template <class T, int N>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_packed(T* address, const T (&elements)[N]) {
