@@ -468,11 +468,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < Tile::output_values; i += 4) {
         const int column = 8 * (i / 4) + 2 * t;
         const std::uint32_t pair = pack_pair<QT>(o_acc[i + 2 * half] * norm, o_acc[i + 2 * half + 1] * norm);
-#if defined(__CUDACC__)
-        *reinterpret_cast<std::uint32_t*>(o + column) = pair;  // 4-byte aligned: column is even
-#else
-        std::memcpy(o + column, &pair, sizeof pair);
-#endif
+        store4(o + column, pair);  // 4-byte aligned: column is even
       }
       if (p.lse != nullptr && t == 0) p.lse[token * p.num_qo_heads + head] = lse;
     }
