@@ -184,6 +184,11 @@ AttentionKernel kernel_for_run(const PagedAttentionArguments& a, const PagedAtte
   return plan.decode && !tensor_core_only ? AttentionKernel::cuda_core : AttentionKernel::tensor_core;
 }
 
+bool runs_warpgroup_mma(const PagedAttentionArguments& a, const PagedAttentionPlan& plan) {
+  return plan.warpgroup_mma && kernel_for_run(a, plan) == AttentionKernel::tensor_core &&
+         a.cache.scale_mode != KvScaleMode::per_token && a.chunk_kv.k == nullptr && a.chunk_kv.v == nullptr;
+}
+
 Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentionPlan& plan,
                            void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   const PagedAttentionProblem& p = plan.problem;
@@ -274,7 +279,8 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   }
 
   const dim3 grid(static_cast<unsigned>(plan.num_work_items), static_cast<unsigned>(p.num_kv_heads));
-  SLIMSERVE_RETURN_IF_ERROR((fused ? entry->launch_fused : entry->launch)(params, grid, stream));
+  const bool wgmma = runs_warpgroup_mma(a, plan) && entry->launch_wgmma != nullptr;
+  SLIMSERVE_RETURN_IF_ERROR((fused ? entry->launch_fused : wgmma ? entry->launch_wgmma : entry->launch)(params, grid, stream));
   if (!plan.split_kv) return {};
 
   kernels::PagedMergeParams merge{};

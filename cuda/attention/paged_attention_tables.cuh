@@ -12,6 +12,7 @@
 
 #include "kernel_tables.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
+#include "slimserve/attention/kernels/paged_prefill_wgmma_kernel.cuh"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::detail {
@@ -25,6 +26,9 @@ struct PagedAttentionKernelEntry {
   std::size_t shared_bytes;
   PagedAttentionLauncher launch;
   PagedAttentionLauncher launch_fused;  ///< fused prefill (quantize-and-append of the chunk)
+  /// The wgmma prefill kernel (64-row schedules), or null where PagedWgmmaHeadDims lacks the
+  /// head_dim.
+  PagedAttentionLauncher launch_wgmma;
 };
 
 template <class KvT, class QT, int HeadDim>
@@ -46,10 +50,27 @@ Status launch_paged_prefill_fused(const kernels::PagedAttentionParams& params, d
 }
 
 template <class KvT, class QT, int HeadDim>
+Status launch_paged_prefill_wgmma(const kernels::PagedAttentionParams& params, dim3 grid, cudaStream_t stream) {
+  using Tile = kernels::PagedWgmmaTile<KvT, HeadDim>;
+  return rt::launch(kernels::paged_prefill_wgmma_kernel<KvT, QT, HeadDim>,
+                    rt::LaunchConfig{grid, dim3(Tile::threads), Tile::shared_bytes, stream}, params);
+}
+
+template <class KvT, class QT, int HeadDim>
+constexpr PagedAttentionLauncher paged_wgmma_launcher() {
+  if constexpr (PagedWgmmaHeadDims::contains(HeadDim)) {
+    return &launch_paged_prefill_wgmma<KvT, QT, HeadDim>;
+  } else {
+    return nullptr;
+  }
+}
+
+template <class KvT, class QT, int HeadDim>
 constexpr PagedAttentionKernelEntry paged_attention_entry() {
   return {kv_dtype_of<KvT>::value, activation_dtype_of<QT>::value, HeadDim,
           sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>),
-          &launch_paged_attention<KvT, QT, HeadDim>, &launch_paged_prefill_fused<KvT, QT, HeadDim>};
+          &launch_paged_attention<KvT, QT, HeadDim>, &launch_paged_prefill_fused<KvT, QT, HeadDim>,
+          paged_wgmma_launcher<KvT, QT, HeadDim>()};
 }
 
 /// Activation types a cache computes with: 16-bit caches their own type, FP8 caches either.

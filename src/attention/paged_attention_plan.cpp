@@ -256,6 +256,20 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
   plan.chunk_tokens = static_cast<std::int32_t>(std::min<std::int64_t>(s.chunk_tokens, std::numeric_limits<std::int32_t>::max()));
   plan.choice = choose_attention_kernel(p, max_qo_len);
   for (const std::int64_t len : kv_len) plan.max_kv_tokens = std::max(plan.max_kv_tokens, len);
+  if (args.warpgroup_mma && plan.choice.kernel == AttentionKernel::tensor_core) {
+    // The wgmma kernel's CTA is one warpgroup over one m64 tile: the 4 x 1 schedule's 64 rows.
+    if (!PagedWgmmaHeadDims::contains(p.head_dim)) {
+      plan.choice.reason += "; not the wgmma kernel: head_dim " + std::to_string(p.head_dim) +
+                            " is not one of its head dims (" + PagedWgmmaHeadDims::describe() + ")";
+    } else if (s.warps_m != 4) {
+      plan.choice.reason += "; not the wgmma kernel: " + std::to_string(s.cta_rows) +
+                            " rows per CTA would pad its 64-row M";
+    } else {
+      plan.warpgroup_mma = true;
+      plan.choice.reason += "; on the sm_90a wgmma kernel (one warpgroup per 64 rows: Q.K^T and P.V "
+                            "at the warpgroup MMA rate, FP8 widened once per tile in shared memory)";
+    }
+  }
 
   const auto w = static_cast<std::size_t>(items);
   const auto u = static_cast<std::size_t>(plan.num_units);

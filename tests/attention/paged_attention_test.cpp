@@ -128,6 +128,7 @@ struct RunConfig {
   std::int64_t page_padding = 0;  // poisoned elements after each page (strided pages)
   std::uint64_t seed = 0;         // for the garbage past each block-table row's pages
   std::int32_t device_seq_len_bump = 0;  // added to request 0's device seq_len only
+  bool warpgroup_mma = false;  // PagedAttentionPlanArguments::warpgroup_mma
 };
 
 /// The same pages as `t` in block-table form: rows of `width` entries; the entries past a
@@ -164,6 +165,7 @@ struct Output {
   std::vector<float> o;    // packed [tokens, H_qo, D]
   std::vector<float> lse;
   PagedAttentionPlan plan;
+  bool ran_wgmma = false;  // runs_warpgroup_mma: the wgmma kernel was launched
 };
 
 Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
@@ -229,6 +231,7 @@ Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
   plan_args.num_sms = rc.num_sms;
   plan_args.ctas_per_sm = 1;
   plan_args.min_chunk_tokens = 128;
+  plan_args.warpgroup_mma = rc.warpgroup_mma;
   auto bytes = paged_attention_workspace_size(plan_args);
   INFO((bytes.ok() ? std::string() : bytes.status().to_string()));
   REQUIRE(bytes.ok());
@@ -264,6 +267,7 @@ Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
 
   Output out;
   out.plan = *plan;
+  out.ran_wgmma = runs_warpgroup_mma(args, *plan);
   out.o_bits = download(*o, f.q_bits.size());
   for (auto bits : out.o_bits) out.o.push_back(from_activation(f.c.q_dtype, bits));
   out.lse = download(*lse, f.tokens() * heads);
@@ -445,16 +449,22 @@ TEST_CASE("paged attention: aborted requests read no page and are marked", "[att
   }
 }
 
-TEST_CASE("paged attention: page ids outside the cache are left out", "[attention][paged]") {
+namespace {
+/// Request 0 loses tokens 16..31 (a page id past the cache), request 1 tokens 0..15 (a
+/// negative id): those tokens never count, the others do.
+void check_bad_page_ids(int head_dim, std::vector<std::int32_t> qo_lengths, bool warpgroup_mma) {
   auto rng = slimserve_test::make_rng(1007);
-  Fixture f({KvDtype::bf16, KvLayout::nhd, KvScaleMode::none, 64, 1, 2, 16, bf, {64, 40}, {5, 1}}, rng);
+  Fixture f({KvDtype::bf16, KvLayout::nhd, KvScaleMode::none, head_dim, 1, 2, 16, bf, {64, 40}, std::move(qo_lengths)}, rng);
   HostPageTable broken = f.table;
   broken.indices[static_cast<std::size_t>(broken.indptr[0] + 1)] = f.table.num_pages + 7;  // tokens 16..31
   broken.indices[static_cast<std::size_t>(broken.indptr[1])] = -3;                         // tokens 0..15
   // Reference: those tokens removed, i.e. their V and K never count.
-  const Output out = run(f, {}, RunConfig{false, 132, nullptr, nullptr, &broken});
+  RunConfig rc{false, 132, nullptr, nullptr, &broken};
+  rc.warpgroup_mma = warpgroup_mma;
+  const Output out = run(f, {}, rc);
+  CHECK(out.ran_wgmma == warpgroup_mma);
   const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
-  const std::size_t d_dim = 64;
+  const std::size_t d_dim = static_cast<std::size_t>(head_dim);
   std::size_t bad = 0;
   for (std::size_t b = 0; b < 2; ++b) {
     const auto pages = f.table.pages_of(b);
@@ -473,7 +483,7 @@ TEST_CASE("paged attention: page ids outside the cache are left out", "[attentio
           for (std::size_t d = 0; d < d_dim; ++d) {
             dot += f.q_values[row * d_dim + d] * f.cache.real(false, pages[static_cast<std::size_t>(p / 16)], static_cast<int>(p % 16), 0, static_cast<int>(d));
           }
-          s.push_back(dot / 8.0);
+          s.push_back(dot / std::sqrt(static_cast<double>(head_dim)));
           kept.push_back(p);
           m = std::max(m, s.back());
         }
@@ -493,6 +503,11 @@ TEST_CASE("paged attention: page ids outside the cache are left out", "[attentio
     }
   }
   CHECK(bad == 0);
+}
+}  // namespace
+
+TEST_CASE("paged attention: page ids outside the cache are left out", "[attention][paged]") {
+  check_bad_page_ids(64, {5, 1}, false);
 }
 
 TEST_CASE("paged attention: preflight rejects bad input before launching", "[attention][paged]") {
@@ -894,4 +909,137 @@ TEST_CASE("paged attention: head_dim 96 and 192 over every cache type", "[attent
       check_split_and_unsplit(f);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sm_90a warpgroup-MMA (wgmma) prefill kernel (PagedAttentionPlanArguments::warpgroup_mma):
+// the same reference and tolerances as the mma.sync kernel, and the fallbacks the plan and the
+// run take where it does not apply.
+
+namespace {
+
+/// Unsplit and split runs asked for the wgmma kernel; `expect_wgmma`: it was launched (false:
+/// the mma.sync kernel ran instead, and is still right).
+void check_wgmma(const Fixture& f, const Options& opt = {}, bool expect_wgmma = true, RunConfig base = {}) {
+  const Reference ref = reference(f, opt);
+  for (bool split : {false, true}) {
+    RunConfig rc = base;
+    rc.allow_split = split;
+    rc.num_sms = split ? 4096 : 132;  // a wide device: chunks of 128
+    rc.warpgroup_mma = true;
+    const Output out = run(f, opt, rc);
+    INFO(out.plan.choice.reason);
+    CHECK(out.ran_wgmma == expect_wgmma);
+    CHECK(out.plan.warpgroup_mma == (expect_wgmma || (out.plan.cta_rows == 64 && PagedWgmmaHeadDims::contains(f.c.head_dim))));
+    check(f, out, ref);
+    std::printf("  wgmma %d %s %s D%d G%d split %d: max |err| / v_max %.2e\n", out.ran_wgmma ? 1 : 0,
+                std::string(to_string(f.c.dtype)).c_str(), std::string(to_string(f.c.scale_mode)).c_str(),
+                f.c.head_dim, f.c.group, out.plan.split_kv ? 1 : 0, max_relative_error(f, out, ref));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("paged attention (wgmma): ragged prefill chunks over cached prefixes, BF16 and FP8", "[attention][paged][wgmma]") {
+  auto rng = slimserve_test::make_rng(1101);
+  using enum KvDtype;
+  for (const PagedCase& c : std::vector<PagedCase>{
+           // chunks of 1, page-1, page, page+1 and long, on prefixes that end mid-page; shuffled
+           // pages with holes (more than two requests)
+           {bf16, KvLayout::nhd, KvScaleMode::none, 128, 2, 4, 16, bf, {1, 15 + 5, 16 + 16, 17 + 3, 150}, {1, 15, 16, 17, 70}},
+           {bf16, KvLayout::hnd, KvScaleMode::none, 128, 1, 8, 32, bf, {9, 33 + 31, 200}, {9, 33, 40}},
+           {fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, {3, 16 + 7, 17 + 64, 140}, {3, 16, 17, 60}},
+           {fp8_e4m3, KvLayout::hnd, KvScaleMode::per_tensor, 128, 1, 4, 16, fp, {15 + 2, 130}, {15, 50}},
+           {fp8_e5m2, KvLayout::nhd, KvScaleMode::per_tensor, 128, 1, 4, 16, bf, {17, 100}, {17, 40}},
+           {fp16, KvLayout::nhd, KvScaleMode::none, 128, 1, 4, 16, fp, {16 + 9, 90}, {16, 45}},
+       }) {
+    INFO("dtype " << to_string(c.dtype) << " D " << c.head_dim << " group " << c.group);
+    Fixture f(c, rng);
+    check_wgmma(f);
+  }
+}
+
+TEST_CASE("paged attention (wgmma): window, soft-cap, sinks, sm_scale, non-causal", "[attention][paged][wgmma]") {
+  auto rng = slimserve_test::make_rng(1102);
+  Fixture f({KvDtype::bf16, KvLayout::nhd, KvScaleMode::none, 128, 2, 2, 16, bf, {40, 1, 17 + 60, 200}, {20, 1, 17, 30}}, rng);
+  Options window;
+  window.window_left = 16;  // window edges fall mid-page and mid-tile
+  check_wgmma(f, window);
+  Options capped;
+  capped.soft_cap = 5.0f;
+  capped.sm_scale = 0.05f;
+  check_wgmma(f, capped);
+  Options sinks;
+  for (int h = 0; h < f.num_qo_heads(); ++h) sinks.sinks.push_back(static_cast<float>(h) - 1.5f);
+  sinks.window_left = 50;
+  check_wgmma(f, sinks);
+  Options full;
+  full.causal = false;
+  check_wgmma(f, full);
+}
+
+TEST_CASE("paged attention (wgmma): block table, strided queries, aborted requests, bad page ids", "[attention][paged][wgmma]") {
+  auto rng = slimserve_test::make_rng(1103);
+  Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 1, 4, 16, bf, {20, 100, 33, 50}, {20, 1, 33, 10}}, rng);
+  const Reference ref = reference(f, {});
+  {
+    RunConfig csr;
+    csr.warpgroup_mma = true;
+    RunConfig block = csr;
+    block.block_table = true;
+    block.seed = 77;
+    const Output a = run(f, {}, csr);
+    const Output b = run(f, {}, block);
+    CHECK(a.ran_wgmma);
+    CHECK(b.ran_wgmma);
+    check(f, a, ref);
+    check_bit_identical(a, b);
+    RunConfig strided = csr;
+    strided.q_head_stride = 128 + 16;
+    strided.q_token_stride = 3 * 4 * (128 + 16);
+    const Output c = run(f, {}, strided);
+    CHECK(c.ran_wgmma);
+    check_bit_identical(a, c);
+  }
+  {
+    std::vector<kv::RequestStatus> status(4, kv::RequestStatus{kv::RequestState::ok, -1});
+    status[1] = {kv::RequestState::stale_tag, 3};
+    status[3] = {kv::RequestState::page_out_of_range, 0};
+    const std::vector<bool> aborted{false, true, false, true};
+    std::set<int> live;
+    for (std::size_t b : {std::size_t{0}, std::size_t{2}}) {
+      for (int page : f.table.pages_of(b)) live.insert(page);
+    }
+    HostCache poisoned = f.cache;
+    for (std::size_t b : {std::size_t{1}, std::size_t{3}}) {
+      for (int page : f.table.pages_of(b)) {
+        if (live.count(page) != 0) continue;
+        for (int slot = 0; slot < f.c.page_size; ++slot) {
+          for (int d = 0; d < f.c.head_dim; ++d) {
+            poisoned.set_bits(poisoned.k, poisoned.offset(page, slot, 0, d), 0x7F);
+            poisoned.set_bits(poisoned.v, poisoned.offset(page, slot, 0, d), 0x7F);
+          }
+        }
+      }
+    }
+    for (bool split : {false, true}) {
+      RunConfig rc{split, 4096, &status, &poisoned};
+      rc.warpgroup_mma = true;
+      const Output out = run(f, {}, rc);
+      CHECK(out.ran_wgmma);
+      check(f, out, ref, &aborted);
+    }
+  }
+  check_bad_page_ids(128, {20, 1}, true);
+}
+
+TEST_CASE("paged attention (wgmma): the plan and the run fall back where it does not apply", "[attention][paged][wgmma]") {
+  auto rng = slimserve_test::make_rng(1104);
+  using enum KvDtype;
+  // Per-token scales: planned for, but the run keeps the mma.sync kernel.
+  check_wgmma(Fixture({fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 128, 1, 4, 16, bf, {17, 80}, {17, 40}}, rng), {}, false);
+  // 32 rows or fewer (decode, verify): the 64-row M would be mostly padding.
+  check_wgmma(Fixture({bf16, KvLayout::nhd, KvScaleMode::none, 128, 2, 4, 16, bf, {5, 70}, {1, 8}}, rng), {}, false);
+  // A head_dim the wgmma kernel is not instantiated for.
+  check_wgmma(Fixture({bf16, KvLayout::nhd, KvScaleMode::none, 64, 1, 4, 16, bf, {30, 70}, {30, 20}}, rng), {}, false);
 }

@@ -160,6 +160,43 @@ def paged_attention(args: list[str], problem: dict) -> Work:
                        f"{row_tiles} row tile(s)"])
 
 
+@formula("paged_prefill_wgmma")
+def paged_prefill_wgmma(args: list[str], problem: dict) -> Work:
+    """paged_prefill_wgmma_kernel<KvT, QT, HeadDim>: the wgmma prefill kernel, 128 threads (one
+    warpgroup) per 64 packed rows, one CTA per (request x row tile x KV split, KV head); 3
+    cp.async stages of 64 tokens. Mirrors PagedWgmmaTile (kernels/paged_prefill_wgmma_kernel.cuh):
+    16-bit caches stage the swizzled MMA tiles, FP8 caches raw stages plus one converted fp16
+    tile pair. Causal prefill counts K/V once (L2 serves the row tiles' re-reads), as
+    `paged_attention`."""
+    kv, q, head_dim = args[0], args[1], int(args[2])
+    batch, context, kv_heads, group = _need(problem, "batch", "context", "kv_heads", "group")
+    query_tokens = problem.get("query_tokens", 1)
+    page_size = problem.get("page_size", 16)
+    kv_b, q_b = dtype_bytes(kv), dtype_bytes(q)
+    stage_tokens, cta_rows, stages = 64, 64, 3
+    tile = stage_tokens * head_dim * 2  # one K or V tile in the 16-bit mma type
+    if kv_b == 1:
+        smem = 2 * tile + stages * 2 * stage_tokens * head_dim + stages * stage_tokens * 4
+    else:
+        smem = stages * 2 * tile + stages * stage_tokens * 4
+    rows = query_tokens * group
+    row_tiles = math.ceil(rows / cta_rows)
+    ctas = batch * row_tiles * kv_heads
+    qo_bytes = batch * query_tokens * kv_heads * group * head_dim * q_b * 2
+    kv_once = batch * kv_heads * context * head_dim * kv_b * 2
+    stage_trips = 0
+    for r in range(row_tiles):
+        last_token = min(query_tokens - 1, (cta_rows * (r + 1) - 1) // group)
+        visible = (context - query_tokens + last_token + 1) if problem.get("causal", False) else context
+        stage_trips += math.ceil(visible / stage_tokens)
+    table_bytes = batch * math.ceil(context / page_size) * 4
+    return Work(threads=128, ctas=ctas, dram_bytes=kv_once + qo_bytes + table_bytes,
+                iterations=batch * kv_heads * stage_trips, dynamic_smem=smem,
+                bytes_formula="K+V B·ctx·H_kv·D·bytes·2 once (L2 serves the row tiles) + Q+O",
+                notes=[f"wgmma, 64 rows per CTA, stage {stage_tokens} tokens, {row_tiles} row tiles, "
+                       f"{stage_trips} stage trips per (request, KV head)"])
+
+
 @formula("kv_append")
 def kv_append(args: list[str], problem: dict) -> Work:
     """append_kernel<KvT, InT, HeadDim>: one CTA per (token, head block), 128 threads, no loop."""

@@ -41,5 +41,10 @@ using PagedHeadDims = HeadDimList<64, 96, 128, 192, 256>;
 /// the plan never picks the CUDA-core kernel for them.
 using VectorKernelHeadDims = HeadDimList<64, 128, 256>;
 
+/// The warpgroup-MMA (wgmma) prefill kernel (kernels/paged_prefill_wgmma_kernel.cuh): head
+/// dims of whole 128-byte swizzle atoms whose O accumulator fits one m64nD (D <= 256). A
+/// subset of PagedHeadDims; the plan keeps the mma.sync kernel for the others.
+using PagedWgmmaHeadDims = HeadDimList<128>;
+
 }  // namespace attention
 SLIMSERVE_NAMESPACE_END

@@ -93,6 +93,12 @@ struct PagedAttentionPlanArguments {
   /// No split chunk shorter than this many tokens.
   std::int32_t min_chunk_tokens = 512;
   bool allow_split = true;
+  /// Run prefill on the sm_90a warpgroup-MMA (wgmma) kernel where it applies: 64-row
+  /// schedules (more than 32 packed rows in some request) over a head_dim of
+  /// PagedWgmmaHeadDims. Off by default until measured on a GPU; the plan's `choice.reason`
+  /// says whether it was taken, and the run keeps the mma.sync kernel for per-token scales
+  /// and fused chunk K/V (runs_warpgroup_mma).
+  bool warpgroup_mma = false;
 };
 
 struct PagedAttentionWorkspaceLayout {
@@ -122,6 +128,9 @@ struct PagedAttentionPlan {
   PagedAttentionWorkspaceLayout layout;
   std::vector<std::int32_t> host_ints;
   AttentionKernelChoice choice;
+  /// The tensor-core work runs on the wgmma kernel (asked for and applicable; see
+  /// PagedAttentionPlanArguments::warpgroup_mma).
+  bool warpgroup_mma = false;
   /// choice == cuda_core: the CUDA-core decode schedule, uploaded at `decode_offset` of the
   /// same workspace. run_paged_attention runs it unless the run asks for what only the
   /// tensor-core kernel has (window, soft-cap, sinks, strided q/o, fused chunk K/V).
@@ -195,6 +204,10 @@ Result<PagedAttentionPlan> plan_paged_attention(PagedAttentionPlanArguments args
 
 /// The kernel run_paged_attention launches for these arguments under this plan.
 AttentionKernel kernel_for_run(const PagedAttentionArguments& args, const PagedAttentionPlan& plan);
+
+/// Whether run_paged_attention launches the wgmma kernel for these arguments under this plan:
+/// the plan took it, and the run needs nothing it lacks (per-token scales, fused chunk K/V).
+bool runs_warpgroup_mma(const PagedAttentionArguments& args, const PagedAttentionPlan& plan);
 
 /// Launch only: preflight against the plan, attention, and the merge when split. Capturable.
 Status run_paged_attention(const PagedAttentionArguments& args, const PagedAttentionPlan& plan,
