@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "slimserve/attention/kernels/mma_fragments.cuh"
+#include "slimserve/attention/kernels/page_locator.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/mla_cache_view.hpp"
 #include "slimserve/kv/request_status.hpp"
@@ -57,22 +58,6 @@ struct MlaDecodeParams {
   float* partial_lse;  // [W, rows]
 };
 
-/// Tokens of request b per the device page table; -1 when the table is inconsistent.
-SLIMSERVE_DEVICE inline std::int64_t mla_request_length(const MlaDecodeParams& p, std::int32_t b) {
-  if (p.indptr != nullptr) {
-    const std::int32_t pages = p.indptr[b + 1] - p.indptr[b];
-    if (pages == 0) return 0;
-    const std::int32_t last = p.last_page_len[b];
-    if (pages < 0 || last < 1 || last > p.page_size) return -1;
-    return (static_cast<std::int64_t>(pages - 1) << p.page_shift) + last;
-  }
-  const std::int32_t len = p.seq_lens[b];
-  if (len < 0 || static_cast<std::int64_t>(len) > (static_cast<std::int64_t>(p.block_table_stride) << p.page_shift)) {
-    return -1;
-  }
-  return len;
-}
-
 /// Page id of the request's `page_index`-th page, or -1 when outside the cache.
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::int32_t mla_page(const MlaDecodeParams& p, std::int32_t b,
                                                              std::int64_t page_index) {
@@ -118,7 +103,7 @@ SLIMSERVE_DEVICE inline MlaWork mla_work(const MlaDecodeParams& p) {
   const std::int32_t row_tile = p.work_row_tile[w.index];
   const std::int32_t split = p.work_split[w.index];
   const std::int32_t num_splits = p.work_num_splits[w.index];
-  w.kv_len = mla_request_length(p, w.b);
+  w.kv_len = located_request_length(p, w.b);  // page_locator.cuh: CSR or block table
   w.aborted = w.kv_len < 0 || !(p.status == nullptr || kv::request_ok(p.status[w.b]));
   w.first_token = p.qo_indptr[w.b];
   w.query_count = p.qo_indptr[w.b + 1] - p.qo_indptr[w.b];
