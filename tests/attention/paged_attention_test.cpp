@@ -339,6 +339,59 @@ void check_split_and_unsplit(const Fixture& f, const Options& opt = {}) {
               unsplit.plan.cta_rows);
 }
 
+
+/// A copy of the cache in which every page that only aborted requests use holds NaN codes (and
+/// NaN per-token scales): a kernel that reads any of them, against the tag check's verdict,
+/// puts NaN into a live output. Single KV head (head 0).
+HostCache poison_pages_only_aborted_read(const Fixture& f, const std::vector<bool>& aborted) {
+  std::set<int> live;
+  for (std::size_t b = 0; b < aborted.size(); ++b) {
+    if (!aborted[b]) {
+      for (int page : f.table.pages_of(b)) live.insert(page);
+    }
+  }
+  HostCache poisoned = f.cache;
+  const bool token_scales = !poisoned.k_token_scale.empty();
+  for (std::size_t b = 0; b < aborted.size(); ++b) {
+    if (!aborted[b]) continue;
+    for (int page : f.table.pages_of(b)) {
+      if (live.count(page) != 0) continue;
+      for (int slot = 0; slot < f.c.page_size; ++slot) {
+        if (token_scales) {
+          poisoned.k_token_scale[poisoned.scale_offset(page, slot, 0)] = NAN;
+          poisoned.v_token_scale[poisoned.scale_offset(page, slot, 0)] = NAN;
+        }
+        for (int d = 0; d < f.c.head_dim; ++d) {
+          poisoned.set_bits(poisoned.k, poisoned.offset(page, slot, 0, d), 0x7F);
+          poisoned.set_bits(poisoned.v, poisoned.offset(page, slot, 0, d), 0x7F);
+        }
+      }
+    }
+  }
+  return poisoned;
+}
+
+/// The attention options one at a time through `check`: a sliding window whose edges fall
+/// mid-page and mid-tile, soft-cap with a custom sm_scale, per-head sinks (with a window), and
+/// non-causal.
+template <class Check>
+void check_each_option(const Fixture& f, float capped_sm_scale, Check&& check) {
+  Options window;
+  window.window_left = 16;
+  check(f, window);
+  Options capped;
+  capped.soft_cap = 5.0f;
+  capped.sm_scale = capped_sm_scale;
+  check(f, capped);
+  Options sinks;
+  for (int h = 0; h < f.num_qo_heads(); ++h) sinks.sinks.push_back(static_cast<float>(h) - 1.5f);
+  sinks.window_left = 50;
+  check(f, sinks);
+  Options full;
+  full.causal = false;
+  check(f, full);
+}
+
 const auto bf = ActivationDtype::bf16;
 const auto fp = ActivationDtype::fp16;
 
@@ -391,20 +444,7 @@ TEST_CASE("paged attention: speculative verify and MQA with 64 query heads", "[a
 TEST_CASE("paged attention: window, soft-cap, sinks, sm_scale, non-causal", "[attention][paged]") {
   auto rng = slimserve_test::make_rng(1004);
   Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 64, 2, 2, 16, bf, {40, 1, 17 + 60, 200}, {20, 1, 17, 1}}, rng);
-  Options window;
-  window.window_left = 16;  // window edges fall mid-page and mid-tile
-  check_split_and_unsplit(f, window);
-  Options capped;
-  capped.soft_cap = 5.0f;
-  capped.sm_scale = 0.3f;
-  check_split_and_unsplit(f, capped);
-  Options sinks;
-  for (int h = 0; h < f.num_qo_heads(); ++h) sinks.sinks.push_back(static_cast<float>(h) - 1.5f);
-  sinks.window_left = 50;
-  check_split_and_unsplit(f, sinks);
-  Options full;
-  full.causal = false;
-  check_split_and_unsplit(f, full);
+  check_each_option(f, 0.3f, [](const Fixture& fx, const Options& opt) { check_split_and_unsplit(fx, opt); });
 }
 
 TEST_CASE("paged attention: strided queries give the packed result", "[attention][paged]") {
@@ -424,24 +464,7 @@ TEST_CASE("paged attention: aborted requests read no page and are marked", "[att
   status[1] = {kv::RequestState::stale_tag, 3};
   status[3] = {kv::RequestState::page_out_of_range, 0};
   const std::vector<bool> aborted{false, true, false, true};
-  std::set<int> live;
-  for (std::size_t b : {std::size_t{0}, std::size_t{2}}) {
-    for (int page : f.table.pages_of(b)) live.insert(page);
-  }
-  HostCache poisoned = f.cache;
-  for (std::size_t b : {std::size_t{1}, std::size_t{3}}) {
-    for (int page : f.table.pages_of(b)) {
-      if (live.count(page) != 0) continue;
-      for (int slot = 0; slot < f.c.page_size; ++slot) {
-        poisoned.k_token_scale[poisoned.scale_offset(page, slot, 0)] = NAN;
-        poisoned.v_token_scale[poisoned.scale_offset(page, slot, 0)] = NAN;
-        for (int d = 0; d < f.c.head_dim; ++d) {
-          poisoned.set_bits(poisoned.k, poisoned.offset(page, slot, 0, d), 0x7F);
-          poisoned.set_bits(poisoned.v, poisoned.offset(page, slot, 0, d), 0x7F);
-        }
-      }
-    }
-  }
+  const HostCache poisoned = poison_pages_only_aborted_read(f, aborted);
   const Reference ref = reference(f, {});
   for (bool split : {false, true}) {
     RunConfig rc{split, 4096, &status, &poisoned};
@@ -962,20 +985,7 @@ TEST_CASE("paged attention (wgmma): ragged prefill chunks over cached prefixes, 
 TEST_CASE("paged attention (wgmma): window, soft-cap, sinks, sm_scale, non-causal", "[attention][paged][wgmma]") {
   auto rng = slimserve_test::make_rng(1102);
   Fixture f({KvDtype::bf16, KvLayout::nhd, KvScaleMode::none, 128, 2, 2, 16, bf, {40, 1, 17 + 60, 200}, {20, 1, 17, 30}}, rng);
-  Options window;
-  window.window_left = 16;  // window edges fall mid-page and mid-tile
-  check_wgmma(f, window);
-  Options capped;
-  capped.soft_cap = 5.0f;
-  capped.sm_scale = 0.05f;
-  check_wgmma(f, capped);
-  Options sinks;
-  for (int h = 0; h < f.num_qo_heads(); ++h) sinks.sinks.push_back(static_cast<float>(h) - 1.5f);
-  sinks.window_left = 50;
-  check_wgmma(f, sinks);
-  Options full;
-  full.causal = false;
-  check_wgmma(f, full);
+  check_each_option(f, 0.05f, [](const Fixture& fx, const Options& opt) { check_wgmma(fx, opt); });
 }
 
 TEST_CASE("paged attention (wgmma): block table, strided queries, aborted requests, bad page ids", "[attention][paged][wgmma]") {
@@ -1006,22 +1016,7 @@ TEST_CASE("paged attention (wgmma): block table, strided queries, aborted reques
     status[1] = {kv::RequestState::stale_tag, 3};
     status[3] = {kv::RequestState::page_out_of_range, 0};
     const std::vector<bool> aborted{false, true, false, true};
-    std::set<int> live;
-    for (std::size_t b : {std::size_t{0}, std::size_t{2}}) {
-      for (int page : f.table.pages_of(b)) live.insert(page);
-    }
-    HostCache poisoned = f.cache;
-    for (std::size_t b : {std::size_t{1}, std::size_t{3}}) {
-      for (int page : f.table.pages_of(b)) {
-        if (live.count(page) != 0) continue;
-        for (int slot = 0; slot < f.c.page_size; ++slot) {
-          for (int d = 0; d < f.c.head_dim; ++d) {
-            poisoned.set_bits(poisoned.k, poisoned.offset(page, slot, 0, d), 0x7F);
-            poisoned.set_bits(poisoned.v, poisoned.offset(page, slot, 0, d), 0x7F);
-          }
-        }
-      }
-    }
+    const HostCache poisoned = poison_pages_only_aborted_read(f, aborted);
     for (bool split : {false, true}) {
       RunConfig rc{split, 4096, &status, &poisoned};
       rc.warpgroup_mma = true;
