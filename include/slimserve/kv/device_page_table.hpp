@@ -38,6 +38,17 @@ struct BlockTableDeviceBuffers {
   std::int32_t max_pages_per_request = 0;
 };
 
+namespace detail {
+/// Replaces `buffer` with a new one of `count` elements (pinned host or device array).
+template <class Buffer>
+Status assign_buffer(Buffer& buffer, std::size_t count) {
+  auto made = Buffer::create(count);
+  if (!made.ok()) return made.status();
+  buffer = std::move(made).value();
+  return {};
+}
+}  // namespace detail
+
 /// Owns a matching pair of CSR buffer sets: pinned host staging for build_page_table and
 /// device arrays for upload_page_table, both sized once for the largest batch.
 class PageTableStorage {
@@ -52,14 +63,14 @@ class PageTableStorage {
     storage.max_entries_ = max_entries;
     const auto rows = static_cast<std::size_t>(max_batch);
     const auto entries = static_cast<std::size_t>(max_entries);
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_indptr_, rows + 1));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_last_, rows));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_indices_, entries));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_tags_, entries));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_indptr_, rows + 1));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_last_, rows));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_indices_, entries));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_tags_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_indptr_, rows + 1));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_last_, rows));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_indices_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_tags_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_indptr_, rows + 1));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_last_, rows));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_indices_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_tags_, entries));
     return Result<PageTableStorage>(std::move(storage));
   }
   PageTableHostBuffers host() const noexcept {
@@ -72,13 +83,6 @@ class PageTableStorage {
   }
 
  private:
-  template <class Buffer>
-  static Status assign(Buffer& buffer, std::size_t count) {
-    auto made = Buffer::create(count);
-    if (!made.ok()) return made.status();
-    buffer = std::move(made).value();
-    return {};
-  }
   std::int32_t max_batch_ = 0;
   std::int64_t max_entries_ = 0;
   detail::PinnedArray<std::int32_t> h_indptr_, h_last_;
@@ -106,12 +110,12 @@ class BlockTableStorage {
     storage.max_pages_per_request_ = max_pages_per_request;
     const auto rows = static_cast<std::size_t>(max_batch);
     const auto entries = rows * static_cast<std::size_t>(max_pages_per_request);
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_block_table_, entries));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_tags_, entries));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.h_seq_lens_, rows));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_block_table_, entries));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_tags_, entries));
-    SLIMSERVE_RETURN_IF_ERROR(assign(storage.d_seq_lens_, rows));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_block_table_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_tags_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_seq_lens_, rows));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_block_table_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_tags_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_seq_lens_, rows));
     return Result<BlockTableStorage>(std::move(storage));
   }
 
@@ -125,14 +129,6 @@ class BlockTableStorage {
   }
 
  private:
-  template <class Buffer>
-  static Status assign(Buffer& buffer, std::size_t count) {
-    auto made = Buffer::create(count);
-    if (!made.ok()) return made.status();
-    buffer = std::move(made).value();
-    return {};
-  }
-
   std::int32_t max_batch_ = 0;
   std::int32_t max_pages_per_request_ = 0;
   detail::PinnedArray<PageId> h_block_table_;
