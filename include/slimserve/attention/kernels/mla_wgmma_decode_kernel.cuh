@@ -361,9 +361,10 @@ SLIMSERVE_ATTENTION_UNROLL
       constexpr int latent_steps = fp8 ? mla_latent_dim / 16 : Tile::k_steps;
       // Descriptor steps as plain 64-bit adds (a step never carries out of the 14-bit start
       // address: shared addresses stay below 256 KB): ptxas keeps each base in a uniform
-      // register pair and forms each wgmma's descriptor with one UIADD3.64. With the low-word
-      // add of arch::wgmma_descriptor_add it rebuilt the latent descriptor's constant high
-      // word for every wgmma — three uniform instructions per S wgmma instead of two.
+      // register pair and forms each wgmma's descriptor with one UIADD3.64. Adding to the low
+      // 32-bit word only (a helper this kernel used before) made it rebuild the latent
+      // descriptor's constant high word for every wgmma — three uniform instructions per S
+      // wgmma instead of two.
       // (BF16 442 -> 409, FP8 558 -> 527 warp-instructions per warp and tile.)
 SLIMSERVE_ATTENTION_UNROLL
       for (int step = 0; step < latent_steps; ++step) {
