@@ -127,7 +127,21 @@ struct DecodeCase {
   std::size_t batch;
   // A larger copy of paths the smaller cases already take (64+ heads): release build only.
   bool release_only = false;
+  // Group scales over 12 decades: per request x 2^11, 1 or 2^-12 (q
+  // divided by the same, the rope multiplied), per token and group x 2^3 .. 2^-12.
+  bool wide_scales = false;
 };
+
+/// wide_scales: what multiplies group `grp` of the token at `pos` of request `b` (the request's
+/// magnitude times the token's group pattern).
+double wide_scale_request(std::size_t b) {
+  const double magnitude[3] = {2048.0, 1.0, 1.0 / 4096.0};
+  return magnitude[b % 3];
+}
+double wide_scale_group(std::int64_t pos, int grp) {
+  const double pattern[4] = {1.0, 1.0 / 64.0, 1.0 / 4096.0, 8.0};
+  return pattern[static_cast<std::size_t>((pos + grp) % 4)];
+}
 
 bool runs_in_this_build(const DecodeCase& c) { return !(c.release_only && slimserve_test::sanitizer_build); }
 
@@ -137,7 +151,7 @@ struct DecodeFixture {
   HostMlaCache cache;
   std::vector<float> q_values;  // [B * qt, H, 576] as the kernel reads them (bf16-rounded)
   std::vector<std::uint16_t> q_bits;
-  std::vector<double> v_max;    // per request: largest |latent| it holds
+  std::vector<double> v_max;    // per request and scale group: largest |latent| it holds [B][4]
   bool ragged = false;          // query counts from qo_indptr (absorbed prefill chunks)
   std::vector<std::int32_t> qo_indptr;  // [B + 1]
 
@@ -150,7 +164,7 @@ struct DecodeFixture {
     qo_indptr.assign(1, 0);
     for (std::size_t b = 0; b < c.batch; ++b) qo_indptr.push_back(qo_indptr.back() + (ragged ? qo_lens[b] : c.query_tokens));
     std::vector<float> latent(latent_dim), rope(rope_dim);
-    v_max.assign(c.batch, 0.0);
+    v_max.assign(c.batch * mla_scale_groups, 0.0);
     std::vector<char> written(static_cast<std::size_t>(table.num_pages) * static_cast<std::size_t>(c.page_size), 0);
     for (std::size_t b = 0; b < c.batch; ++b) {
       const auto pages = table.pages_of(b);
@@ -160,6 +174,18 @@ struct DecodeFixture {
         const std::size_t id = static_cast<std::size_t>(page) * static_cast<std::size_t>(c.page_size) + static_cast<std::size_t>(slot);
         if (!written[id]) {  // a shared prefix page keeps its first writer's values
           latent_row(rng, latent.data(), rope.data(), pos % 37 == 5 ? 4.0f : 1.0f);
+          if (c.wide_scales) {
+            for (int d = 0; d < latent_dim; ++d) {
+              latent[static_cast<std::size_t>(d)] *= static_cast<float>(wide_scale_request(b) * wide_scale_group(pos, d / mla_scale_group));
+            }
+            // One value of 10 x the group's multiplier: the loud request's largest scales
+            // pass 256 whatever the draw (10 x 2^11 x 8 / 448 = 366).
+            for (int grp = 0; grp < mla_scale_groups; ++grp) {
+              latent[static_cast<std::size_t>(grp * mla_scale_group + 5)] =
+                  static_cast<float>(10.0 * wide_scale_request(b) * wide_scale_group(pos, grp));
+            }
+            for (float& r : rope) r *= static_cast<float>(wide_scale_request(b));
+          }
           cache.store(page, slot, latent.data(), rope.data());
           written[id] = 1;
         }
@@ -169,8 +195,9 @@ struct DecodeFixture {
       const auto pages = table.pages_of(b);
       for (std::int64_t pos = 0; pos < table.length(b); ++pos) {
         for (int d = 0; d < latent_dim; ++d) {
-          v_max[b] = std::max(v_max[b], std::fabs(cache.real(pages[static_cast<std::size_t>(pos / c.page_size)],
-                                                              static_cast<int>(pos % c.page_size), d)));
+          double& m = v_max[b * mla_scale_groups + static_cast<std::size_t>(d / mla_scale_group)];
+          m = std::max(m, std::fabs(cache.real(pages[static_cast<std::size_t>(pos / c.page_size)],
+                                               static_cast<int>(pos % c.page_size), d)));
         }
       }
     }
@@ -179,7 +206,14 @@ struct DecodeFixture {
     q_bits.resize(q_count);
     q_values.resize(q_count);
     for (std::size_t i = 0; i < q_count; ++i) {
-      q_bits[i] = from_float<bf16>(normal(rng)).bits;
+      float x = normal(rng);
+      if (c.wide_scales && static_cast<int>(i % qk_dim) < latent_dim) {
+        const std::size_t token = i / static_cast<std::size_t>(c.heads * qk_dim);
+        std::size_t b = 0;
+        while (static_cast<std::size_t>(qo_indptr[b + 1]) <= token) ++b;
+        x = static_cast<float>(x / wide_scale_request(b));
+      }
+      q_bits[i] = from_float<bf16>(x).bits;
       q_values[i] = to_float(bf16::from_bits(q_bits[i]));
     }
   }
@@ -189,6 +223,49 @@ struct DecodeFixture {
   std::size_t row_of(std::size_t b, int t, int h) const {
     return (static_cast<std::size_t>(qo_indptr[b]) + static_cast<std::size_t>(t)) * static_cast<std::size_t>(c.heads) +
            static_cast<std::size_t>(h);
+  }
+
+  /// How far a score may move when the latent reaches the mma as fp16 — the wgmma kernel's
+  /// FP8 path folds the group scale into the widening: fp16(code x fp16(scale / 2^e)) x 2^e,
+  /// within 2^-10 of code x scale (relative) plus 2^-15 of the token's largest group scale
+  /// (absolute: fp16 subnormals) — and q reaches it as fp16 (exact from BF16 but for
+  /// subnormals, 2^-25). Per row, the largest bound over its visible tokens: lse moves by at
+  /// most that much, each P by twice that (relative). Zero for every other path.
+  std::vector<double> score_bound(double sm_scale, bool fp16_latent) const {
+    const std::size_t rows = total_tokens() * static_cast<std::size_t>(c.heads);
+    std::vector<double> bound(rows, 0.0);
+    if (!fp16_latent) return bound;
+    for (std::size_t b = 0; b < c.batch; ++b) {
+      const auto pages = table.pages_of(b);
+      const std::int64_t len = table.length(b);
+      for (int t = 0; t < query_count(b); ++t) {
+        const std::int64_t visible = std::max<std::int64_t>(0, len - query_count(b) + t + 1);
+        for (int h = 0; h < c.heads; ++h) {
+          const std::size_t row = row_of(b, t, h);
+          for (std::int64_t p = 0; p < visible; ++p) {
+            const int page = pages[static_cast<std::size_t>(p / c.page_size)];
+            const int slot = static_cast<int>(p % c.page_size);
+            double largest_scale = cache.static_scale;
+            if (c.mode == MlaScaleMode::per_token_group) {
+              largest_scale = 0.0;
+              for (int grp = 0; grp < mla_scale_groups; ++grp) {
+                float s = 0.0f;
+                std::memcpy(&s, cache.record(page, slot) + cache.layout.scales_offset + 4 * grp, 4);
+                largest_scale = std::max(largest_scale, static_cast<double>(s));
+              }
+            }
+            double sum = 0.0;
+            for (int d = 0; d < latent_dim; ++d) {
+              const double q = std::fabs(q_values[row * qk_dim + static_cast<std::size_t>(d)]);
+              const double k = std::fabs(cache.real(page, slot, d));
+              sum += q * (0x1p-10 * k + 0x1p-15 * largest_scale) + 0x1p-25 * k;
+            }
+            bound[row] = std::max(bound[row], sum * sm_scale);
+          }
+        }
+      }
+    }
+    return bound;
   }
 
   Reference reference(double sm_scale) const {
@@ -326,8 +403,10 @@ std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFi
   return {o_values, download(lse, rows)};
 }
 
+/// score_bound: DecodeFixture::score_bound of the path that ran (empty: none).
 void check_decode(const DecodeFixture& f, const std::vector<float>& o, const std::vector<float>& lse,
-                  const Reference& ref, const std::vector<kv::RequestStatus>& status) {
+                  const Reference& ref, const std::vector<kv::RequestStatus>& status,
+                  const std::vector<double>& score_bound = {}) {
   const DecodeCase& c = f.c;
   // P is rounded to the mma type (BF16: 2^-9 relative; FP8 path: fp16, 2^-11) and o to BF16.
   const double tol_v = c.dtype == KvDtype::bf16 ? 6e-3 : 3e-3;
@@ -337,6 +416,7 @@ void check_decode(const DecodeFixture& f, const std::vector<float>& o, const std
     for (int t = 0; t < f.query_count(b); ++t) {
       for (int h = 0; h < c.heads; ++h) {
         const std::size_t row = f.row_of(b, t, h);
+        const double s_bound = score_bound.empty() ? 0.0 : score_bound[row];
         if (aborted) {
           if (!(lse[row] == -INFINITY)) ++bad;
           for (int d = 0; d < latent_dim; ++d) if (!std::isnan(o[row * latent_dim + static_cast<std::size_t>(d)])) ++bad;
@@ -344,14 +424,17 @@ void check_decode(const DecodeFixture& f, const std::vector<float>& o, const std
         }
         if (ref.lse[row] == -INFINITY) {
           if (!(lse[row] == -INFINITY)) ++bad;
-        } else if (!(std::fabs(lse[row] - ref.lse[row]) <= 2e-3 + 1e-4 * std::fabs(ref.lse[row]))) {
+        } else if (!(std::fabs(lse[row] - ref.lse[row]) <= 2e-3 + 1e-4 * std::fabs(ref.lse[row]) + s_bound)) {
           if (bad++ < 5) std::printf("lse row %zu: %f vs %f\n", row, static_cast<double>(lse[row]), ref.lse[row]);
         }
         for (int d = 0; d < latent_dim; ++d) {
           const double want = ref.o[row * latent_dim + static_cast<std::size_t>(d)];
           const double got = o[row * latent_dim + static_cast<std::size_t>(d)];
-          if (!(std::fabs(got - want) <= tol_v * f.v_max[b] + 8e-3 * std::fabs(want) + 1e-6)) {
-            if (bad++ < 5) std::printf("o row %zu d %d: %f vs %f (vmax %f)\n", row, d, got, want, f.v_max[b]);
+          // Output column d averages scale group d / 128 of the tokens: that group's largest
+          // value bounds what P's rounding (and S's, through P: 2 s_bound) can move it by.
+          const double v_max = f.v_max[b * mla_scale_groups + static_cast<std::size_t>(d / mla_scale_group)];
+          if (!(std::fabs(got - want) <= (tol_v + 2 * s_bound) * v_max + 8e-3 * std::fabs(want) + 1e-6 * v_max + 1e-12)) {
+            if (bad++ < 5) std::printf("o row %zu d %d: %g vs %g (group vmax %g)\n", row, d, got, want, v_max);
           }
         }
       }
@@ -565,12 +648,13 @@ TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP
       auto rng = slimserve_test::make_rng(1510 + i);
       DecodeFixture f(c, rng);
       const Reference ref = f.reference(sm_scale);
+      const std::vector<double> bound = f.score_bound(sm_scale, c.dtype != KvDtype::bf16);
       {
         INFO("wgmma, unsplit, CSR");
         RunOptions opt;
         opt.wgmma = true;
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
-        check_decode(f, o, lse, ref, {});
+        check_decode(f, o, lse, ref, {}, bound);
       }
       {
         INFO("wgmma, split, block table, one request aborted");
@@ -581,7 +665,62 @@ TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP
         opt.status.assign(c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
         opt.status[1] = {kv::RequestState::stale_tag, 0};
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
-        check_decode(f, o, lse, ref, opt.status);
+        check_decode(f, o, lse, ref, opt.status, bound);
+      }
+    }
+  }
+}
+
+// The wgmma kernel folds each group scale into the widened fp16 latent (2^e per token in FP32,
+// scale / 2^e in fp16): scales far from 1 in both directions, and groups of one token 2^15
+// apart, must keep every element within the per-group tolerance (tokens past fp16 for a
+// naive code x scale, P x scale past fp16 for a per-group P copy).
+TEST_CASE("mla decode on wgmma, FP8 group scales from 1e-8 to 1e4: every element against FP64") {
+  const DecodeCase cases[] = {
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, 1, 16, 4, false, true},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 128, 1, 64, 3, true, true},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 16, 4, 32, 3, true, true},
+  };
+  const float sm_scale = 1.0f / std::sqrt(192.0f);
+  for (std::size_t i = 0; i < std::size(cases); ++i) {
+    const DecodeCase& c = cases[i];
+    if (!runs_in_this_build(c)) continue;
+    SECTION(describe(c) + " wide scales") {
+      auto rng = slimserve_test::make_rng(3710 + i);
+      DecodeFixture f(c, rng);
+      // The fixture spans what it claims: the largest group scale past 146 (code x scale would
+      // leave fp16) and past 256 (P x scale x 2^8 would), the smallest below 2^-20.
+      float smallest = INFINITY, largest = 0.0f;
+      for (std::int32_t page = 0; page < f.table.num_pages; ++page) {
+        for (int slot = 0; slot < c.page_size; ++slot) {
+          for (int grp = 0; grp < mla_scale_groups; ++grp) {
+            float scale = 0.0f;
+            std::memcpy(&scale, f.cache.record(page, slot) + f.cache.layout.scales_offset + 4 * grp, 4);
+            if (!std::isfinite(scale)) continue;  // never written (0xFF bytes)
+            smallest = std::min(smallest, scale);
+            largest = std::max(largest, scale);
+          }
+        }
+      }
+      CHECK(largest > 256.0f);
+      CHECK(smallest < 1e-6f);
+      const Reference ref = f.reference(sm_scale);
+      const std::vector<double> bound = f.score_bound(sm_scale, c.dtype != KvDtype::bf16);
+      {
+        INFO("wgmma, split, CSR");
+        RunOptions opt;
+        opt.wgmma = true;
+        opt.split = true;
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, {}, bound);
+      }
+      {
+        INFO("wgmma, unsplit, block table");
+        RunOptions opt;
+        opt.wgmma = true;
+        opt.block_table = true;
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, {}, bound);
       }
     }
   }
@@ -629,7 +768,7 @@ TEST_CASE("mla ragged absorbed prefill: chunks of 0..N query tokens, causal with
         opt.status.assign(rc.c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
         opt.status[2] = {kv::RequestState::stale_tag, 0};
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
-        check_decode(f, o, lse, ref, opt.status);
+        check_decode(f, o, lse, ref, opt.status, f.score_bound(sm_scale, rc.c.dtype != KvDtype::bf16));
       }
     }
   }

@@ -7,5 +7,10 @@ library="$1"
 shift
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 python="$("$root/scripts/python-env")"
+# A temporary root of this run's own: concurrent pytest sessions sharing the default one
+# (several build trees tested at once) can clean up each other's tmp_path directories.
+basetemp="$(mktemp -d "${TMPDIR:-/tmp}/slimserve-pytest.XXXXXX")"
+trap 'rm -rf "$basetemp"' EXIT
 cd "$root/python"
-SLIMSERVE_LIBRARY="$library" PYTHONPATH="$root/python" exec "$python" -m pytest -q -p no:cacheprovider "$@" tests
+SLIMSERVE_LIBRARY="$library" PYTHONPATH="$root/python" "$python" -m pytest -q -p no:cacheprovider \
+  --basetemp="$basetemp/t" "$@" tests

@@ -11,11 +11,11 @@
 ///   P. producer: 8 threads per token; BF16: cp.async of the record straight into the
 ///      swizzled latent tile of the stage (latent and rope: columns 0..575); FP8: the raw
 ///      record (codes, scales, rope) into the stage;
-///   0. FP8: every thread widens 4 chunks of 16 codes (exactly, to fp16) into the one
-///      converted tile, and converts one chunk of the BF16 rope to fp16;
+///   0. FP8: every thread widens 4 chunks of 16 codes into the one converted fp16 tile with
+///      the group scale folded in (code x scale_g / 2^e, 2^e a power of two per token);
 ///   1. S for the warpgroup's 16 tokens, in its accumulator registers: one m64n16k16 chain over
-///      all 36 k steps (BF16); FP8: one chain per latent group and one for the rope, combined
-///      as sum_g scale_g S_g + S_rope in FP32;
+///      all 36 k steps (BF16); FP8: one chain for the latent and one (BF16) for the rope,
+///      combined as 2^e S_latent + S_rope in FP32;
 ///   2. softmax in those registers (FlashAttention-3 style): mask, the row maximum over the
 ///      thread's 4 tokens and its quad, exchanged with the other warpgroup through 512 bytes
 ///      of shared memory; P = exp2(S - max), the sum kept per thread (reduced once at the end);
@@ -23,9 +23,9 @@
 ///      with P from registers (the S accumulator layout is the A fragment layout: wgmma RS),
 ///      the other warpgroup's k step from the P tile it wrote (wgmma SS); latent MN-major, the
 ///      same bytes as in step 1.
-/// Numerics as the mma.sync kernel: 16-bit inputs of mma_input_t<KvT> (fp16 for FP8, with Q
-/// clamped to its range), FP32 accumulation, per-token group scales on S and on P (2^8
-/// headroom).
+/// Numerics: 16-bit inputs of mma_input_t<KvT> (fp16 for FP8, with Q clamped to its range),
+/// FP32 accumulation. FP8 unlike the mma.sync kernel: the latent reaches the mma dequantized to
+/// fp16 (within 2^-10 of code x scale, relative; see step 0), and P carries 2^e x 2^8.
 
 #include <cmath>
 #include <cstdint>
@@ -36,6 +36,7 @@
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
+#include "slimserve/formats/detail/float_codec.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
@@ -60,6 +61,9 @@ struct MlaWgmmaTile {
   /// FP8: the BF16 rope, cp.async'd per stage straight into its own tile (a BF16 S chain).
   using RopeTile = arch::WgmmaTile128B<tile_tokens, mla_rope_dim>;
   using PTile = arch::WgmmaTile128B<rows, 64>;  // tokens 0..31 used
+  /// FP8: what a token's group scales become (see the widening): 2^e, the largest power of
+  /// two not above its largest group scale, [0], and 2^e x per_token_p_headroom [1].
+  static constexpr int token_factors = 2;
   // FP8 raw codes per stage.
   static constexpr int code_bytes = mla_latent_dim;          // 512
   static_assert(groups == 4 && threads_per_token == 8 && warpgroup_tokens == 16);
@@ -70,8 +74,9 @@ struct MlaWgmmaTile {
   static constexpr std::uint32_t latent_offset = q_offset + QTile::bytes;
   static constexpr int latent_tiles = fp8 ? 1 : stages;
   static constexpr std::uint32_t p_offset = latent_offset + latent_tiles * LatentTile::bytes;
-  /// P tiles: one per scale group for FP8 (P x the group's per-token scale), else one.
-  static constexpr int p_tiles = fp8 ? groups : 1;
+  /// P tile: the other warpgroup's k step of P (FP8: P x 2^e(token) x 2^8, one copy for
+  /// every group, the group scales being folded into the widened latent).
+  static constexpr int p_tiles = 1;
   static constexpr std::uint32_t raw_offset = p_offset + p_tiles * PTile::bytes;
   static constexpr std::uint32_t raw_stage_bytes = fp8 ? tile_tokens * code_bytes : 0;
   static constexpr std::uint32_t rope_offset = raw_offset + stages * raw_stage_bytes;
@@ -79,13 +84,34 @@ struct MlaWgmmaTile {
   static constexpr std::uint32_t scales_offset = rope_offset + rope_tiles * RopeTile::bytes;
   /// Per stage and token: 0 when the token is readable, -inf past the range or on a bad page.
   static constexpr std::uint32_t token_bias_offset = scales_offset + stages * tile_tokens * groups * 4;
+  /// FP8, per token of the tile being consumed: token_factors floats (written by the widening).
+  static constexpr std::uint32_t token_factor_offset = token_bias_offset + stages * tile_tokens * 4;
   /// Per warpgroup and row: the tile's maximum (exchanged every tile), the final sum.
-  static constexpr std::uint32_t stats_offset = token_bias_offset + stages * tile_tokens * 4;
+  static constexpr std::uint32_t stats_offset = token_factor_offset + (fp8 ? tile_tokens * token_factors * 4 : 0);
   static constexpr std::uint32_t shared_bytes = stats_offset + 2 * warpgroups * rows * 4;
   static_assert(shared_bytes <= 227 * 1024, "over the per-CTA shared memory limit");
   static_assert(latent_offset % 1024 == 0 && p_offset % 1024 == 0 && raw_offset % 1024 == 0 &&
                 rope_offset % 1024 == 0);
 };
+
+/// a x b on both fp16 halves, rounded once (RNE; fp16 subnormals kept, as mul.rn.f16x2 does).
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t mul_f16x2(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  std::uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  // The product of two fp16 values (11-bit significands, exponents from -24) is exact in FP32,
+  // so rounding it to fp16 is the GPU's one rounding.
+  std::uint32_t d = 0;
+  for (int half = 0; half < 2; ++half) {
+    const float x = to_float(fp16::from_bits(static_cast<std::uint16_t>(a >> (16 * half))));
+    const float y = to_float(fp16::from_bits(static_cast<std::uint16_t>(b >> (16 * half))));
+    d |= std::uint32_t{from_float<fp16>(x * y).bits} << (16 * half);
+  }
+  return d;
+#endif
+}
 
 /// One wgmma.mma_async with both operands in shared memory, in the 16-bit type T.
 template <class T, int N, arch::WgmmaMajor BMajor = arch::WgmmaMajor::k>
@@ -257,33 +283,75 @@ SLIMSERVE_ATTENTION_UNROLL
         0xffffffffu, smem_base + Tile::latent_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * LatentTile::bytes),
         0);
     if constexpr (fp8) {
-      // 0. Widen the stage's codes (each once) into the converted tile.
+      // 0. Widen the stage's codes (each once) into the converted tile, the group scale folded
+      //    in: latent = code x scale_g = 2^e x (code x m_g), 2^e a power of two per token and
+      //    m_g = scale_g / 2^e (exact); m_g is rounded to fp16, then code x m_g (so each value
+      //    is within 2^-10 of code x scale_g, relative, as dequantizing to fp16 would leave it;
+      //    FlashMLA dequantizes to BF16, 2^-8); 2^e scales S (FP32, exact) and P. e is the
+      //    exponent of the token's largest group scale, so m_g < 2 and |code x m_g| < 896,
+      //    clamped to [-126, 7] so that P x 2^e x 2^8 stays below fp16's maximum (up to
+      //    2^15); a clamped token carries m_g up to 146 (a group
+      //    scale up to 2^7 x 146 ~ 1.9e4, i.e. |latent| up to 8.3e6, before code x m_g would
+      //    pass fp16's 65504). One S chain for the latent, one P copy for all groups.
+      //    Unit `unit` of warp w is token w + 8 unit, its lane the 16-code chunk `lane` (scale
+      //    group lane / 8): a warp-uniform token. Each lane first derives one (unit, group)
+      //    factor — lanes 4 g + unit (and their copies 16 above) — then fetches its own.
+      constexpr std::uint32_t min_exponent_bits = 0x00800000u;  // 2^-126: subnormal scales stay exact in m
+      constexpr std::uint32_t max_exponent_bits = (127u + 7u) << 23;  // 2^7
       const unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes;
       unsigned char* tile = smem + Tile::latent_offset;
       constexpr int code_chunks = Tile::code_bytes / 16;  // 32 chunks of 16 codes per token
-      static_assert(Tile::tile_tokens * code_chunks % Tile::threads == 0);
+      constexpr int units = Tile::tile_tokens * code_chunks / Tile::threads;  // 4
+      constexpr int warps = Tile::threads / 32;
+      static_assert(code_chunks == 32 && units == 4 && Tile::groups == 4 && code_chunks / Tile::groups == 8,
+                    "one warp per token and unit, lane = chunk, group = lane / 8");
+      const int warp = tid / 32;
+      std::uint32_t group_factor = 0;  // f16x2 (m, m) for (unit lane % 4, group (lane / 4) % 4)
+      {
+        const int prep_token = warp + warps * (lane % units);
+        const int prep_group = (lane / units) % Tile::groups;
+        const float scale = group_scales ? scales[prep_token * Tile::groups + prep_group] : static_scale;
+        float token_max = fmaxf(scale, __shfl_xor_sync(0xffffffffu, scale, units));
+        token_max = fmaxf(token_max, __shfl_xor_sync(0xffffffffu, token_max, 2 * units));
+        // 2^e from the exponent field, clamped as above.
+        std::uint32_t exponent_bits = slimserve::detail::float_bits(token_max) & 0x7F800000u;
+        exponent_bits = exponent_bits < min_exponent_bits ? min_exponent_bits : exponent_bits;
+        exponent_bits = exponent_bits > max_exponent_bits ? max_exponent_bits : exponent_bits;
+        const float power = slimserve::detail::float_from_bits(exponent_bits);
+        const float inverse_power = slimserve::detail::float_from_bits(0x7F000000u - exponent_bits);  // 2^-e
+        const float m = scale * inverse_power;
+        group_factor = pack_pair<fp16>(m, m);
+        if (lane < units) {  // group 0's lane of each unit: the token's factors for S and P
+          float* factors = reinterpret_cast<float*>(smem + Tile::token_factor_offset) + prep_token * Tile::token_factors;
+          factors[0] = power;
+          factors[1] = power * per_token_p_headroom;
+        }
+      }
 SLIMSERVE_ATTENTION_UNROLL
-      for (int unit = 0; unit < Tile::tile_tokens * code_chunks / Tile::threads; ++unit) {
-        const int u = tid + Tile::threads * unit;
-        const int token = u / code_chunks;
-        const int c = u % code_chunks;
+      for (int unit = 0; unit < units; ++unit) {
+        const int token = warp + warps * unit;
+        const int c = lane;
+        const std::uint32_t factor = __shfl_sync(0xffffffffu, group_factor, unit + units * (lane / 8));
         const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
         Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
         for (int k = 0; k < 4; ++k) {
-          wide[k / 2].word[2 * (k % 2)] = fp8_pair_to_f16x2<KvT>(codes.word[k]);
-          wide[k / 2].word[2 * (k % 2) + 1] = fp8_pair_to_f16x2<KvT>(codes.word[k] >> 16);
+SLIMSERVE_ATTENTION_UNROLL
+          for (int half = 0; half < 2; ++half) {
+            const std::uint32_t code = fp8_pair_to_f16x2<KvT>(codes.word[k] >> (16 * half));
+            wide[k / 2].word[2 * (k % 2) + half] = mul_f16x2(code, factor);
+          }
         }
         store16(tile + LatentTile::chunk_offset(token, 2 * c), wide[0]);
         store16(tile + LatentTile::chunk_offset(token, 2 * c + 1), wide[1]);
       }
-      arch::fence_proxy_async_shared();
+      arch::fence_proxy_async_shared();  // also covers the rope tile this thread cp.async'd
       __syncthreads();
     }
 
     // 1. S[64 rows, the warpgroup's 16 tokens] in registers. d[i]: row rows_of_thread[(i/2)%2],
-    //    token token0 + 8 (i/4) + i%2. BF16: one chain; FP8: per latent group, and the rope.
-    constexpr int chains = fp8 ? Tile::groups + 1 : 1;
+    //    token token0 + 8 (i/4) + i%2. BF16: one chain; FP8: the (scaled) latent, and the rope.
+    constexpr int chains = fp8 ? 2 : 1;
     float s_acc[chains][8];
     {
       const std::uint64_t q_desc = QTile::k_major_descriptor(smem_base + Tile::q_offset, 0);
@@ -291,24 +359,28 @@ SLIMSERVE_ATTENTION_UNROLL
           latent_tile + 2u * LatentTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
       arch::wgmma_fence();
       constexpr int latent_steps = fp8 ? mla_latent_dim / 16 : Tile::k_steps;
+      // Descriptor steps as plain 64-bit adds (a step never carries out of the 14-bit start
+      // address: shared addresses stay below 256 KB): ptxas keeps each base in a uniform
+      // register pair and forms each wgmma's descriptor with one UIADD3.64. With the low-word
+      // add of arch::wgmma_descriptor_add it rebuilt the latent descriptor's constant high
+      // word for every wgmma — three uniform instructions per S wgmma instead of two.
+      // (BF16 442 -> 409, FP8 558 -> 527 warp-instructions per warp and tile.)
 SLIMSERVE_ATTENTION_UNROLL
       for (int step = 0; step < latent_steps; ++step) {
-        const int chain = fp8 ? step / Tile::group_k_steps : 0;
-        const bool accumulate = fp8 ? step % Tile::group_k_steps != 0 : step != 0;
-        mla_wgmma_ss<MmaT, 16>(s_acc[chain], arch::wgmma_descriptor_add(q_desc, QTile::k_major_step(step)),
-                               arch::wgmma_descriptor_add(b_desc, LatentTile::k_major_step(step)), accumulate);
+        mla_wgmma_ss<MmaT, 16>(s_acc[0], q_desc + QTile::k_major_step(step),
+                               b_desc + LatentTile::k_major_step(step), step != 0);
       }
       if constexpr (fp8) {
-        // The rope: BF16 Q columns 512..575 against the stage's BF16 rope tile, chain 4.
+        // The rope: BF16 Q columns 512..575 against the stage's BF16 rope tile, chain 1.
         const std::uint32_t rope_tile = __shfl_sync(
             0xffffffffu, smem_base + Tile::rope_offset + static_cast<std::uint32_t>(stage) * RopeTile::bytes, 0);
         const std::uint64_t rope_desc = RopeTile::k_major_descriptor(
             rope_tile + 2u * RopeTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
 SLIMSERVE_ATTENTION_UNROLL
         for (int step = 0; step < mla_rope_dim / 16; ++step) {
-          mla_wgmma_ss<bf16, 16>(s_acc[Tile::groups],
-                                 arch::wgmma_descriptor_add(q_desc, QTile::k_major_step(latent_steps + step)),
-                                 arch::wgmma_descriptor_add(rope_desc, RopeTile::k_major_step(step)), step != 0);
+          mla_wgmma_ss<bf16, 16>(s_acc[1],
+                                 q_desc + QTile::k_major_step(latent_steps + step),
+                                 rope_desc + RopeTile::k_major_step(step), step != 0);
         }
       }
       arch::wgmma_commit_group();
@@ -317,22 +389,20 @@ SLIMSERVE_ATTENTION_UNROLL
     float s[8];
     // The thread's tokens: token0 + 8 (k / 2) + k % 2, k = 0..3; element i of S holds token
     // k = 2 (i / 4) + i % 2 of row (i / 2) % 2.
+    // FP8: the thread's tokens' factors (2^e, 2^e x headroom), tokens 2 pair, 2 pair + 1 in one load.
+    // token_factor[Tile::token_factors * k + f]: factor f of the thread's token k.
+    float token_factor[4 * Tile::token_factors];
     if constexpr (fp8) {
+      const float* factors = reinterpret_cast<const float*>(smem + Tile::token_factor_offset);
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        float scale[Tile::groups] = {static_scale, static_scale, static_scale, static_scale};
-        if (group_scales) {
-          const Vec16 v = load16(scales + (token0 + 8 * (k / 2) + k % 2) * Tile::groups);
-          std::memcpy(scale, v.word, sizeof scale);
-        }
+      for (int pair = 0; pair < 2; ++pair) {
+        const Vec16 v = load16(factors + (token0 + 8 * pair) * Tile::token_factors);
+        static_assert(sizeof v.word == 2 * Tile::token_factors * sizeof(float));
+        std::memcpy(token_factor + 2 * Tile::token_factors * pair, v.word, sizeof v.word);
+      }
 SLIMSERVE_ATTENTION_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int i = 4 * (k / 2) + 2 * h + k % 2;
-          float latent = s_acc[0][i] * scale[0];
-SLIMSERVE_ATTENTION_UNROLL
-          for (int grp = 1; grp < Tile::groups; ++grp) latent = fmaf(s_acc[grp][i], scale[grp], latent);
-          s[i] = latent + s_acc[Tile::groups][i];
-        }
+      for (int i = 0; i < 8; ++i) {
+        s[i] = fmaf(s_acc[0][i], token_factor[Tile::token_factors * (2 * (i / 4) + i % 2)], s_acc[1][i]);
       }
     } else {
 SLIMSERVE_ATTENTION_UNROLL
@@ -395,48 +465,25 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int h = 0; h < 2; ++h) run_sum[h] = run_sum[h] * alpha[h] + sum[h];
 
     // P as A fragments (a[k]: rows_of_thread[k % 2], tokens token0 + 8 (k / 2) + {0, 1}): the
-    // own k step from registers; the other warpgroup's k step through the P tiles (its groups'
-    // copies when scales are per token group).
-    constexpr int own_copies = fp8 ? 2 : 1;
-    std::uint32_t p_own[own_copies][4];
-    // Where pair k lands in a P tile: row rows_of_thread[k % 2] (the second is 8 rows, one
+    // own k step from registers; the other warpgroup's k step through the P tile. FP8: P x
+    // 2^e(token) x 2^8 (the latent tile holds code x m_g; the headroom keeps small 2^e x P out
+    // of fp16 subnormals and is undone at the end).
+    std::uint32_t p_own[4];
+    // Where pair k lands in the P tile: row rows_of_thread[k % 2] (the second is 8 rows, one
     // 1024-byte swizzle pattern, further), tokens token0 + 8 (k / 2).
     auto p_offset = [&](int k) { return p_store_offset[k / 2] + (k % 2) * PTile::group_bytes; };
     if constexpr (fp8) {
-      // Copies for groups 2 wg + j (own, registers) and 2 other_wg + j (the P tiles), j = 0, 1:
-      // P x scale_group(token) x 2^8 (per token group), else P.
 SLIMSERVE_ATTENTION_UNROLL
-      for (int pair_tokens = 0; pair_tokens < 2; ++pair_tokens) {
-        float own_scale[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};    // [token e][j]
-        float other_scale[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};  // [token e][j]
-        if (group_scales) {
-SLIMSERVE_ATTENTION_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            const float* token_scales = scales + (token0 + 8 * pair_tokens + e) * Tile::groups;
-SLIMSERVE_ATTENTION_UNROLL
-            for (int j = 0; j < 2; ++j) {
-              own_scale[e][j] = token_scales[2 * wg + j] * per_token_p_headroom;
-              other_scale[e][j] = token_scales[2 * other_wg + j] * per_token_p_headroom;
-            }
-          }
-        }
-SLIMSERVE_ATTENTION_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int k = 2 * pair_tokens + h;
-SLIMSERVE_ATTENTION_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            p_own[j][k] = pack_pair<MmaT>(weight[2 * k] * own_scale[0][j], weight[2 * k + 1] * own_scale[1][j]);
-            const std::uint32_t pair =
-                pack_pair<MmaT>(weight[2 * k] * other_scale[0][j], weight[2 * k + 1] * other_scale[1][j]);
-            store4(smem + Tile::p_offset + (2 * other_wg + j) * PTile::bytes + p_offset(k), pair);
-          }
-        }
+      for (int k = 0; k < 4; ++k) {
+        p_own[k] = pack_pair<MmaT>(weight[2 * k] * token_factor[Tile::token_factors * (2 * (k / 2)) + 1],
+                                   weight[2 * k + 1] * token_factor[Tile::token_factors * (2 * (k / 2) + 1) + 1]);
+        store4(smem + Tile::p_offset + p_offset(k), p_own[k]);
       }
     } else {
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < 4; ++k) {
-        p_own[0][k] = pack_pair<MmaT>(weight[2 * k], weight[2 * k + 1]);
-        store4(smem + Tile::p_offset + p_offset(k), p_own[0][k]);
+        p_own[k] = pack_pair<MmaT>(weight[2 * k], weight[2 * k + 1]);
+        store4(smem + Tile::p_offset + p_offset(k), p_own[k]);
       }
     }
     arch::fence_proxy_async_shared();
@@ -457,14 +504,13 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int j = 0; j < 2; ++j) {
         const int grp = 2 * wg + j;
-        const std::uint64_t p_desc = PTile::k_major_descriptor(
-            smem_base + Tile::p_offset + static_cast<std::uint32_t>(fp8 ? grp : 0) * PTile::bytes, 0);
+        const std::uint64_t p_desc = PTile::k_major_descriptor(smem_base + Tile::p_offset, 0);
         mla_wgmma_rs<MmaT, 128, arch::WgmmaMajor::mn>(
-            o_acc[j], p_own[fp8 ? j : 0],
-            arch::wgmma_descriptor_add(v_desc, LatentTile::mn_major_step(wg, mla_scale_group * grp)), true);
+            o_acc[j], p_own,
+            v_desc + LatentTile::mn_major_step(wg, mla_scale_group * grp), true);
         mla_wgmma_ss<MmaT, 128, arch::WgmmaMajor::mn>(
-            o_acc[j], arch::wgmma_descriptor_add(p_desc, PTile::k_major_step(other_wg)),
-            arch::wgmma_descriptor_add(v_desc, LatentTile::mn_major_step(other_wg, mla_scale_group * grp)), true);
+            o_acc[j], p_desc + PTile::k_major_step(other_wg),
+            v_desc + LatentTile::mn_major_step(other_wg, mla_scale_group * grp), true);
       }
       arch::wgmma_commit_group();
       arch::wgmma_wait_group<0>();
@@ -480,7 +526,9 @@ SLIMSERVE_ATTENTION_UNROLL
   int write_stage = Tile::stages - 1;
   for (std::int32_t i = 0; i < work.num_tiles; ++i) {
     arch::cp_async_wait<Tile::stages - 2>();
-    arch::fence_proxy_async_shared();  // the copies are read by wgmma (BF16) next
+    // BF16: the copies are read by wgmma next. FP8: the widening's fence, after this barrier,
+    // covers the rope tile (each thread fences after its own copies completed).
+    if constexpr (!Tile::fp8) arch::fence_proxy_async_shared();
     __syncthreads();  // tile i visible to all; tile i - 1 consumed by all
     if (i + Tile::stages - 1 < work.num_tiles) produce(i + Tile::stages - 1, write_stage);
     arch::cp_async_commit();
@@ -498,7 +546,7 @@ SLIMSERVE_ATTENTION_UNROLL
     if (t == 0) final_sum[wg * Tile::rows + rows_of_thread[h]] = run_sum[h];
   }
   __syncthreads();
-  const float out_scale = group_scales ? 1.0f / per_token_p_headroom : static_scale;
+  const float out_scale = fp8 ? 1.0f / per_token_p_headroom : static_scale;  // FP8: P carried 2^8
 SLIMSERVE_ATTENTION_UNROLL
   for (int half = 0; half < 2; ++half) {
     const int r = rows_of_thread[half];
