@@ -1,3 +1,4 @@
 // Catch2 main for the CPU-emulated and host-only tests.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "support/catch_session.hpp"
+
+int main(int argc, char* argv[]) { return slimserve_test::run_catch_session(argc, argv); }
