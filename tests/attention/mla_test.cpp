@@ -672,14 +672,19 @@ TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP
 }
 
 // The wgmma kernel folds each group scale into the widened fp16 latent (2^e per token in FP32,
-// scale / 2^e in fp16): scales far from 1 in both directions, and groups of one token 2^15
-// apart, must keep every element within the per-group tolerance (tokens past fp16 for a
-// naive code x scale, P x scale past fp16 for a per-group P copy).
-TEST_CASE("mla decode on wgmma, FP8 group scales from 1e-8 to 1e4: every element against FP64") {
+// scale / 2^e in fp16); the mma.sync kernel widens code x 2^k (k >= 0 per token, exact) and
+// keeps a P copy per group of P x scale x 2^(8 - k). Scales far from 1 in both directions,
+// and groups of one token 2^15 apart, must keep every element within the per-group tolerance
+// (tokens past fp16 for a naive code x scale, P x scale x 2^8 past fp16 for a per-group P copy
+// without k). Every head count: 8 and 16 heads (with their query tokens) stay on mma.sync
+// even when wgmma is asked for.
+TEST_CASE("mla decode, FP8 group scales from 1e-8 to 1e4: every element against FP64") {
   const DecodeCase cases[] = {
       {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, 1, 16, 4, false, true},
       {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 128, 1, 64, 3, true, true},
       {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 16, 4, 32, 3, true, true},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 8, 2, 16, 4, false, true},
+      {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 32, 1, 32, 3, false, true},
   };
   const float sm_scale = 1.0f / std::sqrt(192.0f);
   for (std::size_t i = 0; i < std::size(cases); ++i) {
@@ -721,6 +726,20 @@ TEST_CASE("mla decode on wgmma, FP8 group scales from 1e-8 to 1e4: every element
         opt.block_table = true;
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
         check_decode(f, o, lse, ref, {}, bound);
+      }
+      // The default kernel (mma.sync) multiplies exact codes: only P's rounding to fp16.
+      {
+        INFO("mma.sync, unsplit, CSR");
+        auto [o, lse] = run_decode_case(f, RunOptions{}, sm_scale);
+        check_decode(f, o, lse, ref, {});
+      }
+      {
+        INFO("mma.sync, split, block table");
+        RunOptions opt;
+        opt.split = true;
+        opt.block_table = true;
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, {});
       }
     }
   }

@@ -24,14 +24,6 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace arch {
 
-/// desc advanced by `step` (16-byte units of its start address) without a 64-bit add: the
-/// start address field (bits 0-13) cannot carry, shared addresses staying below 256 KB, so
-/// only the low word changes — one 32-bit add where a 64-bit add costs a carry chain and moves.
-SLIMSERVE_HOST_DEVICE constexpr std::uint64_t wgmma_descriptor_add(std::uint64_t desc, std::uint64_t step) {
-  return (desc & ~std::uint64_t{0xFFFFFFFFu}) |
-         static_cast<std::uint32_t>(static_cast<std::uint32_t>(desc) + static_cast<std::uint32_t>(step));
-}
-
 template <int Rows, int Cols>
 struct WgmmaTile128B {
   static_assert(Rows % 8 == 0 && Rows > 0, "rows come in core-matrix groups of 8");
@@ -65,7 +57,9 @@ struct WgmmaTile128B {
   }
   /// k_major_descriptor(a, k) == k_major_descriptor(a, 0) + k_major_step(k): build the base
   /// once, add constants in unrolled loops (the start address field cannot carry: shared
-  /// addresses stay below 256 KB).
+  /// addresses stay below 256 KB). Add as plain 64-bit integers: with the base in a uniform
+  /// register pair, ptxas forms each wgmma's descriptor with one UIADD3.64; adding to the low
+  /// word only made it rebuild the constant high word with a UMOV for every wgmma.
   SLIMSERVE_HOST_DEVICE static constexpr std::uint64_t k_major_step(int k_step) {
     const auto k = static_cast<std::uint32_t>(16 * k_step);
     return ((k / 64) * block_bytes + (k % 64) * 2) >> 4;

@@ -14,19 +14,26 @@
 ///      16-byte chunks with cp.async at constant offsets (zero-filled past the end and for bad
 ///      page ids, which are also masked); `stages` buffers in flight;
 ///   0. FP8: each thread widens the chunks it queued to one fp16 tile (each value converted
-///      once); the rest is the 16-bit path with fp16 mma;
+///      once; with group scales, times 2^k(token), see below); the rest is the 16-bit path
+///      with fp16 mma;
 ///   1. partial scores S_wn = Q[rows, group wn] . latent[tokens, group wn]^T * group scale
 ///      + Q[rows, rope wn] . rope[tokens, rope wn]^T (ldmatrix fragments), to shared memory;
 ///   2. 8 threads per row sum the 4 partials, mask, and run the exp2 online softmax (FP32);
-///      they publish P as mma pairs (per scale group: P * scale_g(token) * 2^8) and the
-///      row's rescale factor;
+///      they publish P as mma pairs (per scale group: P * scale_g(token) * 2^(8 - k(token)))
+///      and the row's rescale factor;
 ///   3. warp (wm, wn) accumulates O[rows, group wn] = alpha O + P_wn latent[tokens, group wn]
 ///      (A operand by ldmatrix; the alpha multiply skipped when the warp's alphas are all 1) —
 ///      the latent is also V, so each warp reads the same 128 columns in both products.
 ///      128 columns x 16 rows = 64 FP32 accumulators per thread.
 ///
 /// Per-token group scales multiply S (FP32) and P (before rounding, by scale * 2^8 to keep
-/// P * scale in the fp16 normal range; undone at the end); a per-tensor scale multiplies the
+/// P * scale in the fp16 normal range; undone at the end). Each token's power of two 2^k
+/// moves out of its scales into the widened latent (code * 2^k), k = E - 6 for E the exponent
+/// of the token's largest group scale, clamped to [-15, 7]: the P copy of that group then
+/// carries P * [2^6, 2^7) * 2^8 (never past 2^15, never subnormal for P near 1), and
+/// code * 2^k stays exact in fp16 (|code| <= 448 < 2^16 / 2^7; code steps of 2^-9 * 2^-15 =
+/// 2^-24, fp16's subnormal step). Group scales up to 2^14 are in range (a P copy of
+/// scale * 2^8 overflowed past 256). S uses scale * 2^-k too (same B tile). A per-tensor scale multiplies the
 /// latent part of S and the output. Query rows: request b owns [qo_indptr[b], qo_indptr[b+1])
 /// (decode: b * query_tokens ...; ragged prefill chunks), causal within them.
 
@@ -40,6 +47,7 @@
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/mla_cache_view.hpp"
+#include "slimserve/formats/detail/float_codec.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
 #include "slimserve/runtime/shared_memory.cuh"
@@ -47,6 +55,25 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
 
+
+/// a x b on both fp16 halves, rounded once (RNE; fp16 subnormals kept, as mul.rn.f16x2 does).
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t mul_f16x2(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  std::uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  // The product of two fp16 values (11-bit significands, exponents from -24) is exact in FP32,
+  // so rounding it to fp16 is the GPU's one rounding.
+  std::uint32_t d = 0;
+  for (int half = 0; half < 2; ++half) {
+    const float x = to_float(fp16::from_bits(static_cast<std::uint16_t>(a >> (16 * half))));
+    const float y = to_float(fp16::from_bits(static_cast<std::uint16_t>(b >> (16 * half))));
+    d |= std::uint32_t{from_float<fp16>(x * y).bits} << (16 * half);
+  }
+  return d;
+#endif
+}
 
 /// Tile geometry of one instantiation.
 template <class KvT, int WarpsM>
@@ -96,6 +123,9 @@ struct MlaDecodeSharedStorage {
   /// FP8 only: the consumed tile's latent as fp16 group sub-tiles (MmaGroup geometry).
   alignas(128) unsigned char converted[Tile::fp8 ? Tile::groups : 1]
                                       [Tile::fp8 ? Tile::tile_tokens * Tile::MmaGroup::row_bytes : 16];
+  /// FP8 per-token-group only: the consumed tile's group scales x 2^-k(token) (k: the power of
+  /// two its converted latent carries), what S and P multiply by.
+  alignas(16) float converted_scales[Tile::fp8 ? Tile::tile_tokens : 1][Tile::groups];
   alignas(16) float s_partial[Tile::groups][Tile::rows][Tile::tile_tokens];  // log2-unscaled partial scores
   /// P as packed mma-input pairs, the A operand of P.V read with ldmatrix: one copy per latent
   /// group, multiplied by that group's per-token scale (per-token-group FP8), else copy 0 only.
@@ -227,6 +257,15 @@ SLIMSERVE_ATTENTION_UNROLL
     }
   };
 
+  // Token `token`'s group scales as S and P use them: FP8, the converted tile's (x 2^-k).
+  auto group_scale_of = [&](const auto& stage, int token) -> const float* {
+    if constexpr (fp8) {
+      return smem.converted_scales[token];
+    } else {
+      return stage.scales[token];
+    }
+  };
+
   auto consume = [&](std::int64_t i) {
     const auto& stage = smem.stages[i % Tile::stages];
     const std::int64_t tile_begin = work.kv_begin + i * Tile::tile_tokens;
@@ -235,7 +274,34 @@ SLIMSERVE_ATTENTION_UNROLL
       static_assert(Group::row_chunks == 8, "an FP8 group is one 16-byte chunk per chunk lane");
       // 0. Each FP8 value converted once: thread (producer_token, producer_sub) widens the same
       // 16-byte chunks it queued (16 values -> two fp16 chunks). The previous tile's readers
-      // of `converted` passed the barrier at the top of this iteration.
+      // of `converted` (and `converted_scales`) passed the barrier at the top of this iteration.
+      // Group scales: the token's 2^k (k = E - 6 clamped to [-15, 7], E the exponent of its
+      // largest group scale, from the float's exponent field) multiplies the codes (exact, see
+      // the top) and divides the scales S and P use, so P x scale x 2^(8 - k) stays below 2^15
+      // and, for the largest group, at least P x 2^14 (the mma sums the same products).
+      std::uint32_t widen_factor = 0x3C003C00u;  // fp16 (1, 1)
+      if (group_scales) {
+        float token_scales[Tile::groups];
+        const Vec16 v = load16(&stage.scales[producer_token][0]);
+        std::memcpy(token_scales, &v, sizeof(v));
+        const float largest = fmaxf(fmaxf(token_scales[0], token_scales[1]), fmaxf(token_scales[2], token_scales[3]));
+        constexpr std::uint32_t min_exponent_bits = (127u - 9u) << 23;  // k = -15
+        constexpr std::uint32_t max_exponent_bits = (127u + 13u) << 23;  // k = 7
+        std::uint32_t exponent_bits = slimserve::detail::float_bits(largest) & 0x7F800000u;
+        exponent_bits = exponent_bits < min_exponent_bits ? min_exponent_bits : exponent_bits;
+        exponent_bits = exponent_bits > max_exponent_bits ? max_exponent_bits : exponent_bits;
+        const float power = slimserve::detail::float_from_bits(exponent_bits - (6u << 23));                 // 2^k
+        const float inverse_power = slimserve::detail::float_from_bits(((2u * 127u + 6u) << 23) - exponent_bits);  // 2^-k
+        widen_factor = pack_pair<fp16>(power, power);
+        if (producer_sub == 0) {
+          float scaled[Tile::groups];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int group = 0; group < Tile::groups; ++group) scaled[group] = token_scales[group] * inverse_power;
+          Vec16 out;
+          std::memcpy(&out, scaled, sizeof(out));
+          store16(&smem.converted_scales[producer_token][0], out);
+        }
+      }
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
         const int lane_chunk = producer_sub + Tile::threads_per_token * k;
@@ -245,8 +311,8 @@ SLIMSERVE_ATTENTION_UNROLL
           Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
           for (int w = 0; w < 4; ++w) {
-            wide[w / 2].word[2 * (w % 2)] = fp8_pair_to_f16x2<KvT>(codes.word[w]);
-            wide[w / 2].word[2 * (w % 2) + 1] = fp8_pair_to_f16x2<KvT>(codes.word[w] >> 16);
+            wide[w / 2].word[2 * (w % 2)] = mul_f16x2(fp8_pair_to_f16x2<KvT>(codes.word[w]), widen_factor);
+            wide[w / 2].word[2 * (w % 2) + 1] = mul_f16x2(fp8_pair_to_f16x2<KvT>(codes.word[w] >> 16), widen_factor);
           }
           unsigned char* dst = smem.converted[group];
           store16(dst + MmaGroup::byte_offset(producer_token, 2 * lane_chunk), wide[0]);
@@ -277,8 +343,8 @@ SLIMSERVE_ATTENTION_UNROLL
         float scale0 = static_scale;
         float scale1 = static_scale;
         if (group_scales) {
-          scale0 = stage.scales[token][wn];
-          scale1 = stage.scales[token + 1][wn];
+          scale0 = group_scale_of(stage, token)[wn];
+          scale1 = group_scale_of(stage, token + 1)[wn];
         }
         const int row = wm * 16 + g;
         const float lo[2] = {fmaf(s[n][0], scale0, r[n][0]), fmaf(s[n][1], scale1, r[n][1])};
@@ -333,7 +399,7 @@ SLIMSERVE_ATTENTION_UNROLL
         float scales[tokens][Tile::groups];
 SLIMSERVE_ATTENTION_UNROLL
         for (int j = 0; j < tokens; ++j) {
-          const Vec16 v = load16(&stage.scales[token0 + j][0]);
+          const Vec16 v = load16(group_scale_of(stage, token0 + j));
           std::memcpy(scales[j], &v, sizeof(v));
         }
 SLIMSERVE_ATTENTION_UNROLL

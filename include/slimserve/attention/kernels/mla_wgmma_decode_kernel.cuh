@@ -94,24 +94,7 @@ struct MlaWgmmaTile {
                 rope_offset % 1024 == 0);
 };
 
-/// a x b on both fp16 halves, rounded once (RNE; fp16 subnormals kept, as mul.rn.f16x2 does).
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t mul_f16x2(std::uint32_t a, std::uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  std::uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-#else
-  // The product of two fp16 values (11-bit significands, exponents from -24) is exact in FP32,
-  // so rounding it to fp16 is the GPU's one rounding.
-  std::uint32_t d = 0;
-  for (int half = 0; half < 2; ++half) {
-    const float x = to_float(fp16::from_bits(static_cast<std::uint16_t>(a >> (16 * half))));
-    const float y = to_float(fp16::from_bits(static_cast<std::uint16_t>(b >> (16 * half))));
-    d |= std::uint32_t{from_float<fp16>(x * y).bits} << (16 * half);
-  }
-  return d;
-#endif
-}
+// mul_f16x2: in mla_decode_kernel.cuh (both kernels widen FP8 codes with it).
 
 /// One wgmma.mma_async with both operands in shared memory, in the 16-bit type T.
 template <class T, int N, arch::WgmmaMajor BMajor = arch::WgmmaMajor::k>
@@ -361,9 +344,10 @@ SLIMSERVE_ATTENTION_UNROLL
       constexpr int latent_steps = fp8 ? mla_latent_dim / 16 : Tile::k_steps;
       // Descriptor steps as plain 64-bit adds (a step never carries out of the 14-bit start
       // address: shared addresses stay below 256 KB): ptxas keeps each base in a uniform
-      // register pair and forms each wgmma's descriptor with one UIADD3.64. With the low-word
-      // add of arch::wgmma_descriptor_add it rebuilt the latent descriptor's constant high
-      // word for every wgmma — three uniform instructions per S wgmma instead of two.
+      // register pair and forms each wgmma's descriptor with one UIADD3.64. Adding to the low
+      // 32-bit word only (a helper this kernel used before) made it rebuild the latent
+      // descriptor's constant high word for every wgmma — three uniform instructions per S
+      // wgmma instead of two.
       // (BF16 442 -> 409, FP8 558 -> 527 warp-instructions per warp and tile.)
 SLIMSERVE_ATTENTION_UNROLL
       for (int step = 0; step < latent_steps; ++step) {

@@ -304,7 +304,14 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int word = 0; word < Tile::mask_words; ++word) {
       token_ok |= static_cast<std::uint64_t>(stage_token_ok[stage * Tile::mask_words + word]) << (32 * word);
     }
-    const std::uint32_t k_tile = smem_base + Tile::tiles_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * 2u * KvTile::bytes);
+    // 16-bit caches: the stage's tile address is uniform across the CTA, and the shuffle from
+    // lane 0 tells the compiler so, which keeps the descriptors in uniform registers: each
+    // wgmma's descriptor is one UIADD3.64 of a constant step to a uniform base, where the
+    // per-thread address cost two R2UR and a 64-bit add with moves per wgmma (BF16 593 -> 549
+    // warp-instructions per warp and tile). FP8 reads one converted tile at a constant address,
+    // already uniform (a shuffle there only adds instructions).
+    const std::uint32_t stage_tile = smem_base + Tile::tiles_offset + static_cast<std::uint32_t>(stage) * 2u * KvTile::bytes;
+    const std::uint32_t k_tile = fp8 ? smem_base + Tile::tiles_offset : __shfl_sync(0xffffffffu, stage_tile, 0);
     const std::uint32_t v_tile = k_tile + KvTile::bytes;
 
     // S = Q K^T: [64 rows][64 tokens], K-major K.
