@@ -225,6 +225,23 @@ struct DecodeFixture {
            static_cast<std::size_t>(h);
   }
 
+  /// Calls fn(row, visible, token_at) for every query row: `visible` cached tokens precede it
+  /// (causal within a request's query tokens), token_at(p) is token p's (page, slot).
+  template <class Fn>
+  void for_each_row(Fn&& fn) const {
+    for (std::size_t b = 0; b < c.batch; ++b) {
+      const auto pages = table.pages_of(b);
+      const std::int64_t len = table.length(b);
+      const auto token_at = [&](std::int64_t p) {
+        return std::pair<int, int>{pages[static_cast<std::size_t>(p / c.page_size)], static_cast<int>(p % c.page_size)};
+      };
+      for (int t = 0; t < query_count(b); ++t) {
+        const std::int64_t visible = std::max<std::int64_t>(0, len - query_count(b) + t + 1);
+        for (int h = 0; h < c.heads; ++h) fn(row_of(b, t, h), visible, token_at);
+      }
+    }
+  }
+
   /// How far a score may move when the latent reaches the mma as fp16 — the wgmma kernel's
   /// FP8 path folds the group scale into the widening: fp16(code x fp16(scale / 2^e)) x 2^e,
   /// within 2^-10 of code x scale (relative) plus 2^-15 of the token's largest group scale
@@ -235,36 +252,27 @@ struct DecodeFixture {
     const std::size_t rows = total_tokens() * static_cast<std::size_t>(c.heads);
     std::vector<double> bound(rows, 0.0);
     if (!fp16_latent) return bound;
-    for (std::size_t b = 0; b < c.batch; ++b) {
-      const auto pages = table.pages_of(b);
-      const std::int64_t len = table.length(b);
-      for (int t = 0; t < query_count(b); ++t) {
-        const std::int64_t visible = std::max<std::int64_t>(0, len - query_count(b) + t + 1);
-        for (int h = 0; h < c.heads; ++h) {
-          const std::size_t row = row_of(b, t, h);
-          for (std::int64_t p = 0; p < visible; ++p) {
-            const int page = pages[static_cast<std::size_t>(p / c.page_size)];
-            const int slot = static_cast<int>(p % c.page_size);
-            double largest_scale = cache.static_scale;
-            if (c.mode == MlaScaleMode::per_token_group) {
-              largest_scale = 0.0;
-              for (int grp = 0; grp < mla_scale_groups; ++grp) {
-                float s = 0.0f;
-                std::memcpy(&s, cache.record(page, slot) + cache.layout.scales_offset + 4 * grp, 4);
-                largest_scale = std::max(largest_scale, static_cast<double>(s));
-              }
-            }
-            double sum = 0.0;
-            for (int d = 0; d < latent_dim; ++d) {
-              const double q = std::fabs(q_values[row * qk_dim + static_cast<std::size_t>(d)]);
-              const double k = std::fabs(cache.real(page, slot, d));
-              sum += q * (0x1p-10 * k + 0x1p-15 * largest_scale) + 0x1p-25 * k;
-            }
-            bound[row] = std::max(bound[row], sum * sm_scale);
+    for_each_row([&](std::size_t row, std::int64_t visible, auto token_at) {
+      for (std::int64_t p = 0; p < visible; ++p) {
+        const auto [page, slot] = token_at(p);
+        double largest_scale = cache.static_scale;
+        if (c.mode == MlaScaleMode::per_token_group) {
+          largest_scale = 0.0;
+          for (int grp = 0; grp < mla_scale_groups; ++grp) {
+            float s = 0.0f;
+            std::memcpy(&s, cache.record(page, slot) + cache.layout.scales_offset + 4 * grp, 4);
+            largest_scale = std::max(largest_scale, static_cast<double>(s));
           }
         }
+        double sum = 0.0;
+        for (int d = 0; d < latent_dim; ++d) {
+          const double q = std::fabs(q_values[row * qk_dim + static_cast<std::size_t>(d)]);
+          const double k = std::fabs(cache.real(page, slot, d));
+          sum += q * (0x1p-10 * k + 0x1p-15 * largest_scale) + 0x1p-25 * k;
+        }
+        bound[row] = std::max(bound[row], sum * sm_scale);
       }
-    }
+    });
     return bound;
   }
 
@@ -273,37 +281,27 @@ struct DecodeFixture {
     const std::size_t rows = total_tokens() * static_cast<std::size_t>(c.heads);
     ref.o.assign(rows * latent_dim, 0.0);
     ref.lse.assign(rows, -INFINITY);
-    for (std::size_t b = 0; b < c.batch; ++b) {
-      const auto pages = table.pages_of(b);
-      const std::int64_t len = table.length(b);
-      for (int t = 0; t < query_count(b); ++t) {
-        const std::int64_t visible = std::max<std::int64_t>(0, len - query_count(b) + t + 1);
-        for (int h = 0; h < c.heads; ++h) {
-          const std::size_t row = row_of(b, t, h);
-          if (visible == 0) continue;
-          std::vector<double> s(static_cast<std::size_t>(visible));
-          double m = -INFINITY;
-          for (std::int64_t p = 0; p < visible; ++p) {
-            const int page = pages[static_cast<std::size_t>(p / c.page_size)];
-            const int slot = static_cast<int>(p % c.page_size);
-            double dot = 0.0;
-            for (int d = 0; d < qk_dim; ++d) dot += q_values[row * qk_dim + static_cast<std::size_t>(d)] * cache.real(page, slot, d);
-            s[static_cast<std::size_t>(p)] = dot * sm_scale;
-            m = std::max(m, s[static_cast<std::size_t>(p)]);
-          }
-          double sum = 0.0;
-          for (std::int64_t p = 0; p < visible; ++p) {
-            const double w = std::exp(s[static_cast<std::size_t>(p)] - m);
-            sum += w;
-            const int page = pages[static_cast<std::size_t>(p / c.page_size)];
-            const int slot = static_cast<int>(p % c.page_size);
-            for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] += w * cache.real(page, slot, d);
-          }
-          for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] /= sum;
-          ref.lse[row] = m + std::log(sum);
-        }
+    for_each_row([&](std::size_t row, std::int64_t visible, auto token_at) {
+      if (visible == 0) return;
+      std::vector<double> s(static_cast<std::size_t>(visible));
+      double m = -INFINITY;
+      for (std::int64_t p = 0; p < visible; ++p) {
+        const auto [page, slot] = token_at(p);
+        double dot = 0.0;
+        for (int d = 0; d < qk_dim; ++d) dot += q_values[row * qk_dim + static_cast<std::size_t>(d)] * cache.real(page, slot, d);
+        s[static_cast<std::size_t>(p)] = dot * sm_scale;
+        m = std::max(m, s[static_cast<std::size_t>(p)]);
       }
-    }
+      double sum = 0.0;
+      for (std::int64_t p = 0; p < visible; ++p) {
+        const double w = std::exp(s[static_cast<std::size_t>(p)] - m);
+        sum += w;
+        const auto [page, slot] = token_at(p);
+        for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] += w * cache.real(page, slot, d);
+      }
+      for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] /= sum;
+      ref.lse[row] = m + std::log(sum);
+    });
     return ref;
   }
 };
