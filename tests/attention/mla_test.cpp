@@ -15,6 +15,7 @@
 #include "attention_test_support.hpp"
 #include "support/build_flavour.hpp"
 #include "slimserve/attention/mla.hpp"
+#include "slimserve/attention/kernels/mla_wgmma_decode_kernel.cuh"
 
 using namespace attn_test;
 
@@ -86,6 +87,27 @@ struct HostMlaCache {
     }
     return static_cast<double>(dequantize(dtype, b)) * scale;
   }
+  /// Latent element d (< 512) of an FP8 record as the wgmma kernel's widening leaves it: the
+  /// token's scales split into 2^e (e the exponent of its largest scale, clamped to the
+  /// kernel's range) and m_g = scale_g / 2^e rounded to fp16; the value is fp16(code x m_g) x 2^e.
+  double wgmma_latent(int page, int slot, int d) const {
+    using Tile = attention::kernels::MlaWgmmaTile<fp8_e4m3>;
+    const unsigned char* r = record(page, slot);
+    float scales[mla_scale_groups];
+    for (int grp = 0; grp < mla_scale_groups; ++grp) {
+      scales[grp] = static_scale;
+      if (mode == MlaScaleMode::per_token_group) std::memcpy(&scales[grp], r + layout.scales_offset + 4 * grp, 4);
+    }
+    float largest = 0.0f;
+    for (const float scale : scales) largest = std::max(largest, scale);
+    const int e = std::clamp(largest > 0.0f ? std::ilogb(largest) : Tile::min_token_exponent, Tile::min_token_exponent,
+                             Tile::max_token_exponent);
+    const float m = to_float(from_float<fp16>(std::ldexp(scales[d / mla_scale_group], -e)));
+    std::uint16_t b = 0;
+    std::memcpy(&b, r + d * element_bytes(dtype), static_cast<std::size_t>(element_bytes(dtype)));
+    const float value = to_float(from_float<fp16>(dequantize(dtype, b) * m));  // exact product, one rounding
+    return std::ldexp(static_cast<double>(value), e);
+  }
 };
 
 struct DeviceMlaCache {
@@ -127,16 +149,17 @@ struct DecodeCase {
   std::size_t batch;
   // A larger copy of paths the smaller cases already take (64+ heads): release build only.
   bool release_only = false;
-  // Group scales over 12 decades: per request x 2^11, 1 or 2^-12 (q
-  // divided by the same, the rope multiplied), per token and group x 2^3 .. 2^-12.
+  // Group scales over 12 decades: per request x 2^11, 1, 2^-12 or 2^-24 (q divided by the same
+  // down to 2^-12, the rope multiplied), per token and group x 2^3 .. 2^-12. The 2^-24 request's
+  // tokens have every scale below 2^-22, where the wgmma kernel's per-token power of two clamps.
   bool wide_scales = false;
 };
 
 /// wide_scales: what multiplies group `grp` of the token at `pos` of request `b` (the request's
 /// magnitude times the token's group pattern).
 double wide_scale_request(std::size_t b) {
-  const double magnitude[3] = {2048.0, 1.0, 1.0 / 4096.0};
-  return magnitude[b % 3];
+  const double magnitude[4] = {2048.0, 1.0, 1.0 / 4096.0, 0x1p-24};
+  return magnitude[b % 4];
 }
 double wide_scale_group(std::int64_t pos, int grp) {
   const double pattern[4] = {1.0, 1.0 / 64.0, 1.0 / 4096.0, 8.0};
@@ -211,7 +234,9 @@ struct DecodeFixture {
         const std::size_t token = i / static_cast<std::size_t>(c.heads * qk_dim);
         std::size_t b = 0;
         while (static_cast<std::size_t>(qo_indptr[b + 1]) <= token) ++b;
-        x = static_cast<float>(x / wide_scale_request(b));
+        // q compensates the request's magnitude down to 2^-12 only: fp16 (the FP8 paths' mma
+        // type) holds |q| up to 65504, and the 2^-24 request tests tiny tokens, not q's range.
+        x = static_cast<float>(x / std::max(wide_scale_request(b), 0x1p-12));
       }
       q_bits[i] = from_float<bf16>(x).bits;
       q_values[i] = to_float(bf16::from_bits(q_bits[i]));
@@ -242,41 +267,11 @@ struct DecodeFixture {
     }
   }
 
-  /// How far a score may move when the latent reaches the mma as fp16 — the wgmma kernel's
-  /// FP8 path folds the group scale into the widening: fp16(code x fp16(scale / 2^e)) x 2^e,
-  /// within 2^-10 of code x scale (relative) plus 2^-15 of the token's largest group scale
-  /// (absolute: fp16 subnormals) — and q reaches it as fp16 (exact from BF16 but for
-  /// subnormals, 2^-25). Per row, the largest bound over its visible tokens: lse moves by at
-  /// most that much, each P by twice that (relative). Zero for every other path.
-  std::vector<double> score_bound(double sm_scale, bool fp16_latent) const {
-    const std::size_t rows = total_tokens() * static_cast<std::size_t>(c.heads);
-    std::vector<double> bound(rows, 0.0);
-    if (!fp16_latent) return bound;
-    for_each_row([&](std::size_t row, std::int64_t visible, auto token_at) {
-      for (std::int64_t p = 0; p < visible; ++p) {
-        const auto [page, slot] = token_at(p);
-        double largest_scale = cache.static_scale;
-        if (c.mode == MlaScaleMode::per_token_group) {
-          largest_scale = 0.0;
-          for (int grp = 0; grp < mla_scale_groups; ++grp) {
-            float s = 0.0f;
-            std::memcpy(&s, cache.record(page, slot) + cache.layout.scales_offset + 4 * grp, 4);
-            largest_scale = std::max(largest_scale, static_cast<double>(s));
-          }
-        }
-        double sum = 0.0;
-        for (int d = 0; d < latent_dim; ++d) {
-          const double q = std::fabs(q_values[row * qk_dim + static_cast<std::size_t>(d)]);
-          const double k = std::fabs(cache.real(page, slot, d));
-          sum += q * (0x1p-10 * k + 0x1p-15 * largest_scale) + 0x1p-25 * k;
-        }
-        bound[row] = std::max(bound[row], sum * sm_scale);
-      }
-    });
-    return bound;
-  }
-
-  Reference reference(double sm_scale) const {
+  /// FP64 attention over the cached values; wgmma_latent: the latent as that kernel rounds it.
+  Reference reference(double sm_scale, bool wgmma_latent = false) const {
+    const auto value = [&](int page, int slot, int d) {
+      return wgmma_latent && d < latent_dim ? cache.wgmma_latent(page, slot, d) : cache.real(page, slot, d);
+    };
     Reference ref;
     const std::size_t rows = total_tokens() * static_cast<std::size_t>(c.heads);
     ref.o.assign(rows * latent_dim, 0.0);
@@ -288,7 +283,7 @@ struct DecodeFixture {
       for (std::int64_t p = 0; p < visible; ++p) {
         const auto [page, slot] = token_at(p);
         double dot = 0.0;
-        for (int d = 0; d < qk_dim; ++d) dot += q_values[row * qk_dim + static_cast<std::size_t>(d)] * cache.real(page, slot, d);
+        for (int d = 0; d < qk_dim; ++d) dot += q_values[row * qk_dim + static_cast<std::size_t>(d)] * value(page, slot, d);
         s[static_cast<std::size_t>(p)] = dot * sm_scale;
         m = std::max(m, s[static_cast<std::size_t>(p)]);
       }
@@ -297,7 +292,7 @@ struct DecodeFixture {
         const double w = std::exp(s[static_cast<std::size_t>(p)] - m);
         sum += w;
         const auto [page, slot] = token_at(p);
-        for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] += w * cache.real(page, slot, d);
+        for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] += w * value(page, slot, d);
       }
       for (int d = 0; d < latent_dim; ++d) ref.o[row * latent_dim + static_cast<std::size_t>(d)] /= sum;
       ref.lse[row] = m + std::log(sum);
@@ -312,6 +307,12 @@ struct RunOptions {
   bool wgmma = false;  // MlaDecodeProblem::warpgroup_mma
   std::vector<kv::RequestStatus> status;  // empty: no tag check
 };
+
+/// The wgmma kernel's FP8 path (asked for, 64+ rows per request) rounds the dequantized latent
+/// to fp16 (HostMlaCache::wgmma_latent); every other path multiplies the exact codes.
+bool wgmma_rounds_latent(const DecodeCase& c, const RunOptions& opt) {
+  return opt.wgmma && c.dtype != KvDtype::bf16 && c.heads * c.query_tokens >= 64;
+}
 
 /// Plans and runs one decode step; returns o (as floats) and lse. Outputs are poisoned first.
 std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFixture& f, const RunOptions& opt,
@@ -401,10 +402,8 @@ std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFi
   return {o_values, download(lse, rows)};
 }
 
-/// score_bound: DecodeFixture::score_bound of the path that ran (empty: none).
 void check_decode(const DecodeFixture& f, const std::vector<float>& o, const std::vector<float>& lse,
-                  const Reference& ref, const std::vector<kv::RequestStatus>& status,
-                  const std::vector<double>& score_bound = {}) {
+                  const Reference& ref, const std::vector<kv::RequestStatus>& status) {
   const DecodeCase& c = f.c;
   // P is rounded to the mma type (BF16: 2^-9 relative; FP8 path: fp16, 2^-11) and o to BF16.
   const double tol_v = c.dtype == KvDtype::bf16 ? 6e-3 : 3e-3;
@@ -414,7 +413,6 @@ void check_decode(const DecodeFixture& f, const std::vector<float>& o, const std
     for (int t = 0; t < f.query_count(b); ++t) {
       for (int h = 0; h < c.heads; ++h) {
         const std::size_t row = f.row_of(b, t, h);
-        const double s_bound = score_bound.empty() ? 0.0 : score_bound[row];
         if (aborted) {
           if (!(lse[row] == -INFINITY)) ++bad;
           for (int d = 0; d < latent_dim; ++d) if (!std::isnan(o[row * latent_dim + static_cast<std::size_t>(d)])) ++bad;
@@ -422,16 +420,16 @@ void check_decode(const DecodeFixture& f, const std::vector<float>& o, const std
         }
         if (ref.lse[row] == -INFINITY) {
           if (!(lse[row] == -INFINITY)) ++bad;
-        } else if (!(std::fabs(lse[row] - ref.lse[row]) <= 2e-3 + 1e-4 * std::fabs(ref.lse[row]) + s_bound)) {
+        } else if (!(std::fabs(lse[row] - ref.lse[row]) <= 2e-3 + 1e-4 * std::fabs(ref.lse[row]))) {
           if (bad++ < 5) std::printf("lse row %zu: %f vs %f\n", row, static_cast<double>(lse[row]), ref.lse[row]);
         }
         for (int d = 0; d < latent_dim; ++d) {
           const double want = ref.o[row * latent_dim + static_cast<std::size_t>(d)];
           const double got = o[row * latent_dim + static_cast<std::size_t>(d)];
           // Output column d averages scale group d / 128 of the tokens: that group's largest
-          // value bounds what P's rounding (and S's, through P: 2 s_bound) can move it by.
+          // value bounds what P's rounding can move it by.
           const double v_max = f.v_max[b * mla_scale_groups + static_cast<std::size_t>(d / mla_scale_group)];
-          if (!(std::fabs(got - want) <= (tol_v + 2 * s_bound) * v_max + 8e-3 * std::fabs(want) + 1e-6 * v_max + 1e-12)) {
+          if (!(std::fabs(got - want) <= tol_v * v_max + 8e-3 * std::fabs(want) + 1e-6 * v_max + 1e-12)) {
             if (bad++ < 5) std::printf("o row %zu d %d: %g vs %g (group vmax %g)\n", row, d, got, want, v_max);
           }
         }
@@ -645,14 +643,15 @@ TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP
     SECTION(describe(c)) {
       auto rng = slimserve_test::make_rng(1510 + i);
       DecodeFixture f(c, rng);
-      const Reference ref = f.reference(sm_scale);
-      const std::vector<double> bound = f.score_bound(sm_scale, c.dtype != KvDtype::bf16);
+      RunOptions wgmma;
+      wgmma.wgmma = true;
+      const Reference ref = f.reference(sm_scale, wgmma_rounds_latent(c, wgmma));
       {
         INFO("wgmma, unsplit, CSR");
         RunOptions opt;
         opt.wgmma = true;
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
-        check_decode(f, o, lse, ref, {}, bound);
+        check_decode(f, o, lse, ref, {});
       }
       {
         INFO("wgmma, split, block table, one request aborted");
@@ -663,7 +662,7 @@ TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP
         opt.status.assign(c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
         opt.status[1] = {kv::RequestState::stale_tag, 0};
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
-        check_decode(f, o, lse, ref, opt.status, bound);
+        check_decode(f, o, lse, ref, opt.status);
       }
     }
   }
@@ -692,25 +691,33 @@ TEST_CASE("mla decode, FP8 group scales from 1e-8 to 1e4: every element against 
       auto rng = slimserve_test::make_rng(3710 + i);
       DecodeFixture f(c, rng);
       // The fixture spans what it claims: the largest group scale past 146 (code x scale would
-      // leave fp16) and past 256 (P x scale x 2^8 would), the smallest below 2^-20.
-      float smallest = INFINITY, largest = 0.0f;
+      // leave fp16) and past 256 (P x scale x 2^8 would), the smallest below 1e-6, and tokens
+      // whose largest scale is below 2^-22 (the wgmma kernel's per-token power of two clamps).
+      float smallest = INFINITY, largest = 0.0f, smallest_token_largest = INFINITY;
       for (std::int32_t page = 0; page < f.table.num_pages; ++page) {
         for (int slot = 0; slot < c.page_size; ++slot) {
+          float token_largest = 0.0f;
           for (int grp = 0; grp < mla_scale_groups; ++grp) {
             float scale = 0.0f;
             std::memcpy(&scale, f.cache.record(page, slot) + f.cache.layout.scales_offset + 4 * grp, 4);
             if (!std::isfinite(scale)) continue;  // never written (0xFF bytes)
             smallest = std::min(smallest, scale);
             largest = std::max(largest, scale);
+            token_largest = std::max(token_largest, scale);
           }
+          if (token_largest > 0.0f) smallest_token_largest = std::min(smallest_token_largest, token_largest);
         }
       }
       CHECK(largest > 256.0f);
       CHECK(smallest < 1e-6f);
+      if (c.batch > 3) CHECK(smallest_token_largest < 0x1p-22f);  // the fourth request
+      // The default kernel (mma.sync) multiplies exact codes; the wgmma kernel (where it runs)
+      // rounds code x scale to fp16, and its reference rounds the same way.
       const Reference ref = f.reference(sm_scale);
-      const std::vector<double> bound = f.score_bound(sm_scale, c.dtype != KvDtype::bf16);
-      // The default kernel (mma.sync) multiplies exact codes: only P's rounding to fp16, no
-      // score bound. The wgmma kernel rounds code x scale to fp16: the bound of that rounding.
+      RunOptions wgmma;
+      wgmma.wgmma = true;
+      const bool rounded = wgmma_rounds_latent(c, wgmma);
+      const Reference ref_wgmma = rounded ? f.reference(sm_scale, true) : Reference{};
       struct Run {
         const char* label;
         bool wgmma, split, block_table;
@@ -725,7 +732,7 @@ TEST_CASE("mla decode, FP8 group scales from 1e-8 to 1e4: every element against 
         opt.split = run.split;
         opt.block_table = run.block_table;
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
-        check_decode(f, o, lse, ref, {}, run.wgmma ? bound : std::vector<double>{});
+        check_decode(f, o, lse, run.wgmma && rounded ? ref_wgmma : ref, {});
       }
     }
   }
@@ -773,7 +780,7 @@ TEST_CASE("mla ragged absorbed prefill: chunks of 0..N query tokens, causal with
         opt.status.assign(rc.c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
         opt.status[2] = {kv::RequestState::stale_tag, 0};
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
-        check_decode(f, o, lse, ref, opt.status, f.score_bound(sm_scale, rc.c.dtype != KvDtype::bf16));
+        check_decode(f, o, lse, wgmma_rounds_latent(rc.c, opt) ? f.reference(sm_scale, true) : ref, opt.status);
       }
     }
   }

@@ -64,6 +64,9 @@ struct MlaWgmmaTile {
   /// FP8: what a token's group scales become (see the widening): 2^e, the largest power of
   /// two not above its largest group scale, [0], and 2^e x per_token_p_headroom [1].
   static constexpr int token_factors = 2;
+  /// The range of e (see the widening; the tests model the same rounding).
+  static constexpr int min_token_exponent = -22;
+  static constexpr int max_token_exponent = 7;
   // FP8 raw codes per stage.
   static constexpr int code_bytes = mla_latent_dim;          // 512
   static_assert(groups == 4 && threads_per_token == 8 && warpgroup_tokens == 16);
@@ -272,15 +275,16 @@ SLIMSERVE_ATTENTION_UNROLL
       //    is within 2^-10 of code x scale_g, relative, as dequantizing to fp16 would leave it;
       //    FlashMLA dequantizes to BF16, 2^-8); 2^e scales S (FP32, exact) and P. e is the
       //    exponent of the token's largest group scale, so m_g < 2 and |code x m_g| < 896,
-      //    clamped to [-126, 7] so that P x 2^e x 2^8 stays below fp16's maximum (up to
-      //    2^15); a clamped token carries m_g up to 146 (a group
+      //    clamped to [-22, 7] so that P x 2^e x 2^8 stays in fp16's normal range (2^-14 ..
+      //    2^15 for P = 1; below 2^-22 a token's m_g < 1 instead, losing precision only under
+      //    2^-36, where the latent is negligible); a clamped token carries m_g up to 146 (a group
       //    scale up to 2^7 x 146 ~ 1.9e4, i.e. |latent| up to 8.3e6, before code x m_g would
       //    pass fp16's 65504). One S chain for the latent, one P copy for all groups.
       //    Unit `unit` of warp w is token w + 8 unit, its lane the 16-code chunk `lane` (scale
       //    group lane / 8): a warp-uniform token. Each lane first derives one (unit, group)
       //    factor — lanes 4 g + unit (and their copies 16 above) — then fetches its own.
-      constexpr std::uint32_t min_exponent_bits = 0x00800000u;  // 2^-126: subnormal scales stay exact in m
-      constexpr std::uint32_t max_exponent_bits = (127u + 7u) << 23;  // 2^7
+      constexpr std::uint32_t min_exponent_bits = static_cast<std::uint32_t>(127 + Tile::min_token_exponent) << 23;
+      constexpr std::uint32_t max_exponent_bits = static_cast<std::uint32_t>(127 + Tile::max_token_exponent) << 23;
       const unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes;
       unsigned char* tile = smem + Tile::latent_offset;
       constexpr int code_chunks = Tile::code_bytes / 16;  // 32 chunks of 16 codes per token
