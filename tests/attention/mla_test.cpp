@@ -15,7 +15,7 @@
 #include "attention_test_support.hpp"
 #include "support/build_flavour.hpp"
 #include "slimserve/attention/mla.hpp"
-#include "slimserve/attention/kernels/mla_wgmma_decode_kernel.cuh"
+#include "slimserve/attention/kernels/mla_latent_rounding.hpp"
 
 using namespace attn_test;
 
@@ -91,7 +91,6 @@ struct HostMlaCache {
   /// token's scales split into 2^e (e the exponent of its largest scale, clamped to the
   /// kernel's range) and m_g = scale_g / 2^e rounded to fp16; the value is fp16(code x m_g) x 2^e.
   double wgmma_latent(int page, int slot, int d) const {
-    using Tile = attention::kernels::MlaWgmmaTile<fp8_e4m3>;
     const unsigned char* r = record(page, slot);
     float scales[mla_scale_groups];
     for (int grp = 0; grp < mla_scale_groups; ++grp) {
@@ -100,8 +99,10 @@ struct HostMlaCache {
     }
     float largest = 0.0f;
     for (const float scale : scales) largest = std::max(largest, scale);
-    const int e = std::clamp(largest > 0.0f ? std::ilogb(largest) : Tile::min_token_exponent, Tile::min_token_exponent,
-                             Tile::max_token_exponent);
+    using attention::kernels::mla_max_token_exponent;
+    using attention::kernels::mla_min_token_exponent;
+    const int e = std::clamp(largest > 0.0f ? std::ilogb(largest) : mla_min_token_exponent, mla_min_token_exponent,
+                             mla_max_token_exponent);
     const float m = to_float(from_float<fp16>(std::ldexp(scales[d / mla_scale_group], -e)));
     std::uint16_t b = 0;
     std::memcpy(&b, r + d * element_bytes(dtype), static_cast<std::size_t>(element_bytes(dtype)));

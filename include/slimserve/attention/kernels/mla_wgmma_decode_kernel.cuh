@@ -36,6 +36,7 @@
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
+#include "slimserve/attention/kernels/mla_latent_rounding.hpp"
 #include "slimserve/formats/detail/float_codec.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
@@ -64,9 +65,6 @@ struct MlaWgmmaTile {
   /// FP8: what a token's group scales become (see the widening): 2^e, the largest power of
   /// two not above its largest group scale, [0], and 2^e x per_token_p_headroom [1].
   static constexpr int token_factors = 2;
-  /// The range of e (see the widening; the tests model the same rounding).
-  static constexpr int min_token_exponent = -22;
-  static constexpr int max_token_exponent = 7;
   // FP8 raw codes per stage.
   static constexpr int code_bytes = mla_latent_dim;          // 512
   static_assert(groups == 4 && threads_per_token == 8 && warpgroup_tokens == 16);
@@ -283,8 +281,8 @@ SLIMSERVE_ATTENTION_UNROLL
       //    Unit `unit` of warp w is token w + 8 unit, its lane the 16-code chunk `lane` (scale
       //    group lane / 8): a warp-uniform token. Each lane first derives one (unit, group)
       //    factor — lanes 4 g + unit (and their copies 16 above) — then fetches its own.
-      constexpr std::uint32_t min_exponent_bits = static_cast<std::uint32_t>(127 + Tile::min_token_exponent) << 23;
-      constexpr std::uint32_t max_exponent_bits = static_cast<std::uint32_t>(127 + Tile::max_token_exponent) << 23;
+      constexpr std::uint32_t min_exponent_bits = static_cast<std::uint32_t>(127 + mla_min_token_exponent) << 23;
+      constexpr std::uint32_t max_exponent_bits = static_cast<std::uint32_t>(127 + mla_max_token_exponent) << 23;
       const unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes;
       unsigned char* tile = smem + Tile::latent_offset;
       constexpr int code_chunks = Tile::code_bytes / 16;  // 32 chunks of 16 codes per token
