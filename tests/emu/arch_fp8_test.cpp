@@ -1,8 +1,11 @@
 // Packed FP8 conversions against brute-force references: decoding every one of the 256 codes,
 // and encoding chosen and random floats by searching all finite codes for the nearest value
-// (ties to the even code). KERNEL: on a GPU this checks the PTX cvt instructions the same way.
+// (ties to the even code); and the packed fp16 multiply the FP8 widening scales codes with,
+// against the exact product rounded by a search over all fp16 values. KERNEL: on a GPU this
+// checks the PTX cvt and mul.rn.f16x2 instructions the same way.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "slimserve/arch/f16x2_math.cuh"
 #include "slimserve/arch/fp8_convert.cuh"
 #include "slimserve/runtime/launch.hpp"
 #include "slimserve/runtime/memory.hpp"
@@ -36,6 +40,13 @@ __global__ void encode_kernel(const float* __restrict__ in,  // [2n]
   if (i >= n) return;
   e4m3[i] = arch::cvt_f32x2_to_e4m3x2(in[2 * i], in[2 * i + 1]);
   e5m2[i] = arch::cvt_f32x2_to_e5m2x2(in[2 * i], in[2 * i + 1]);
+}
+
+__global__ void multiply_kernel(const std::uint32_t* __restrict__ a, const std::uint32_t* __restrict__ b,
+                                std::uint32_t* __restrict__ d, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  d[i] = arch::mul_rn_f16x2(a[i], b[i]);
 }
 
 struct Format {
@@ -180,4 +191,73 @@ TEST_CASE("NaN converts to an fp8 NaN", "[emu][arch]") {
   CHECK(is_nan_code(got_e5m2[0] & 0xFFu, e5m2));
   CHECK((got_e4m3[0] >> 8) == 0x38u);  // 1.0
   CHECK((got_e5m2[0] >> 8) == 0x3Cu);
+}
+
+TEST_CASE("mul.rn.f16x2 rounds the exact product once, to nearest even", "[emu][arch]") {
+  // Operands: normal and subnormal halves, products that are exact, round, tie, go subnormal,
+  // underflow to zero and overflow to infinity; both halves of each register differ.
+  auto rng = slimserve_test::make_rng(9001);
+  std::uniform_int_distribution<unsigned> finite_half(0, 0x7BFF), sign(0, 1);
+  const std::vector<std::uint16_t> chosen = {0x3C00, 0x3C01, 0x4000, 0x7BFF, 0x0001, 0x0400, 0x3800,
+                                             0x5BFF, 0x5C00, 0x1000, 0x0200, 0x3555, 0x3E00};
+  std::vector<std::uint16_t> halves_a, halves_b;
+  for (const std::uint16_t x : chosen) {
+    for (const std::uint16_t y : chosen) {
+      halves_a.push_back(x);
+      halves_b.push_back(static_cast<std::uint16_t>(y | 0x8000u * (x & 1u)));
+    }
+  }
+  for (int i = 0; i < 400; ++i) {
+    halves_a.push_back(static_cast<std::uint16_t>(finite_half(rng) | (sign(rng) << 15)));
+    halves_b.push_back(static_cast<std::uint16_t>(finite_half(rng) | (sign(rng) << 15)));
+  }
+  if (halves_a.size() % 2) {
+    halves_a.push_back(0x3C00);
+    halves_b.push_back(0x3C00);
+  }
+  const int n = static_cast<int>(halves_a.size() / 2);
+  std::vector<std::uint32_t> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = halves_a[2 * i] | std::uint32_t{halves_a[2 * i + 1]} << 16;
+    b[i] = halves_b[2 * i] | std::uint32_t{halves_b[2 * i + 1]} << 16;
+  }
+  auto d_a = rt::DeviceBuffer<std::uint32_t>::create(a.size());
+  auto d_b = rt::DeviceBuffer<std::uint32_t>::create(b.size());
+  auto d_d = rt::DeviceBuffer<std::uint32_t>::create(a.size());
+  REQUIRE((d_a.ok() && d_b.ok() && d_d.ok()));
+  REQUIRE(d_a->upload(a).ok());
+  REQUIRE(d_b->upload(b).ok());
+  REQUIRE(d_d->fill_bytes(0xAB).ok());
+  const slimserve::Status status =
+      rt::launch(&multiply_kernel, {dim3(static_cast<unsigned>((n + 127) / 128)), dim3(128), 0, nullptr},
+                 d_a->data(), d_b->data(), d_d->data(), n);
+  INFO(status.to_string());
+  REQUIRE(status.ok());
+  std::vector<std::uint32_t> got(a.size());
+  REQUIRE(d_d->download(got).ok());
+  // Every finite non-negative half, by value (increasing with the bits).
+  std::vector<double> magnitudes;
+  for (unsigned h = 0; h <= 0x7BFF; ++h) magnitudes.push_back(static_cast<double>(f16_to_float(static_cast<std::uint16_t>(h))));
+  for (std::size_t i = 0; i < 2 * a.size(); ++i) {
+    const std::uint16_t x = halves_a[i], y = halves_b[i];
+    const double product = static_cast<double>(f16_to_float(x)) * static_cast<double>(f16_to_float(y));  // exact
+    const auto result = static_cast<std::uint16_t>(got[i / 2] >> (16 * (i % 2)));
+    INFO("halves " << x << " x " << y << " = " << product << ", got bits " << result);
+    const double target = std::fabs(product);
+    unsigned want = 0x7C00;  // overflow: at or past 65504 + half an ulp (2^15 x (2 - 2^-11))
+    if (target < 65520.0) {
+      // Nearest by value, ties to the even significand (the even bit pattern).
+      const auto above = std::lower_bound(magnitudes.begin(), magnitudes.end(), target);
+      const auto hi = static_cast<unsigned>(above - magnitudes.begin());
+      want = hi;
+      if (hi == magnitudes.size()) {
+        want = hi - 1;  // between 65504 and the overflow threshold: the largest finite half
+      } else if (hi > 0 && magnitudes[hi] != target) {
+        const double below_error = target - magnitudes[hi - 1], above_error = magnitudes[hi] - target;
+        if (below_error < above_error || (below_error == above_error && ((hi - 1) & 1u) == 0)) want = hi - 1;
+      }
+    }
+    const unsigned sign_bit = ((x ^ y) & 0x8000u);
+    CHECK(result == (want | sign_bit));
+  }
 }

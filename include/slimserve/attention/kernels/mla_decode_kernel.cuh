@@ -42,12 +42,13 @@
 #include <cstring>
 
 #include "slimserve/arch/cp_async.cuh"
+#include "slimserve/arch/f16x2_math.cuh"
 #include "slimserve/attention/kernels/mla_decode_work.cuh"
+#include "slimserve/attention/kernels/mla_latent_rounding.hpp"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/mla_cache_view.hpp"
-#include "slimserve/formats/detail/float_codec.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
 #include "slimserve/runtime/shared_memory.cuh"
@@ -55,25 +56,6 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
 
-
-/// a x b on both fp16 halves, rounded once (RNE; fp16 subnormals kept, as mul.rn.f16x2 does).
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t mul_f16x2(std::uint32_t a, std::uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  std::uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-#else
-  // The product of two fp16 values (11-bit significands, exponents from -24) is exact in FP32,
-  // so rounding it to fp16 is the GPU's one rounding.
-  std::uint32_t d = 0;
-  for (int half = 0; half < 2; ++half) {
-    const float x = to_float(fp16::from_bits(static_cast<std::uint16_t>(a >> (16 * half))));
-    const float y = to_float(fp16::from_bits(static_cast<std::uint16_t>(b >> (16 * half))));
-    d |= std::uint32_t{from_float<fp16>(x * y).bits} << (16 * half);
-  }
-  return d;
-#endif
-}
 
 /// Tile geometry of one instantiation.
 template <class KvT, int WarpsM>
@@ -285,13 +267,9 @@ SLIMSERVE_ATTENTION_UNROLL
         const Vec16 v = load16(&stage.scales[producer_token][0]);
         std::memcpy(token_scales, &v, sizeof(v));
         const float largest = fmaxf(fmaxf(token_scales[0], token_scales[1]), fmaxf(token_scales[2], token_scales[3]));
-        constexpr std::uint32_t min_exponent_bits = (127u - 9u) << 23;  // k = -15
-        constexpr std::uint32_t max_exponent_bits = (127u + 13u) << 23;  // k = 7
-        std::uint32_t exponent_bits = slimserve::detail::float_bits(largest) & 0x7F800000u;
-        exponent_bits = exponent_bits < min_exponent_bits ? min_exponent_bits : exponent_bits;
-        exponent_bits = exponent_bits > max_exponent_bits ? max_exponent_bits : exponent_bits;
-        const float power = slimserve::detail::float_from_bits(exponent_bits - (6u << 23));                 // 2^k
-        const float inverse_power = slimserve::detail::float_from_bits(((2u * 127u + 6u) << 23) - exponent_bits);  // 2^-k
+        const ClampedPowerOfTwo<-9, 13, -6> k(largest);  // 2^k, k = E - 6 in [-15, 7]
+        const float power = k.power;
+        const float inverse_power = k.inverse;
         widen_factor = pack_pair<fp16>(power, power);
         if (producer_sub == 0) {
           float scaled[Tile::groups];
@@ -311,8 +289,8 @@ SLIMSERVE_ATTENTION_UNROLL
           Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
           for (int w = 0; w < 4; ++w) {
-            wide[w / 2].word[2 * (w % 2)] = mul_f16x2(fp8_pair_to_f16x2<KvT>(codes.word[w]), widen_factor);
-            wide[w / 2].word[2 * (w % 2) + 1] = mul_f16x2(fp8_pair_to_f16x2<KvT>(codes.word[w] >> 16), widen_factor);
+            wide[w / 2].word[2 * (w % 2)] = arch::mul_rn_f16x2(fp8_pair_to_f16x2<KvT>(codes.word[w]), widen_factor);
+            wide[w / 2].word[2 * (w % 2) + 1] = arch::mul_rn_f16x2(fp8_pair_to_f16x2<KvT>(codes.word[w] >> 16), widen_factor);
           }
           unsigned char* dst = smem.converted[group];
           store16(dst + MmaGroup::byte_offset(producer_token, 2 * lane_chunk), wide[0]);

@@ -33,11 +33,11 @@
 #include <type_traits>
 
 #include "slimserve/arch/cp_async.cuh"
+#include "slimserve/arch/f16x2_math.cuh"
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
 #include "slimserve/attention/kernels/mla_latent_rounding.hpp"
-#include "slimserve/formats/detail/float_codec.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
@@ -94,8 +94,6 @@ struct MlaWgmmaTile {
   static_assert(latent_offset % 1024 == 0 && p_offset % 1024 == 0 && raw_offset % 1024 == 0 &&
                 rope_offset % 1024 == 0);
 };
-
-// mul_f16x2: in mla_decode_kernel.cuh (both kernels widen FP8 codes with it).
 
 /// One wgmma.mma_async with both operands in shared memory, in the 16-bit type T.
 template <class T, int N, arch::WgmmaMajor BMajor = arch::WgmmaMajor::k>
@@ -281,8 +279,6 @@ SLIMSERVE_ATTENTION_UNROLL
       //    Unit `unit` of warp w is token w + 8 unit, its lane the 16-code chunk `lane` (scale
       //    group lane / 8): a warp-uniform token. Each lane first derives one (unit, group)
       //    factor — lanes 4 g + unit (and their copies 16 above) — then fetches its own.
-      constexpr std::uint32_t min_exponent_bits = static_cast<std::uint32_t>(127 + mla_min_token_exponent) << 23;
-      constexpr std::uint32_t max_exponent_bits = static_cast<std::uint32_t>(127 + mla_max_token_exponent) << 23;
       const unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes;
       unsigned char* tile = smem + Tile::latent_offset;
       constexpr int code_chunks = Tile::code_bytes / 16;  // 32 chunks of 16 codes per token
@@ -299,12 +295,9 @@ SLIMSERVE_ATTENTION_UNROLL
         float token_max = fmaxf(scale, __shfl_xor_sync(0xffffffffu, scale, units));
         token_max = fmaxf(token_max, __shfl_xor_sync(0xffffffffu, token_max, 2 * units));
         // 2^e from the exponent field, clamped as above.
-        std::uint32_t exponent_bits = slimserve::detail::float_bits(token_max) & 0x7F800000u;
-        exponent_bits = exponent_bits < min_exponent_bits ? min_exponent_bits : exponent_bits;
-        exponent_bits = exponent_bits > max_exponent_bits ? max_exponent_bits : exponent_bits;
-        const float power = slimserve::detail::float_from_bits(exponent_bits);
-        const float inverse_power = slimserve::detail::float_from_bits(0x7F000000u - exponent_bits);  // 2^-e
-        const float m = scale * inverse_power;
+        const ClampedPowerOfTwo<mla_min_token_exponent, mla_max_token_exponent> e(token_max);
+        const float power = e.power;
+        const float m = scale * e.inverse;
         group_factor = pack_pair<fp16>(m, m);
         if (lane < units) {  // group 0's lane of each unit: the token's factors for S and P
           float* factors = reinterpret_cast<float*>(smem + Tile::token_factor_offset) + prep_token * Tile::token_factors;
@@ -324,7 +317,7 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
           for (int half = 0; half < 2; ++half) {
             const std::uint32_t code = fp8_pair_to_f16x2<KvT>(codes.word[k] >> (16 * half));
-            wide[k / 2].word[2 * (k % 2) + half] = mul_f16x2(code, factor);
+            wide[k / 2].word[2 * (k % 2) + half] = arch::mul_rn_f16x2(code, factor);
           }
         }
         store16(tile + LatentTile::chunk_offset(token, 2 * c), wide[0]);
