@@ -13,7 +13,9 @@ HEADER = """\
 # ceiling (or raise a floor) when a change improves a kernel. `scripts/sass-report
 # --update-budget` adds rows that have none; `--rebaseline GLOB` resets matching rows to today's
 # values (a deliberate, reviewed regression). baseline_by_class is the per-class mix the ceiling
-# was set from: a failure names the classes that grew since.
+# was set from: a failure names the classes that grew since. `reason`, where present, says why
+# a floor sits where it does (e.g. lowered to the honest model's pessimistic end, short of the
+# kernel's target: docs/perf/h200-model.md lists those rows).
 """
 
 
@@ -54,6 +56,8 @@ def dump(path: Path, budgets: dict[str, dict]) -> None:
         out.append(f"min_predicted_copy_bw_fraction = {b['min_predicted_copy_bw_fraction']}")
         classes = ", ".join(f"{k} = {v}" for k, v in b.get("baseline_by_class", {}).items())
         out.append(f"baseline_by_class = {{ {classes} }}")
+        if b.get("reason"):
+            out.append(f"reason = {_quote(b['reason'])}")
     path.write_text("\n".join(out) + "\n")
 
 

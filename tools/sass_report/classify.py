@@ -69,7 +69,7 @@ def instruction_class(instruction: Instruction) -> str:
 
 # ---- pipes -----------------------------------------------------------------------------------
 # Warp-instructions per clock per SM that each pipe sustains (docs/perf/h200-model.md).
-PIPES = ("issue", "fma", "alu", "conversion", "special", "shuffle", "lsu", "tensor")
+PIPES = ("issue", "fma", "imad", "alu", "conversion", "special", "shuffle", "lsu", "tensor")
 
 
 def is_uniform(instruction: Instruction) -> bool:
@@ -89,7 +89,9 @@ def pipe_of(instruction: Instruction) -> str | None:
     if cls == "fp16x2":
         return "fma"
     if cls == "integer":
-        return "fma" if opcode in ("IMAD", "IMUL", "IDP", "IMADSP") else "alu"
+        # IMAD (and its MOV/IADD/SHL forms) runs on the FMA-heavy half only: the model
+        # charges it to "imad" (half rate) and to "fma" (the datapath it shares)
+        return "imad" if opcode in ("IMAD", "IMUL", "IDP", "IMADSP") else "alu"
     if cls == "conversion":
         return "alu" if opcode in ("PRMT", "F2FP") else "conversion"
     if cls == "special":
@@ -143,3 +145,26 @@ def tensor_fmas(instruction: Instruction) -> int:
             if len(parts) == 3 and all(p.isdigit() for p in parts):
                 return int(parts[0]) * int(parts[1]) * int(parts[2]) // 4  # per warp of 4
     return 16 * 8 * 16
+
+
+# ---- wgmma operands --------------------------------------------------------------------------
+def wgmma_operand_bytes(instruction: Instruction) -> tuple[int, int]:
+    """(A bytes read from shared memory, B bytes) of one warpgroup-wide wgmma (HGMMA.64xNxK):
+    A is 64 x K (0 when A comes from registers: the RS form names a register first), B is
+    N x K; K elements of 2 bytes for HGMMA (k16), 1 byte for QGMMA/IGMMA (k32)."""
+    if instruction.opcode not in ("HGMMA", "QGMMA", "IGMMA", "BGMMA"):
+        return 0, 0
+    shape = None
+    for modifier in instruction.modifiers:
+        parts = modifier.split("x")
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            shape = tuple(int(p) for p in parts)
+    if shape is None:
+        return 0, 0
+    m, n, k = shape
+    element = 2 if instruction.opcode == "HGMMA" else 1
+    if instruction.opcode == "BGMMA":
+        element = 1 / 8
+    operands = [o.strip() for o in instruction.operands.split(",")]
+    a_from_shared = len(operands) > 1 and operands[1].startswith("gdesc")
+    return (int(m * k * element) if a_from_shared else 0), int(n * k * element)

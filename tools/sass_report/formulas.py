@@ -35,6 +35,9 @@ class Work:
     other_child_trips: float = 1.0  # trips of every other nested loop
     stages_in_flight: int = 1    # TMA pipelines: iterations of loads in flight (tile bytes are
                                  # in the tensor map, not in the SASS)
+    role_warp_fraction: float | None = None  # share of the warps that run the loop's off-path
+                                 # global-traffic blocks every iteration (scale copies, a
+                                 # producer); None: one warp
     whole_kernel: bool = False   # one pass through the kernel is the iteration (its loops are
                                  # searches or fix-ups, not the stream)
     notes: list[str] = field(default_factory=list)

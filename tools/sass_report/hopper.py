@@ -30,8 +30,10 @@ SUSTAINED_ISSUE_PER_CLOCK = 3.0
 # throughput table, compute capability 9.0, divided by 32 lanes.
 PIPE_RATE = {
     "fma": 128 / 32,        # FP32 add/mul/fma (128); FP16x2 (256 results = 128 lanes); IMAD
-                            # shares the FMA datapath on sm_90 (assumed; guide: int mul 64 ->
-                            # counted at the FMA rate, conservative is 2)
+                            # also occupies this datapath (FMA-heavy half), so it counts here too
+    "imad": 64 / 32,        # IMAD/IMUL/IDP and IMAD's MOV/IADD/SHL forms: only the FMA-heavy
+                            # half of the datapath runs them: half the FP32 rate (guide: 32-bit
+                            # integer multiply 64)
     "alu": 64 / 32,         # 32-bit integer add/logic/shift/compare/min/max (64)
     "conversion": 16 / 32,  # "all other type conversions" (16)
     "special": 16 / 32,     # MUFU: exp2, rcp, rsqrt, log2, sin, cos (16)
@@ -55,3 +57,44 @@ MAX_REGISTERS_PER_THREAD = 255
 SHARED_PER_SM = 228 * 1024
 SHARED_PER_CTA_MAX = 227 * 1024
 SHARED_RESERVED_PER_CTA = 1024     # system use, counted for every CTA that uses shared memory
+
+
+# ---- ranges: constants nobody has measured for this project yet ----------------------------
+# Every prediction is made twice, once with each end; the budget judges the pessimistic end
+# (docs/perf/h200-model.md, "Ranges"). scripts/gpu-check measures each (its calibration
+# kernels) and tools/sass_report/fit.py turns the measurements into new ends.
+CLOCK_RANGE_HZ = (1.60e9, 1.98e9)   # SM clock under load: ~1.6 GHz power-capped / throttled on
+                                    # tensor-heavy work (public H800 and H100 reports) up to the
+                                    # 1.98 GHz maximum boost; sm__cycles_elapsed.avg.per_second
+# Dense BF16 wgmma peak: 989.4 TFLOP/s at 1.83 GHz = 2048 FMA/clk/SM (TENSOR_FMA_PER_CLOCK);
+# a tensor fraction is of this peak, so at clock f the pipe-limited ceiling is f / 1.83 GHz.
+TENSOR_PEAK_CLOCK_HZ = 1.83e9
+TENSOR_PEAK_FLOPS = 2 * 2048 * SMS * TENSOR_PEAK_CLOCK_HZ
+LATENCY_RANGE_S = (1.0e-6, 0.7e-6)  # loaded DRAM latency (pessimistic, optimistic): 0.7 µs
+                                    # at moderate load, past 1 µs near peak bandwidth
+# Issue per scheduler (SM sub-partition) from the warps it holds and the steady path's
+# instruction-level parallelism: a warp issues its next instruction once its operands are
+# ready, so one warp alone sustains instructions / max(instructions, dependent-chain cycles)
+# per clock. Pessimistic: dependent arithmetic takes DEPENDENT_LATENCY[0] clocks and the
+# scheduler never sustains more than ISSUE_CAP_PER_SMSP[0]; optimistic the other ends.
+# (Without ILP: 1 / 2 / 4 warps = 0.25 / 0.5 / 1 per clock at 4-clock latency.)
+DEPENDENT_LATENCY = (6.0, 4.0)      # clocks, FP32/integer result to dependent issue
+ISSUE_CAP_PER_SMSP = (0.75, 1.0)    # sustained at many warps (3 of 4 per SM) .. ideal
+SMSPS = 4
+# Shared-memory reads of wgmma operands (each m64nNk16 reads A, 64 x k, when A is in shared
+# memory, and B, N x k, always) share the L1/shared bandwidth with LDS/STS/LDSM.
+# Pessimistic: A and B both charged at SHARED_BYTES_PER_CLOCK; optimistic: only A (B shared
+# across the SM's sub-cores or fetched on a path of its own: unknown).
+WGMMA_B_FROM_SHARED_CHARGED = (True, False)
+# Phases: in a CTA whose steady path waits at a barrier or on wgmma between the tensor work
+# and the CUDA-core work, those phases overlap only across CTAs: the pessimistic end adds
+# (1 - 1 / resident CTAs) less of them; the optimistic end takes the maximum.
+# Fixed costs (pessimistic, optimistic): launch and ramp of the grid; each CTA's pipeline fill
+# (one DRAM latency) and a persistent CTA's drain and refill per segment; the prologue and
+# epilogue issue of non-persistent CTAs. Wave quantization at the pessimistic end.
+LAUNCH_RAMP_S = (3.0e-6, 1.0e-6)
+L2_LATENCY_RANGE_S = (0.4e-6, 0.2e-6)  # loaded L2 hit latency (unloaded ≈ 270 clocks)
+SLOW_LATENCY = (20.0, 12.0)         # clocks: MUFU, conversions, shuffles (variable latency)
+SHARED_LATENCY = (33.0, 23.0)       # clocks: LDS/LDSM result to dependent issue
+NOMINAL_LATENCY_S = DRAM_LATENCY_S  # the single figure of the model before ranges
+NOMINAL_SUSTAINED_ISSUE = SUSTAINED_ISSUE_PER_CLOCK

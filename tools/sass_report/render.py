@@ -19,10 +19,23 @@ def _mix(classes: dict, top: int = 5) -> str:
 
 
 def _predicted(row: dict) -> str:
-    text = f"{100 * row['predicted_copy_bw_fraction']:.0f}%"
-    if row["bound_by"] == "tensor":
-        text += f" (tensor peak {100 * row['predicted_tensor_fraction']:.0f}%)"
+    text = (f"{100 * row['predicted_copy_bw_fraction']:.0f}–"
+            f"{100 * row['predicted_copy_bw_fraction_optimistic']:.0f}%")
+    if row["predicted_tensor_fraction"] >= 0.2 or row["bound_by"] in ("tensor", "phases"):
+        text += (f" (tensor peak {100 * row['predicted_tensor_fraction']:.0f}–"
+                 f"{100 * row['predicted_tensor_fraction_optimistic']:.0f}%)")
     return text
+
+
+def _bound(row: dict) -> str:
+    if row["bound_by_optimistic"] == row["bound_by"]:
+        return row["bound_by"]
+    return f"{row['bound_by']} / {row['bound_by_optimistic']}"
+
+
+def _moved(row: dict) -> str:
+    before = f"{100 * row['model_before_fraction']:.0f}%"
+    return f"{before}: {', '.join(row['moved_by'])}" if row["moved_by"] else before
 
 
 def _kb(x: float) -> str:
@@ -38,17 +51,23 @@ def markdown(rows: list[dict], uncovered: list[str], toolchain: str) -> str:
         "[h200-model.md](h200-model.md). Every fraction below is a PREDICTION from static",
         "counts, not a measurement.",
         "",
-        f"Toolchain: {toolchain}. Model: {hopper.SMS} SMs at {hopper.SM_CLOCK_HZ / 1e9:.2f} GHz,",
-        f"{hopper.COPY_BANDWIDTH / 1e12:.1f} TB/s copy bandwidth = "
-        f"{hopper.BYTES_PER_CLOCK_PER_SM:.2f} B per clock per SM; "
-        f"{hopper.ISSUE_PER_CLOCK:.0f} warp-instructions issued per clock per SM; "
-        f"{_kb(hopper.BYTES_IN_FLIGHT_NEEDED)} B in flight per SM needed.",
+        f"Toolchain: {toolchain}. Model: {hopper.SMS} SMs at "
+        f"{hopper.CLOCK_RANGE_HZ[0] / 1e9:.2f}–{hopper.CLOCK_RANGE_HZ[1] / 1e9:.2f} GHz,",
+        f"{hopper.COPY_BANDWIDTH / 1e12:.1f} TB/s copy bandwidth; DRAM latency "
+        f"{hopper.LATENCY_RANGE_S[1] * 1e6:.1f}–{hopper.LATENCY_RANGE_S[0] * 1e6:.1f} µs "
+        f"({_kb(hopper.COPY_BANDWIDTH / hopper.SMS * hopper.LATENCY_RANGE_S[1])}–"
+        f"{_kb(hopper.COPY_BANDWIDTH / hopper.SMS * hopper.LATENCY_RANGE_S[0])} B in flight per "
+        f"SM needed); tensor peak {hopper.TENSOR_PEAK_FLOPS / 1e12:.0f} TFLOP/s (dense BF16).",
+        "Every prediction is a range, pessimistic–optimistic end; the budget judges the",
+        "pessimistic end. *moved* = the pessimistic end under the model before the ranges (one",
+        "fixed figure per constant, perfect overlap, no fixed costs), then the fixes that moved",
+        "it by 2 points or more (docs/perf/h200-model.md, \"The fixes\").",
         "",
         "Columns: *w-i/16B* = warp-instructions issued in the steady-state main loop per 16 B of",
         "DRAM traffic (≈1 allows copy bandwidth, ≤2–2.5 stays near it); *mix* = the largest",
         "classes of that figure; *tensor* = tensor-pipe cycles per 16 B; *in flight* = bytes of",
-        "loads in flight per SM (need in brackets); *predicted* = fraction of copy bandwidth",
-        "(for tensor-bound rows also of the tensor peak).",
+        "loads in flight per SM at the pessimistic end (need in brackets); *predicted* = fraction",
+        "of copy bandwidth (and of the dense tensor peak where the tensor pipe is busy).",
         "",
     ]
     groups: dict[str, list[dict]] = {}
@@ -57,8 +76,8 @@ def markdown(rows: list[dict], uncovered: list[str], toolchain: str) -> str:
     for group, members in groups.items():
         out += [f"## {group}", "",
                 "| kernel | problem | regs | spills | smem | CTAs/SM (limit) | main loop | "
-                "w-i/16B | mix | tensor | in flight | predicted | bound by |",
-                "|---|---|--:|--:|--:|---|---|--:|---|--:|--:|--:|---|"]
+                "w-i/16B | mix | tensor | in flight | predicted | bound by | moved |",
+                "|---|---|--:|--:|--:|---|---|--:|---|--:|--:|--:|---|---|"]
         for r in members:
             loop = r["main_loop"]
             where = loop["source"] if loop["found"] else "no loop: whole kernel"
@@ -70,7 +89,7 @@ def markdown(rows: list[dict], uncovered: list[str], toolchain: str) -> str:
                 f"**{r['warp_instr_per_16B']:.2f}** | {_mix(r['instr_by_class'])} | "
                 f"{r['tensor_cycles_per_16B']:.2f} | {_kb(r['bytes_in_flight_per_sm'])} "
                 f"({_kb(r['bytes_in_flight_needed'])}) | "
-                f"{_predicted(r)} | {r['bound_by']} |")
+                f"{_predicted(r)} | {_bound(r)} | {_moved(r)} |")
         out.append("")
     if uncovered:
         out += ["## Kernels not in the manifest", "",
