@@ -264,5 +264,138 @@ class ManifestAndBudget(unittest.TestCase):
             self.assertEqual(budget.load(path), budgets)
 
 
+# An SS wgmma loop at N = 16 (A and B from shared memory) and its RS twin.
+def wgmma_loop(n, a_operand):
+    return f"""
+.text._Z6kernelv:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   WARPGROUP.ARRIVE ;
+        /*0030*/                   HGMMA.64x{n}x16.F32.BF16 R24, {a_operand}, R24, gsb0 ;
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0050*/                   ISETP.NE.AND P1, PT, R0, RZ, PT ;
+        /*0060*/               @P1 BRA `(.L_x_0) ;
+        /*0070*/                   EXIT ;
+"""
+
+
+# A dependent FFMA chain and the same count of independent FFMA.
+def ffma_block(dependent):
+    body = "".join(
+        f"        /*{16 * (i + 2):04x}*/                   FFMA R{8 if dependent else 8 + i}, "
+        f"R{8 if dependent else 8 + i}, R5, R6 ;\n" for i in range(16))
+    return f"""
+.text._Z6kernelv:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+{body}        /*0200*/                   ISETP.NE.AND P1, PT, R0, RZ, PT ;
+        /*0210*/               @P1 BRA `(.L_x_0) ;
+        /*0220*/                   EXIT ;
+"""
+
+
+def row_of(text, **work):
+    function = next(iter(parse_nvdisasm(text).values()))
+    defaults = dict(threads=128, ctas=132 * 4, dram_bytes=132 * 4 * 1000 * 2048.0,
+                    iterations=132 * 4 * 1000)
+    defaults.update(work)
+    return model.analyse(function, None, Work(**defaults))
+
+
+class HonestModel(unittest.TestCase):
+    def test_ss_wgmma_reads_its_operands_from_shared_memory(self):
+        ss = row_of(wgmma_loop(16, "gdesc[UR8]"))
+        rs = row_of(wgmma_loop(16, "R4, gdesc[UR8]"))
+        # m64n16k16: A 2048 B + B 512 B per warpgroup; at 128 B/clk that is 20 clocks against
+        # 8 clocks of tensor pipe: the shared-memory term binds the SS form, not the RS form.
+        # Per warp (a quarter of the reads) + the LDG.128 (512 B: 4 clocks); 4 warps, 128 units.
+        self.assertAlmostEqual(ss["cycles_per_16B"]["lsu"], 4 * ((2048 + 512) / 4 / 128 + 4) / 128,
+                               places=3)
+        self.assertAlmostEqual(rs["cycles_per_16B"]["lsu"], 4 * (512 / 4 / 128 + 4) / 128, places=3)
+        self.assertGreater(ss["cycles_per_16B"]["lsu"], 2 * ss["cycles_per_16B"]["tensor"])
+        wide = row_of(wgmma_loop(64, "gdesc[UR8]"))
+        self.assertLess(wide["cycles_per_16B"]["lsu"] / wide["cycles_per_16B"]["tensor"],
+                        ss["cycles_per_16B"]["lsu"] / ss["cycles_per_16B"]["tensor"])
+
+    def test_dependent_chains_and_warps_per_scheduler_set_the_issue_rate(self):
+        chain = row_of(ffma_block(True))
+        free = row_of(ffma_block(False))
+        self.assertLess(chain["main_loop"]["one_warp_issue_rate"][0],
+                        free["main_loop"]["one_warp_issue_rate"][0] / 3)
+        # one CTA of 4 warps per SM: one warp per scheduler, issue at the chain's rate
+        alone = row_of(ffma_block(True), ctas=132)
+        self.assertLess(alone["issue_per_clock"][0], chain["issue_per_clock"][0])
+        self.assertLessEqual(free["issue_per_clock"][0], 4 * 0.75 + 1e-9)
+
+    def test_phases_add_in_one_cta_per_sm(self):
+        one = row_of(wgmma_loop(64, "gdesc[UR8]"), ctas=132)
+        many = row_of(wgmma_loop(64, "gdesc[UR8]"))
+        self.assertTrue(one["main_loop"]["phase_wait"])
+        self.assertLess(one["predicted_tensor_fraction"], many["predicted_tensor_fraction"])
+
+    def test_ranges_order_and_the_budget_judges_the_pessimistic_end(self):
+        row = row_of(ffma_block(False))
+        self.assertLessEqual(row["predicted_copy_bw_fraction"],
+                             row["predicted_copy_bw_fraction_optimistic"])
+        self.assertLessEqual(row["predicted_copy_bw_fraction_optimistic"],
+                             row["upper_bound_copy_bw_fraction"] + 1e-9)
+        b = {"k": budget.budget_for(dict(row, key="k"))}
+        self.assertEqual(b["k"]["min_predicted_copy_bw_fraction"],
+                         budget._floor3(row["predicted_copy_bw_fraction"]))
+
+    def test_bytes_in_flight_per_stage(self):
+        # cp.async waited down to 2: two stages in flight (pessimistic), three (optimistic)
+        row = row_of(VERSIONED_LOADS, dram_bytes=132 * 4 * 1000 * 128 * 64.0)
+        stage = 128 * 64  # the unrolled version: four 16-byte copies per thread
+        self.assertEqual(row["bytes_in_flight_per_sm"], 2 * stage * 4)
+        self.assertEqual(row["bytes_in_flight_optimistic"][0], 3 * stage * 4)
+
+    def test_fixed_costs_weigh_on_small_problems(self):
+        big = row_of(ffma_block(False))
+        small = row_of(ffma_block(False), dram_bytes=132 * 4 * 10 * 2048.0,
+                       iterations=132 * 4 * 10)
+        self.assertLess(small["predicted_copy_bw_fraction"], big["predicted_copy_bw_fraction"])
+        self.assertIn("fixed costs", " ".join(small["moved_by"]))
+
+    def test_imad_at_half_the_fp32_rate(self):
+        text = ffma_block(False).replace("FFMA", "IMAD")
+        row = row_of(text)
+        fp = row_of(ffma_block(False))
+        self.assertAlmostEqual(row["cycles_per_16B"]["imad"], 2 * fp["cycles_per_16B"]["fma"],
+                               places=6)
+
+
+class Fit(unittest.TestCase):
+    def test_reads_ncu_csv_and_prints_predicted_vs_measured(self):
+        from sass_report import fit
+        header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+                  '"Block Size","Grid Size","Device","CC","Section Name","Metric Name",'
+                  '"Metric Unit","Metric Value"\n')
+        lines = ["==PROF== Connected to process 1\n", header]
+        for launch, clock in enumerate((1.71e9, 1.65e9, 1.80e9)):
+            name = "void slimserve_calibration::alu_copy16_kernel(const float4*, float4*, long, float, float)"
+            for metric, value in ((fit.METRICS["clock"], clock), (fit.METRICS["issue"], 0.71),
+                                  (fit.METRICS["dram"], 17.5)):
+                lines.append(f'"{launch}","1","b","h","{name}","1","7","(256, 1, 1)",'
+                             f'"(1056, 1, 1)","0","9.0","s","{metric}","x","{value:,}"\n')
+        rows = [{"key": "alu_copy16_kernel @ p", "kernel": "alu_copy16_kernel",
+                 "predicted_copy_bw_fraction": 0.14, "predicted_copy_bw_fraction_optimistic": 0.24,
+                 "predicted_tensor_fraction": 0.0, "predicted_tensor_fraction_optimistic": 0.0,
+                 "bound_by": "issue"}]
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / "ncu.csv"
+            path.write_text("".join(lines))
+            measured = fit.read_ncu([str(path)])
+        self.assertEqual(list(measured), ["alu_copy16_kernel"])
+        self.assertAlmostEqual(measured["alu_copy16_kernel"]["clock"], 1.71e9)  # the median
+        text = "\n".join(fit.fit(rows, measured))
+        self.assertIn("| `alu_copy16_kernel @ p` | 14–24% |", text)
+        self.assertIn("| 18 | 1.71 | 0.71 |", text)
+        self.assertIn("SM clock under load: 1.71–1.71 GHz", text)
+        self.assertIn("sustained issue per scheduler (alu_copy16): 0.71", text)
+
+
 if __name__ == "__main__":
     unittest.main()
