@@ -2,6 +2,9 @@
 // events. Counters: bytes_per_second (DRAM bytes the kernel must move: read + write) and, for
 // the mma loop, fma_per_second. Compare with the predicted fractions of docs/perf/static.md:
 // copy16 ≈ copy bandwidth; alu_copy16 and mma_loop at the fractions their bound allows.
+// The honest model's calibration kernels (one per fix, docs/perf/h200-model.md) report
+// fma_per_second for the wgmma loops (tensor fraction = fma_per_second / (2048 x 132 x
+// 1.83e9)); scripts/gpu-check also profiles each with Nsight Compute (sass_report.fit).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -103,8 +106,78 @@ void BM_MmaLoop(benchmark::State& state) {
   });
 }
 
+void BM_Copy16OneWarp(benchmark::State& state) {
+  const int sms = sm_count();
+  Buffers b;
+  if (sms == 0 || !b.ok()) return state.SkipWithError("no GPU");
+  const std::int64_t n = buffer_bytes / 16;
+  time_kernel(state, 2.0 * buffer_bytes, 0, [&] {
+    cal::copy16_one_warp_kernel<<<static_cast<unsigned>(sms), 128>>>(
+        static_cast<const uint4*>(b.src), static_cast<uint4*>(b.dst), n);
+  });
+}
+
+void BM_Copy16Small(benchmark::State& state) {
+  const int sms = sm_count();
+  Buffers b;
+  if (sms == 0 || !b.ok()) return state.SkipWithError("no GPU");
+  constexpr std::int64_t small_bytes = std::int64_t{64} << 20;  // 64 MiB
+  const unsigned ctas = static_cast<unsigned>(sms * 8);
+  time_kernel(state, 2.0 * small_bytes, 0, [&] {
+    cal::copy16_small_kernel<<<ctas, 256>>>(static_cast<const uint4*>(b.src),
+                                            static_cast<uint4*>(b.dst), small_bytes / 16);
+  });
+}
+
+void BM_ImadCopy16(benchmark::State& state) {
+  const int sms = sm_count();
+  Buffers b;
+  if (sms == 0 || !b.ok()) return state.SkipWithError("no GPU");
+  const std::int64_t n = buffer_bytes / 16;
+  const unsigned ctas = static_cast<unsigned>(sms * 8);
+  time_kernel(state, 2.0 * buffer_bytes, 0, [&] {
+    cal::imad_copy16_kernel<<<ctas, 256>>>(static_cast<const uint4*>(b.src),
+                                           static_cast<uint4*>(b.dst), n, 3u, 1u);
+  });
+}
+
+constexpr int calibration_trips = 4096;
+
+/// m64nNk16 SS wgmma loop: 4 CTAs per SM, each trip wgmma_steps instructions.
+template <int N>
+void BM_SsWgmma(benchmark::State& state) {
+  const int sms = sm_count();
+  Buffers b;
+  if (sms == 0 || !b.ok()) return state.SkipWithError("no GPU");
+  const unsigned ctas = static_cast<unsigned>(sms * 4);
+  const double fmas = static_cast<double>(ctas) * calibration_trips * cal::wgmma_steps * 64.0 * N * 16;
+  const double bytes = static_cast<double>(ctas) * 128 * (N / 2) * 4;
+  time_kernel(state, bytes, fmas, [&] {
+    cal::ss_wgmma_loop_kernel<N><<<ctas, 128>>>(static_cast<float*>(b.dst), calibration_trips);
+  });
+}
+
+void BM_Phased(benchmark::State& state) {
+  const int sms = sm_count();
+  Buffers b;
+  if (sms == 0 || !b.ok()) return state.SkipWithError("no GPU");
+  const unsigned ctas = static_cast<unsigned>(sms);
+  const double fmas = static_cast<double>(ctas) * calibration_trips * 64 * 64.0 * 64 * 16;
+  time_kernel(state, static_cast<double>(ctas) * 128 * 32 * 4, fmas, [&] {
+    cal::phased_kernel<<<ctas, 128>>>(static_cast<float*>(b.dst), calibration_trips, 0.999f,
+                                      0.001f);
+  });
+}
+
 }  // namespace
 
+BENCHMARK(BM_Copy16OneWarp)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Copy16Small)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ImadCopy16)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SsWgmma<16>)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SsWgmma<32>)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SsWgmma<64>)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Phased)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Copy16)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AluCopy16)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MmaLoop)->UseManualTime()->Unit(benchmark::kMillisecond);
