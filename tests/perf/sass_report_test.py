@@ -377,7 +377,7 @@ class Fit(unittest.TestCase):
         for launch, clock in enumerate((1.71e9, 1.65e9, 1.80e9)):
             name = "void slimserve_calibration::alu_copy16_kernel(const float4*, float4*, long, float, float)"
             for metric, value in ((fit.METRICS["clock"], clock), (fit.METRICS["issue"], 0.71),
-                                  (fit.METRICS["dram"], 17.5)):
+                                  (fit.METRICS["dram"], 17.5), (fit.METRICS["dram_rate"], 0.86e12)):
                 lines.append(f'"{launch}","1","b","h","{name}","1","7","(256, 1, 1)",'
                              f'"(1056, 1, 1)","0","9.0","s","{metric}","x","{value:,}"\n')
         rows = [{"key": "alu_copy16_kernel @ p", "kernel": "alu_copy16_kernel",
@@ -391,10 +391,37 @@ class Fit(unittest.TestCase):
         self.assertEqual(list(measured), ["alu_copy16_kernel"])
         self.assertAlmostEqual(measured["alu_copy16_kernel"]["clock"], 1.71e9)  # the median
         text = "\n".join(fit.fit(rows, measured))
-        self.assertIn("| `alu_copy16_kernel @ p` | 14–24% |", text)
-        self.assertIn("| 18 | 1.71 | 0.71 |", text)
+        self.assertIn("| `alu_copy16_kernel @ p` | 14–24% | 20% | 0–0% | — | issue | 18 | 1.71 | 0.71 |",
+                      text)
         self.assertIn("SM clock under load: 1.71–1.71 GHz", text)
         self.assertIn("sustained issue per scheduler (alu_copy16): 0.71", text)
+
+    def test_asks_ncu_only_for_metrics_it_lists(self):
+        from sass_report import fit
+        query = ("Device GH100\n-----\ndram__throughput                 DRAM throughput\n"
+                 "sm__cycles_elapsed               cycles\n")
+        self.assertEqual(fit.available_metrics(query),
+                         "dram__throughput.avg.pct_of_peak_sustained_elapsed,"
+                         "sm__cycles_elapsed.avg.per_second")
+        self.assertEqual(fit.available_metrics("no metrics here"), fit.NCU_METRICS)
+
+    def test_calibration_table_from_benchmark_json(self):
+        import contextlib, io, json
+        from sass_report import calibrate
+        rows = [{"kernel": "ss_wgmma_loop_kernel<16>", "predicted_copy_bw_fraction": 0.0,
+                 "predicted_copy_bw_fraction_optimistic": 0.0, "predicted_tensor_fraction": 0.35,
+                 "predicted_tensor_fraction_optimistic": 0.54, "bound_by": "lsu",
+                 "warp_instr_per_16B": 1.0}]
+        bench = {"benchmarks": [{"name": "BM_SsWgmma<16>/manual_time", "bytes_per_second": 1e9,
+                                 "fma_per_second": 0.2 * 2048 * 132 * 1.83e9}]}
+        with tempfile.TemporaryDirectory() as scratch:
+            (Path(scratch) / "r.json").write_text(json.dumps(rows))
+            (Path(scratch) / "b.json").write_text(json.dumps(bench))
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                calibrate.main(["x", str(Path(scratch) / "r.json"), str(Path(scratch) / "b.json")])
+        self.assertIn("| `ss_wgmma_loop_kernel<16>` | 35–54% of peak | lsu | 1 | 20% |",
+                      out.getvalue())
 
 
 if __name__ == "__main__":

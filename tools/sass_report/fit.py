@@ -1,6 +1,7 @@
 """Predicted vs measured, and the model constants the measurements imply.
 
 Usage: python3 -m sass_report.fit SASS_REPORT_JSON NCU_CSV [NCU_CSV ...]
+       python3 -m sass_report.fit --metrics NCU_QUERY_METRICS_OUTPUT  (the --metrics list)
 NCU_CSV: `ncu --csv --page details --print-units base --metrics ...` output (scripts/gpu-check
 writes one per benchmark binary). Prints one row per kernel profiled that the report predicts
 (matched by the kernel's simplified name; the median over its launches), then the constants:
@@ -19,17 +20,32 @@ import statistics
 import sys
 from collections import defaultdict
 
+from . import hopper
+
 METRICS = {
     "dram": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_rate": "dram__bytes.sum.per_second",
     "clock": "sm__cycles_elapsed.avg.per_second",
     "banks": "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed",
     "gmma": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
     "issue": "smsp__issue_active.avg.per_cycle_active",
-    "long_scoreboard": "smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio",
-    "barrier": "smsp__average_warp_latency_issue_stalled_barrier.ratio",
+    # share of the active warps' cycles stalled on a global/local load (long scoreboard), or
+    # at a barrier
+    "long_scoreboard": "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct",
+    "barrier": "smsp__warp_issue_stalled_barrier_per_warp_active.pct",
     "duration": "gpu__time_duration.sum",
 }
 NCU_METRICS = ",".join(METRICS.values())
+
+
+def available_metrics(query_output: str) -> str:
+    """The METRICS that `ncu --query-metrics` lists (by base name, before the roll-up suffix),
+    comma-separated: ncu refuses a whole run over one unknown name. All of them when the
+    query printed nothing recognisable."""
+    listed = set(re.findall(r"^\s*([a-z0-9_]+__[A-Za-z0-9_]+)", query_output, re.MULTILINE))
+    if not listed:
+        return NCU_METRICS
+    return ",".join(m for m in METRICS.values() if m.split(".")[0] in listed)
 
 
 def _simple(kernel_name: str) -> str:
@@ -71,9 +87,11 @@ def read_ncu(paths: list[str]) -> dict[str, dict[str, float]]:
 
 
 def fit(rows: list[dict], measured: dict[str, dict[str, float]]) -> list[str]:
-    out = ["| row | predicted (copy BW) | tensor | bound | DRAM % | SM GHz | issue/clk/SMSP | "
-           "smem banks % | gmma % | long-sb / barrier stall | µs |",
-           "|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|"]
+    out = ["Measured on the benchmarks' own problems (their shapes can differ from the row's "
+           "label: compare the bounds, and the fractions where the shapes agree).", "",
+           "| row | predicted (copy BW) | measured | tensor predicted | gmma % | bound | DRAM % "
+           "of peak | SM GHz | issue/clk/SMSP | smem banks % | long-sb / barrier stall | µs |",
+           "|---|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|"]
     clocks, issue_caps, smem = [], [], []
     for row in rows:
         m = measured.get(row["kernel"])
@@ -82,13 +100,15 @@ def fit(rows: list[dict], measured: dict[str, dict[str, float]]) -> list[str]:
 
         def get(key: str, scale: float = 1.0, digits: int = 0) -> str:
             return f"{m[key] * scale:.{digits}f}" if key in m else "—"
+        measured_fraction = (f"{100 * m['dram_rate'] / hopper.COPY_BANDWIDTH:.0f}%"
+                             if "dram_rate" in m else "—")
         out.append(
             f"| `{row['key']}` | {100 * row['predicted_copy_bw_fraction']:.0f}–"
-            f"{100 * row['predicted_copy_bw_fraction_optimistic']:.0f}% | "
+            f"{100 * row['predicted_copy_bw_fraction_optimistic']:.0f}% | {measured_fraction} | "
             f"{100 * row['predicted_tensor_fraction']:.0f}–"
-            f"{100 * row['predicted_tensor_fraction_optimistic']:.0f}% | {row['bound_by']} | "
-            f"{get('dram')} | {get('clock', 1e-9, 2)} | {get('issue', 1.0, 2)} | {get('banks')} | "
-            f"{get('gmma')} | {get('long_scoreboard', 1.0, 1)} / {get('barrier', 1.0, 1)} | "
+            f"{100 * row['predicted_tensor_fraction_optimistic']:.0f}% | {get('gmma')} | "
+            f"{row['bound_by']} | {get('dram')} | {get('clock', 1e-9, 2)} | {get('issue', 1.0, 2)} | "
+            f"{get('banks')} | {get('long_scoreboard', 1.0, 1)} / {get('barrier', 1.0, 1)} | "
             f"{get('duration', 1e-3, 1)} |")
         if "clock" in m:
             clocks.append(m["clock"])
@@ -110,10 +130,15 @@ def fit(rows: list[dict], measured: dict[str, dict[str, float]]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--metrics":
+        with open(argv[2]) as handle:
+            print(available_metrics(handle.read()))
+        return 0
     if len(argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
-    rows = json.load(open(argv[1]))
+    with open(argv[1]) as handle:
+        rows = json.load(handle)
     measured = read_ncu(argv[2:])
     if not measured:
         print("fit: no Nsight Compute metrics in the given files", file=sys.stderr)
