@@ -35,6 +35,9 @@ class Work:
     other_child_trips: float = 1.0  # trips of every other nested loop
     stages_in_flight: int = 1    # TMA pipelines: iterations of loads in flight (tile bytes are
                                  # in the tensor map, not in the SASS)
+    cta_costs: list[float] | None = None  # relative work of each CTA in launch order (blockIdx
+                                 # x fastest), when CTAs differ (causal row tiles): the model
+                                 # dispatches them greedily to the SMs' CTA slots (the tail)
     role_warp_fraction: float | None = None  # share of the warps that run the loop's off-path
                                  # global-traffic blocks every iteration (scale copies, a
                                  # producer); None: one warp
@@ -188,13 +191,18 @@ def paged_prefill_wgmma(args: list[str], problem: dict) -> Work:
     qo_bytes = batch * query_tokens * kv_heads * group * head_dim * q_b * 2
     kv_once = batch * kv_heads * context * head_dim * kv_b * 2
     stage_trips = 0
+    tile_trips = []
     for r in range(row_tiles):
         last_token = min(query_tokens - 1, (cta_rows * (r + 1) - 1) // group)
         visible = (context - query_tokens + last_token + 1) if problem.get("causal", False) else context
-        stage_trips += math.ceil(visible / stage_tokens)
+        tile_trips.append(math.ceil(visible / stage_tokens))
+        stage_trips += tile_trips[-1]
     table_bytes = batch * math.ceil(context / page_size) * 4
+    # launch order: blockIdx.x = (request, row tile) in the plan's order (row tiles ascending:
+    # the longest causal tiles last), blockIdx.y = KV head
+    costs = [float(t) for _ in range(kv_heads) for _ in range(batch) for t in tile_trips]
     return Work(threads=128, ctas=ctas, dram_bytes=kv_once + qo_bytes + table_bytes,
-                iterations=batch * kv_heads * stage_trips, dynamic_smem=smem,
+                iterations=batch * kv_heads * stage_trips, dynamic_smem=smem, cta_costs=costs,
                 bytes_formula="K+V B·ctx·H_kv·D·bytes·2 once (L2 serves the row tiles) + Q+O",
                 notes=[f"wgmma, 64 rows per CTA, stage {stage_tokens} tokens, {row_tiles} row tiles, "
                        f"{stage_trips} stage trips per (request, KV head)"])

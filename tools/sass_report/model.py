@@ -4,6 +4,7 @@ and the predicted fraction of H200 copy bandwidth. The model is docs/perf/h200-m
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections import Counter
@@ -253,6 +254,17 @@ def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> t
     return counts, extra
 
 
+def _dispatch_efficiency(costs: list[float], slots: int) -> float:
+    """CTAs of unequal work handed, in launch order, to whichever CTA slot frees first: the
+    work over slots x the time the last one ends (1.0: no tail)."""
+    finish = [0.0] * min(slots, len(costs))
+    heapq.heapify(finish)
+    for cost in costs:
+        heapq.heapreplace(finish, finish[0] + cost)
+    makespan = max(finish) if finish else 0.0
+    return sum(costs) / (slots * makespan) if makespan > 0 else 1.0
+
+
 def evaluate(c: Counts, work: Work, occ: Occupancy, end: int, off=()) -> dict:
     """The prediction at one end of the ranges; `off`: fixes switched off (FIXES)."""
     clock = hopper.SM_CLOCK_HZ if "clock" in off else hopper.CLOCK_RANGE_HZ[end]
@@ -340,7 +352,9 @@ def evaluate(c: Counts, work: Work, occ: Occupancy, end: int, off=()) -> dict:
     waves = 1.0
     fixed_s = 0.0
     if "fixed costs" not in off:
-        if end == PESSIMISTIC and work.ctas > hopper.SMS:
+        if work.cta_costs:
+            waves = _dispatch_efficiency(work.cta_costs, hopper.SMS * occ.ctas_per_sm)
+        elif end == PESSIMISTIC and work.ctas > hopper.SMS:
             # the busiest SM's CTAs, in rounds of the resident CTAs, against the average
             busiest = math.ceil(work.ctas / hopper.SMS)
             rounds = math.ceil(busiest / occ.ctas_per_sm)
