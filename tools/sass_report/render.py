@@ -42,6 +42,27 @@ def _kb(x: float) -> str:
     return f"{x / 1024:.1f}K"
 
 
+def _moved_summary(rows: list[dict]) -> list[str]:
+    """Which rows the honest model moved, grouped by the fix that moved each most."""
+    by_fix: dict[str, list[dict]] = {}
+    for row in rows:
+        top = row["moved_by"][0].rsplit(" ", 1)[0] if row["moved_by"] else "under 2 points"
+        by_fix.setdefault(top, []).append(row)
+    out = ["## What moved with the honest model", "",
+           "Rows by the fix that moved their pessimistic end most (the *moved* column has every "
+           "fix of 2 points or more per row; a tensor-bound row moves by its tensor fraction):",
+           "", "| largest move | rows | e.g. |", "|---|--:|---|"]
+    for fix, members in sorted(by_fix.items(), key=lambda item: -len(item[1])):
+        example = max(members, key=lambda r: r["model_before_fraction"]
+                      - r["predicted_copy_bw_fraction"])
+        out.append(f"| {fix} | {len(members)} | `{example['key']}`: "
+                   f"{100 * example['model_before_fraction']:.0f}% → "
+                   f"{100 * example['predicted_copy_bw_fraction']:.0f}–"
+                   f"{100 * example['predicted_copy_bw_fraction_optimistic']:.0f}% |")
+    out.append("")
+    return out
+
+
 def markdown(rows: list[dict], uncovered: list[str], toolchain: str) -> str:
     out = [
         "# Static performance report (sm_90a SASS, H200 model)",
@@ -70,6 +91,7 @@ def markdown(rows: list[dict], uncovered: list[str], toolchain: str) -> str:
         "of copy bandwidth (and of the dense tensor peak where the tensor pipe is busy).",
         "",
     ]
+    out += _moved_summary(rows)
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(row["group"], []).append(row)
