@@ -100,6 +100,9 @@ FIXES = ("smem operands", "warps per scheduler", "phases add", "bytes in flight"
          "role warps", "fixed costs", "clock", "IMAD rate")
 PESSIMISTIC, OPTIMISTIC = 0, 1
 _PHASE_WAITS = ("BAR", "SYNCS", "WARPGROUP")  # barrier, mbarrier wait, wgmma wait
+# a tensor fraction is of the wgmma peak of the same operand type
+_WGMMA_OF = {"HMMA": "HGMMA", "HGMMA": "HGMMA", "QGMMA": "QGMMA", "IMMA": "IGMMA",
+             "IGMMA": "IGMMA"}
 _FP_PIPES = ("fma", "imad", "alu", "conversion", "special", "shuffle")
 
 
@@ -117,6 +120,7 @@ class Counts:
     operand_b: float             # wgmma B bytes per warp-iteration
     tensor_cycles: float         # all tensor instructions
     async_tensor_cycles: float   # wgmma only: runs apart from the issuing warps (a phase)
+    peak_tensor_cycles: float    # the same multiply-adds at the wgmma peak of their type
     issue_words: float           # sum of weight x instructions
     chain_words: tuple           # (pessimistic, optimistic) sum of weight x max(count, chain)
     phase_wait: bool
@@ -133,7 +137,7 @@ def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> t
     by_class: Counter = Counter()
     by_opcode: Counter = Counter()
     pipes: Counter = Counter()
-    smem_cycles = operand_a = operand_b = tensor_cycles = async_tensor = 0.0
+    smem_cycles = operand_a = operand_b = tensor_cycles = async_tensor = peak_tensor = 0.0
     load_bytes_outer = load_bytes_child = 0.0
     waits_outer = waits_child = 0.0  # cp.async waits (DEPBAR.LE): one per stage consumed
     loads_per_iteration = 0.0
@@ -162,6 +166,8 @@ def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> t
             if pipe == "tensor":
                 rate = hopper.TENSOR_FMA_PER_CLOCK.get(instruction.opcode, 1024)
                 tensor_cycles += weight * tensor_fmas(instruction) / rate
+                peak = hopper.TENSOR_FMA_PER_CLOCK[_WGMMA_OF.get(instruction.opcode, "HGMMA")]
+                peak_tensor += weight * tensor_fmas(instruction) / peak
                 if instruction.opcode in ("HGMMA", "QGMMA", "IGMMA", "BGMMA"):
                     async_tensor += weight * tensor_fmas(instruction) / rate
                 a, bb = wgmma_operand_bytes(instruction)
@@ -242,7 +248,8 @@ def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> t
         role_per16=warps * fraction * role_count / units,
         pipes=dict(pipes), role_pipes={k: v * fraction for k, v in role_pipes.items()},
         smem_cycles=smem_cycles, operand_a=operand_a, operand_b=operand_b,
-        tensor_cycles=tensor_cycles, async_tensor_cycles=async_tensor, issue_words=issue_words, chain_words=tuple(chain),
+        tensor_cycles=tensor_cycles, async_tensor_cycles=async_tensor,
+        peak_tensor_cycles=peak_tensor, issue_words=issue_words, chain_words=tuple(chain),
         phase_wait=phase_wait, stage_bytes=stage,
         load_ratio=max(1.0, warps * loads_per_iteration / work.bytes_per_iteration),
         old_in_flight=warps * old_loads * (depth_waited + 1 if depth_waited else 1),
@@ -377,7 +384,7 @@ def evaluate(c: Counts, work: Work, occ: Occupancy, end: int, off=()) -> dict:
     fraction = (work.dram_bytes / hopper.COPY_BANDWIDTH) / total_s if total_s > 0 else 0.0
     if fill < steady_fraction and fill < 1.0 and bound != "phases":
         bound = "grid size"
-    tensor_fraction = (cycles["tensor"] / limit * effective * (steady_s / total_s)
+    tensor_fraction = (c.peak_tensor_cycles * scale / limit * effective * (steady_s / total_s)
                        * clock / hopper.TENSOR_PEAK_CLOCK_HZ) if limit > 0 and total_s > 0 else 0.0
     return {"fraction": fraction, "tensor_fraction": tensor_fraction, "bound": bound,
             "cycles": cycles, "in_flight_sm": in_flight_sm,
