@@ -367,6 +367,61 @@ class HonestModel(unittest.TestCase):
                                places=6)
 
 
+# A loop whose steady path skips a warp-uniform block of cp.async copies (scale-copy warps).
+ROLE_LOOP = """
+.text._Z6kernelv:
+        /*0000*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*0020*/                   ISETP.GT.AND P0, PT, R0, 0x3f, PT ;
+        /*0030*/               @P0 BRA `(.L_x_1) ;
+        /*0040*/                   IADD3 R6, R6, 0x10, RZ ;
+        /*0050*/                   IADD3 R7, R7, 0x10, RZ ;
+        /*0060*/                   LDGSTS.E.BYPASS.128 [R5], desc[UR4][R6.64] ;
+.L_x_1:
+        /*0070*/                   LDSM.16.M88.4 R8, [R9] ;
+        /*0080*/                   HMMA.16816.F32.BF16 R12, R8, R10, R12 ;
+        /*0090*/                   ISETP.NE.AND P1, PT, R0, RZ, PT ;
+        /*00a0*/               @P1 BRA `(.L_x_0) ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+class HonestModelWork(unittest.TestCase):
+    def test_off_path_global_work_of_some_warps_counts(self):
+        none = row_of(ROLE_LOOP)  # unknown: one warp of four
+        half = row_of(ROLE_LOOP, role_warp_fraction=0.5)
+        # 3 instructions of the skipped block, by 1 or 2 of 4 warps, per 128 units
+        self.assertAlmostEqual(none["role_warp_instr_per_16B"], 4 * 0.25 * 3 / 128, places=3)
+        self.assertAlmostEqual(half["role_warp_instr_per_16B"], 4 * 0.5 * 3 / 128, places=3)
+        self.assertEqual(none["warp_instr_per_16B"], half["warp_instr_per_16B"])  # counting as before
+        self.assertGreater(half["cycles_per_16B"]["issue"], none["cycles_per_16B"]["issue"])
+
+    def test_causal_tail_from_unequal_ctas_in_launch_order(self):
+        slots = 4
+        self.assertAlmostEqual(model._dispatch_efficiency([1.0] * 8, slots), 1.0)
+        # shortest first: the longest tiles start last and run alone
+        ascending = [float(c) for c in range(1, 9)]
+        longest_first = sorted(ascending, reverse=True)
+        self.assertLess(model._dispatch_efficiency(ascending, slots),
+                        model._dispatch_efficiency(longest_first, slots))
+        self.assertAlmostEqual(model._dispatch_efficiency([1.0] * 5, slots), 5 / 8)
+
+    def test_the_moved_column_names_the_fix(self):
+        # eight SS m64n16 wgmma per 2 KB of DRAM: the operand reads bind, and the report says so
+        def many(a_operand):
+            line = f"HGMMA.64x16x16.F32.BF16 R24, {a_operand}, R24, gsb0 ;"
+            text = wgmma_loop(16, a_operand)
+            return text.replace(line, " ;\n        /*0030*/                   ".join([line] * 8))
+        full = dict(ctas=132 * 16, iterations=132 * 16 * 1000, dram_bytes=132 * 16 * 1000 * 2048.0)
+        row = row_of(many("gdesc[UR8]"), **full)  # 16 CTAs per SM: 32 KB in flight
+        self.assertEqual(row["bound_by"], "lsu")
+        self.assertIn("smem operands", row["moved_by"][0])
+        rs = row_of(many("R4, gdesc[UR8]"), **full)
+        self.assertNotEqual(rs["bound_by"], "lsu")
+        self.assertNotIn("smem operands", " ".join(rs["moved_by"]))
+
+
 class Fit(unittest.TestCase):
     def test_reads_ncu_csv_and_prints_predicted_vs_measured(self):
         from sass_report import fit
