@@ -330,9 +330,19 @@ class HonestModel(unittest.TestCase):
         self.assertLessEqual(free["issue_per_clock"][0], 4 * 0.75 + 1e-9)
 
     def test_phases_add_in_one_cta_per_sm(self):
-        one = row_of(wgmma_loop(64, "gdesc[UR8]"), ctas=132)
-        many = row_of(wgmma_loop(64, "gdesc[UR8]"))
+        # wgmma, wait, then as much FFMA issue as tensor time: one CTA per SM runs them in turn
+        ffma = "".join(f"        /*0045*/                   FFMA R{40 + i}, R{40 + i}, R5, R6 ;\n"
+                       for i in range(64))
+        text = wgmma_loop(64, "gdesc[UR8]").replace(
+            "        /*0050*/                   ISETP.NE", ffma + "        /*0050*/                   ISETP.NE")
+        text = text.replace("        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;\n", "")
+        # no loads: the whole kernel, 1000 trips of the loop, the stores a nominal DRAM figure
+        work = dict(dram_bytes=512.0, iterations=1, whole_kernel=True, inner_trips=1000)
+        one = row_of(text, ctas=132, **dict(work, dram_bytes=132 * 512.0, iterations=132))
+        many = row_of(text, ctas=132 * 4, **dict(work, dram_bytes=528 * 512.0, iterations=528))
         self.assertTrue(one["main_loop"]["phase_wait"])
+        self.assertEqual(one["bound_by"], "phases")
+        self.assertIn("phases add", " ".join(one["moved_by"]))
         self.assertLess(one["predicted_tensor_fraction"], many["predicted_tensor_fraction"])
 
     def test_ranges_order_and_the_budget_judges_the_pessimistic_end(self):
