@@ -226,6 +226,7 @@ class ManifestAndBudget(unittest.TestCase):
     def row(self, per16=2.0, spills=0, fraction=0.5, fp32=1.0):
         return {"key": "k<1> @ p", "warp_instr_per_16B": per16, "spills": spills,
                 "predicted_copy_bw_fraction": fraction, "bound_by": "issue",
+                "predicted_tensor_fraction": 0.0,
                 "instr_by_class": {"fp32": fp32, "integer": 1.0}}
 
     def test_budget_passes_at_baseline_and_names_the_class_that_grew(self):
@@ -256,10 +257,32 @@ class ManifestAndBudget(unittest.TestCase):
         self.assertIn("new |", table)
         self.assertEqual(compare(after, after).count("\n"), 1)  # header only
 
+    def test_lowering_a_floor_keeps_the_ceilings_and_says_why(self):
+        b = budget.budget_for(self.row(fraction=0.9))
+        lower = dict(self.row(fraction=0.55, per16=2.5), moved_by=["clock -20%"])
+        self.assertTrue(budget.lower_floor(b, lower, "honest model"))
+        self.assertEqual(b["min_predicted_copy_bw_fraction"], 0.55)
+        self.assertEqual(b["max_warp_instr_per_16B"], 2.0)  # the ceiling stays: 2.5 still fails
+        self.assertIn("was 0.9; moved by clock -20%", b["reason"])
+        self.assertEqual(len(budget.check([dict(lower, key="k<1> @ p")], {"k<1> @ p": b})), 1)
+        self.assertFalse(budget.lower_floor(b, self.row(fraction=0.7), "again"))  # never raises
+
+    def test_tensor_floor_for_compute_heavy_rows(self):
+        heavy = dict(self.row(fraction=0.05), predicted_tensor_fraction=0.45)
+        b = budget.budget_for(heavy)
+        self.assertEqual(b["min_predicted_tensor_fraction"], 0.45)
+        self.assertEqual(budget.check([heavy], {"k<1> @ p": b}), [])
+        worse = dict(heavy, predicted_tensor_fraction=0.40)
+        failures = budget.check([worse], {"k<1> @ p": b})
+        self.assertEqual(len(failures), 1)
+        self.assertIn("tensor peak", failures[0])
+        self.assertNotIn("min_predicted_tensor_fraction", budget.budget_for(self.row()))
+
     def test_budget_file_round_trip(self):
         with tempfile.TemporaryDirectory() as scratch:
             path = Path(scratch) / "b.toml"
-            budgets = {'w<bf16, C<16, 128>> @ m1 "x"': budget.budget_for(self.row())}
+            budgets = {'w<bf16, C<16, 128>> @ m1 "x"': dict(budget.budget_for(self.row()),
+                                                            reason='lowered: "why"')}
             budget.dump(path, budgets)
             self.assertEqual(budget.load(path), budgets)
 

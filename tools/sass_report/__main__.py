@@ -50,6 +50,12 @@ def _arguments() -> argparse.Namespace:
                              "review the printed list; the renamed rows need --update-budget)")
     parser.add_argument("--rebaseline", metavar="GLOB",
                         help="reset the budgets of rows whose key matches GLOB to today's values")
+    parser.add_argument("--lower-floors", metavar="GLOB",
+                        help="after a model change: lower the predicted-fraction floor of rows "
+                             "matching GLOB that are now below it to today's pessimistic end, "
+                             "keeping ceilings and spills, with --reason (printed for review)")
+    parser.add_argument("--reason", default="model change",
+                        help="why, recorded with each floor --lower-floors lowers")
     args = parser.parse_args()
     if not args.objects and args.objects_file is None:
         args.objects_file = root / "build/default/sass-objects.txt"
@@ -182,11 +188,17 @@ def main() -> int:
         for key in sorted(k for k in budgets if k not in present):
             print(f"sass-report: removing the budget of '{key}' (no such row any more)")
             del budgets[key]
-    if args.update_budget or args.rebaseline or args.prune_budget:
+    if args.update_budget or args.rebaseline or args.prune_budget or args.lower_floors:
         for row in rows:
             reset = args.rebaseline and fnmatch.fnmatchcase(row["key"], args.rebaseline)
             if row["key"] not in budgets or reset:
                 budgets[row["key"]] = budget_file.budget_for(row)
+            elif args.lower_floors and fnmatch.fnmatchcase(row["key"], args.lower_floors):
+                budget_file.add_tensor_floor(budgets[row["key"]], row)
+                before = budgets[row["key"]]["min_predicted_copy_bw_fraction"]
+                if budget_file.lower_floor(budgets[row["key"]], row, args.reason):
+                    print(f"sass-report: floor of '{row['key']}' {before} -> "
+                          f"{budgets[row['key']]['min_predicted_copy_bw_fraction']}")
         budget_file.dump(args.budget, budgets)
         print(f"sass-report: wrote {args.budget}")
 

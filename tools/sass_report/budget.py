@@ -10,7 +10,8 @@ from pathlib import Path
 HEADER = """\
 # SASS budgets, one table per report row ("<kernel> @ <problem label>"), checked by the
 # sass_budget test (docs/perf/sass-report.md). Values started at the measured ones; lower a
-# ceiling (or raise a floor) when a change improves a kernel. `scripts/sass-report
+# ceiling (or raise a floor) when a change improves a kernel. Floors judge the model's
+# pessimistic end: of copy bandwidth, and for compute-heavy rows also of the tensor peak. `scripts/sass-report
 # --update-budget` adds rows that have none; `--rebaseline GLOB` resets matching rows to today's
 # values (a deliberate, reviewed regression). baseline_by_class is the per-class mix the ceiling
 # was set from: a failure names the classes that grew since. `reason`, where present, says why
@@ -27,13 +28,22 @@ def _floor3(x: float) -> float:
     return math.floor(x * 1000 + 1e-9) / 1000
 
 
+# Rows whose tensor pipe is this busy (pessimistic end) also get a floor on the tensor
+# fraction: for compute-bound kernels the copy-bandwidth floor says little.
+TENSOR_FLOOR_FROM = 0.05
+
+
 def budget_for(row: dict) -> dict:
-    return {
+    out = {
         "max_warp_instr_per_16B": _ceil2(row["warp_instr_per_16B"]),
         "max_spills": row["spills"],
         "min_predicted_copy_bw_fraction": _floor3(row["predicted_copy_bw_fraction"]),
         "baseline_by_class": {k: v for k, v in row["instr_by_class"].items() if v},
     }
+    tensor = row.get("predicted_tensor_fraction", 0.0)
+    if tensor >= TENSOR_FLOOR_FROM:
+        out["min_predicted_tensor_fraction"] = _floor3(tensor)
+    return out
 
 
 def load(path: Path) -> dict[str, dict]:
@@ -54,6 +64,8 @@ def dump(path: Path, budgets: dict[str, dict]) -> None:
         out.append(f"max_warp_instr_per_16B = {b['max_warp_instr_per_16B']}")
         out.append(f"max_spills = {b['max_spills']}")
         out.append(f"min_predicted_copy_bw_fraction = {b['min_predicted_copy_bw_fraction']}")
+        if "min_predicted_tensor_fraction" in b:
+            out.append(f"min_predicted_tensor_fraction = {b['min_predicted_tensor_fraction']}")
         classes = ", ".join(f"{k} = {v}" for k, v in b.get("baseline_by_class", {}).items())
         out.append(f"baseline_by_class = {{ {classes} }}")
         if b.get("reason"):
@@ -92,8 +104,36 @@ def check(rows: list[dict], budgets: dict[str, dict]) -> list[str]:
             failures.append(
                 f"{key}: predicted {row['predicted_copy_bw_fraction']:.3f} of copy bandwidth < "
                 f"floor {floor:.3f} (bound by {row['bound_by']}); grew: {grew_text}")
+        tensor_floor = b.get("min_predicted_tensor_fraction")
+        if tensor_floor is not None and \
+                row.get("predicted_tensor_fraction", 0.0) + 1e-9 < tensor_floor:
+            failures.append(
+                f"{key}: predicted {row.get('predicted_tensor_fraction', 0.0):.3f} of the tensor "
+                f"peak < floor {tensor_floor:.3f} (bound by {row['bound_by']}); grew: {grew_text}")
     for row in rows:
         if row["key"] not in budgets:
             failures.append(f"{row['key']}: no budget. Run scripts/sass-report --update-budget "
                             f"and commit docs/perf/sass-budget.toml.")
     return failures
+
+
+def add_tensor_floor(budget: dict, row: dict) -> bool:
+    """Adds today's tensor-fraction floor to a compute-heavy row that has none."""
+    tensor = row.get("predicted_tensor_fraction", 0.0)
+    if "min_predicted_tensor_fraction" in budget or tensor < TENSOR_FLOOR_FROM:
+        return False
+    budget["min_predicted_tensor_fraction"] = _floor3(tensor)
+    return True
+
+
+def lower_floor(budget: dict, row: dict, why: str) -> bool:
+    """Lowers the row's predicted-fraction floor to today's pessimistic end when that is below
+    it (ceilings and spills untouched), recording why. False when the floor holds already."""
+    floor = budget["min_predicted_copy_bw_fraction"]
+    new = _floor3(row["predicted_copy_bw_fraction"])
+    if new >= floor:
+        return False
+    budget["min_predicted_copy_bw_fraction"] = new
+    moved = ", ".join(row.get("moved_by", [])) or "several fixes under 2 points each"
+    budget["reason"] = f"{why}: the pessimistic end, was {floor}; moved by {moved}"
+    return True
