@@ -420,7 +420,30 @@ ROLE_LOOP = """
 """
 
 
+# Entry, an abort path that never reaches the loop (a long NaN fill), the loop, EXIT.
+ABORT_PATH = """
+.text._Z6kernelv:
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   ISETP.NE.AND P0, PT, R0, RZ, PT ;
+        /*0020*/               @P0 BRA `(.L_x_0) ;
+""" + "".join(f"        /*{0x30 + 16 * i:04x}*/                   STG.E [R2.64+{4 * i:#x}], R5 ;\n"
+              for i in range(40)) + """        /*02b0*/                   EXIT ;
+.L_x_0:
+        /*02c0*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*02d0*/                   LDS.128 R8, [R9] ;
+        /*02e0*/                   ISETP.NE.AND P1, PT, R0, RZ, PT ;
+        /*02f0*/               @P1 BRA `(.L_x_0) ;
+        /*0300*/                   FADD R5, R5, R6 ;
+        /*0310*/                   EXIT ;
+"""
+
+
 class HonestModelWork(unittest.TestCase):
+    def test_prologue_is_the_cheapest_way_in_and_out(self):
+        row = row_of(ABORT_PATH)
+        # in: S2R, ISETP, BRA (3); out: FADD, EXIT (2); the 41-instruction abort path is not
+        self.assertEqual(row["main_loop"]["prologue_instructions"], 5)
+
     def test_off_path_global_work_of_some_warps_counts(self):
         none = row_of(ROLE_LOOP)  # unknown: one warp of four
         half = row_of(ROLE_LOOP, role_warp_fraction=0.5)

@@ -38,6 +38,8 @@ class Work:
     cta_costs: list[float] | None = None  # relative work of each CTA in launch order (blockIdx
                                  # x fastest), when CTAs differ (causal row tiles): the model
                                  # dispatches them greedily to the SMs' CTA slots (the tail)
+    segments_per_cta: float | None = None  # persistent kernels: pipeline drains and refills per
+                                 # CTA (stream-K segments); None: one fill per round of CTAs
     role_warp_fraction: float | None = None  # share of the warps that run the loop's off-path
                                  # global-traffic blocks every iteration (scale copies, a
                                  # producer); None: one warp
@@ -416,6 +418,7 @@ def w4a16_stream_k(args: list[str], problem: dict) -> Work:
                 dram_bytes=compulsory + dram_partials, l2_only_bytes=l2_partials,
                 iterations=trips, inner_trips=units / trips / group_steps,
                 other_child_trips=group_steps - 1 if group_steps > 1 else 1.0, dynamic_smem=stage_bytes * stages,
+                segments_per_cta=trips / blocks,
                 bytes_formula=text + (" (shared tiles' FP32 partials, written + read, predicted to stay in L2:"
                                       " evict-last stores, discarded after the reduction)" if in_l2 else
                                       " + shared tiles' FP32 partials but the last CTA's (written + read)"),

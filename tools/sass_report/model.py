@@ -129,7 +129,7 @@ class Counts:
     old_in_flight: float         # the model before: every path load x (waited + 1)
     waited: int                  # cp.async groups left in flight by the wait (DEPBAR N)
     bulk_bytes: float
-    persistent_trips: float      # main-loop trips per CTA around a streaming child loop (0: not)
+    persistent_trips: float      # pipeline fills per persistent CTA (its segments; 0: not persistent)
     prologue: float              # instructions outside the main loop, per warp, once per CTA
 
 
@@ -237,12 +237,10 @@ def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> t
         stage = warps * load_bytes_child / max(1.0, waits_child)
     else:
         stage = warps * load_bytes_outer / max(1.0, waits_outer)
-    persistent = 0.0
-    if load_bytes_child > 0 and work.ctas and work.iterations / work.ctas > 1.0:
-        persistent = work.iterations / work.ctas
-    main_blocks = main.blocks if main is not None else set()
-    prologue = sum(blocks[b].end - blocks[b].start for b in range(len(blocks))
-                   if b not in main_blocks) if main is not None else 0.0
+    # a persistent CTA's pipeline drains and refills at each of its segments (the formula
+    # knows how many: stream-K); other CTAs fill once per round
+    persistent = float(work.segments_per_cta or 0.0)
+    prologue = _prologue_epilogue(function, blocks, main) if main is not None else 0.0
     counts = Counts(
         warps=warps, units=units, per16=warps * total / units,
         role_per16=warps * fraction * role_count / units,
@@ -259,6 +257,43 @@ def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> t
     extra = {"by_class": by_class, "by_opcode": by_opcode, "total": total,
              "path_instructions": path_instructions}
     return counts, extra
+
+
+def _cheapest(blocks, sources: set[int], targets: set[int], avoid: set[int]) -> float:
+    """Fewest instructions on a path from any source block to any target block (both
+    counted), not entering `avoid`; inf when none."""
+    best = {b: float(blocks[b].end - blocks[b].start) for b in sources if b not in avoid}
+    queue = [(cost, b) for b, cost in best.items()]
+    heapq.heapify(queue)
+    while queue:
+        cost, b = heapq.heappop(queue)
+        if b in targets:
+            return cost
+        if cost > best.get(b, math.inf):
+            continue
+        for s in blocks[b].successors:
+            if s in avoid:
+                continue
+            candidate = cost + (blocks[s].end - blocks[s].start)
+            if candidate < best.get(s, math.inf):
+                best[s] = candidate
+                heapq.heappush(queue, (candidate, s))
+    return math.inf
+
+
+def _prologue_epilogue(function: Function, blocks, main) -> float:
+    """Instructions a CTA issues outside its main loop, once: the cheapest path from the
+    entry to the loop, and from the loop's exits to an EXIT (error and abort paths, and
+    other versions of the code, are not on it; a loop on it counts one trip)."""
+    inside = set(main.blocks)
+    into = {p for p in blocks[main.header].predecessors if p not in inside}
+    exits = {b for b in range(len(blocks))
+             if function.instructions[blocks[b].end - 1].opcode == "EXIT"}
+    before = _cheapest(blocks, {0}, into, inside) if 0 not in inside else 0.0
+    after_sources = {s for b in inside for s in blocks[b].successors if s not in inside}
+    after = _cheapest(blocks, after_sources, exits, inside)
+    total = (before if before != math.inf else 0.0) + (after if after != math.inf else 0.0)
+    return float(total)
 
 
 def _dispatch_efficiency(costs: list[float], slots: int) -> float:
