@@ -7,7 +7,8 @@ documented, then renders the reference from the docstrings with pdoc.
 
 A name is documented by its docstring, by a section of docs/python-api.md (a `### \`name\``
 heading; its text is appended to the docstring under "Shapes and dtypes"), or both; a section
-naming something that is not public is an error too (the reference would silently lose it).
+naming something that is not public is an error too (the reference would silently lose it), and
+so is an entry taking tensors (TENSOR_PARAMETERS) whose documentation gives no shape ("[...]").
 
 Public: the names `slimserve`, `slimserve.attention` and `slimserve.moe` export (their
 `__all__`, or for `slimserve` every name without a leading underscore that it defines or
@@ -96,11 +97,32 @@ def own_doc(value) -> str:
     return (getattr(value, "__doc__", None) or "").strip()
 
 
+# Parameters that take tensors: an entry with one of them must give shapes ("[...]").
+TENSOR_PARAMETERS = {
+    "q", "k", "v", "out", "lse", "key", "value", "key_cache", "value_cache", "k_cache", "v_cache",
+    "slot_mapping", "k_pages", "v_pages", "indptr", "indices", "last_page_len", "qo_indptr",
+    "kv_indptr", "kv_indices", "block_table", "seq_lens", "expected_tags", "a", "packed", "scales",
+    "zeros", "bias", "topk_ids", "topk_weights", "latent", "rope", "pages", "weight", "chunk_k",
+    "chunk_v", "sinks", "append_indptr", "token_request", "token_position", "paged_kv_cache"}
+
+
+def tensor_parameters(value):
+    function = getattr(value, "_init_fn", value) if is_op(value) else value
+    if inspect.isclass(function):
+        function = vars(function).get("__init__")
+    if not inspect.isfunction(function):
+        return []
+    return [p for p in inspect.signature(function).parameters if p in TENSOR_PARAMETERS]
+
+
 def undocumented(found, notes):
+    """(names without documentation, names whose tensor arguments get no shape, stale notes)."""
     names = {name for name, _, _ in found}
     missing = [name for name, value, _ in found if not own_doc(value) and name not in notes]
+    shapeless = [name for name, value, _ in found if tensor_parameters(value)
+                 and name not in missing and "[" not in own_doc(value) + notes.get(name, "")]
     stale = sorted(set(notes) - names)
-    return missing, stale
+    return missing, shapeless, stale
 
 
 def attach_notes(found, notes) -> None:
@@ -122,12 +144,15 @@ def main() -> int:
     parser.add_argument("--output", help="folder for the HTML reference")
     args = parser.parse_args()
     found, notes = public_objects(), read_notes()
-    missing, stale = undocumented(found, notes)
+    missing, shapeless, stale = undocumented(found, notes)
     for name in missing:
         print(f"python_api: {name} has no docstring and no section in docs/python-api.md", file=sys.stderr)
+    for name in shapeless:
+        print(f"python_api: {name} takes tensors ({', '.join(tensor_parameters(dict((n, v) for n, v, _ in found)[name]))}) "
+              "but neither its docstring nor docs/python-api.md gives a shape", file=sys.stderr)
     for name in stale:
         print(f"python_api: docs/python-api.md documents {name}, which is not public", file=sys.stderr)
-    if missing or stale:
+    if missing or shapeless or stale:
         return 1
     print(f"python_api: {len(found)} public names documented ({len(notes)} with notes from docs/python-api.md)")
     if args.output and not args.check:
