@@ -18,7 +18,8 @@ mkdir -p "$work"
 wheel="$("$root/scripts/build-wheel" --emulated-library "$library" --out "$work/dist" --python "$python")"
 echo "wheel: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
 
-python3 -m venv "$work/venv"
+# The same interpreter as scripts/python-env's (the .pth below lends that environment's packages).
+"$pyenv/bin/python" -m venv "$work/venv"
 grep -E '^numpy==' "$root/scripts/python-requirements.txt" > "$work/constraints.txt"
 start=$(date +%s.%N)
 "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$work/constraints.txt" "$wheel"
