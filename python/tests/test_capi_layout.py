@@ -1,4 +1,5 @@
-"""Every ctypes struct of the binding (slimserve/_capi.py) has the C header's layout: size, and
+"""Every ctypes struct of the binding (slimserve/_capi_generated.py, generated from the header
+by tools/gen_capi.py) has the C header's layout: size, and
 each field's offset and size, as a C compiler sees include/slimserve/c/slimserve.h. The test
 writes a C99 program from the ctypes declarations themselves, compiles it against the header
 and compares what it prints, so a field added to one side only, a wrong type or a misnamed
@@ -20,8 +21,8 @@ from slimserve import _capi
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 HEADER = os.path.join(ROOT, "include", "slimserve", "c", "slimserve.h")
-# Structs of the header the Python binding does not use (it has no swap or export wrappers).
-NOT_BOUND = {"slimserve_page_swap", "slimserve_request_pages_view"}
+# Structs of the header the Python binding does not declare (the generator declares them all).
+NOT_BOUND = set()
 
 
 def c_name(struct_type) -> str:
@@ -29,9 +30,7 @@ def c_name(struct_type) -> str:
 
 
 def bound_structs():
-    return sorted((value for value in vars(_capi).values()
-                   if isinstance(value, type) and issubclass(value, ctypes.Structure)
-                   and value.__module__ == _capi.__name__), key=lambda t: t.__name__)
+    return sorted(_capi.STRUCTS, key=lambda t: t.__name__)
 
 
 def header_structs():
