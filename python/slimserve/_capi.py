@@ -22,6 +22,7 @@ STATUS_NAMES = {
     5: "stale_handle", 6: "failed_precondition", 7: "data_loss", 8: "io_error", 9: "device_error",
     10: "internal",
 }
+STATUS_CODES = {name: code for code, name in STATUS_NAMES.items()}
 
 
 class Page(Structure):
@@ -119,7 +120,7 @@ class PagedAttentionPlanArgs(Structure):
                 ("qo_indptr_host", c_void_p), ("kv_indptr_host", c_void_p),
                 ("last_page_len_host", c_void_p), ("seq_lens_host", c_void_p),
                 ("num_sms", c_int32), ("ctas_per_sm", c_int32), ("min_chunk_tokens", c_int32),
-                ("disable_split", c_int32)]
+                ("disable_split", c_int32), ("warpgroup_mma", c_int32)]
 
 
 class PagedAttentionBound(Structure):
@@ -145,6 +146,19 @@ class PagedAttentionArgs(Structure):
                 ("chunk_head_stride", c_int64)]
 
 
+class KvAppendArgs(Structure):
+    _fields_ = [("struct_size", c_size_t), ("cache", KvCache), ("kv_page_stride", c_int64),
+                ("table", POINTER(PageTableView)), ("statuses", c_void_p), ("k_new", c_void_p),
+                ("v_new", c_void_p), ("input_dtype", c_int32), ("num_tokens", c_int32),
+                ("token_request", c_void_p), ("token_position", c_void_p), ("append_indptr", c_void_p),
+                ("slot_mapping", c_void_p)]
+
+
+class RuntimeCounters(Structure):
+    _fields_ = [("struct_size", c_size_t), ("synchronizations", c_int64), ("allocations", c_int64),
+                ("frees", c_int64), ("copies", c_int64)]
+
+
 class MlaCache(Structure):
     _fields_ = [("pages", c_void_p), ("latent_scale", c_void_p), ("num_pages", c_int32),
                 ("page_size", c_int32), ("dtype", c_int32), ("scale_mode", c_int32)]
@@ -168,7 +182,7 @@ class MlaPlanArgs(Structure):
     _fields_ = [("struct_size", c_size_t), ("problem", MlaProblem), ("kv_indptr_host", c_void_p),
                 ("last_page_len_host", c_void_p), ("seq_lens_host", c_void_p),
                 ("qo_indptr_host", c_void_p), ("num_sms", c_int32), ("ctas_per_sm", c_int32),
-                ("min_chunk_tokens", c_int32), ("disable_split", c_int32)]
+                ("min_chunk_tokens", c_int32), ("disable_split", c_int32), ("warpgroup_mma", c_int32)]
 
 
 class MlaDecodeArgs(Structure):
@@ -181,7 +195,7 @@ class MlaDecodeArgs(Structure):
 
 class MlaBound(Structure):
     _fields_ = [("struct_size", c_size_t), ("problem", MlaProblem), ("num_sms", c_int32),
-                ("ctas_per_sm", c_int32)]
+                ("ctas_per_sm", c_int32), ("warpgroup_mma", c_int32)]
 
 
 class MlaGatherArgs(Structure):
@@ -327,6 +341,8 @@ _SIGNATURES = {
     "slimserve_mla_plan_destroy": (None, [H]),
     "slimserve_mla_decode_run": (S, [H, POINTER(MlaDecodeArgs), c_void_p, c_size_t, c_void_p]),
     "slimserve_mla_gather": (S, [POINTER(MlaGatherArgs), c_void_p]),
+    "slimserve_kv_append": (S, [POINTER(KvAppendArgs), c_void_p]),
+    "slimserve_get_runtime_counters": (S, [POINTER(RuntimeCounters)]),
     "slimserve_moe_routing_workspace_size": (S, [POINTER(MoeRoutingArgs), POINTER(c_size_t)]),
     "slimserve_moe_routing_plan_create": (S, [POINTER(MoeRoutingArgs), POINTER(H)]),
     "slimserve_moe_routing_plan_destroy": (None, [H]),
