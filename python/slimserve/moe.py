@@ -144,12 +144,31 @@ class MoeGemm:
         gate_up = self.epilogue == "gate_up_silu"
         tokens = routing.num_tokens
         rows = tokens if gate_up else tokens * self.top_k
+        if not isinstance(routing, MoeRouting):
+            raise type_error(f"slimserve: routing must be a MoeRouting, got {type(routing).__name__}")
         ar = _tensor(a, name="a", shape=(rows, self.k))
         out_shape = (tokens * self.top_k, self.n // 2) if gate_up else (tokens, self.n)
         if out is None:
             out = _empty_like(a, shape=out_shape)
+        activation = _activation(ar, "a", dtype)
+        same = {"bfloat16", "uint16"} if activation == 0 else {"float16"}
+        if self.group_size < 1 or self.k % self.group_size or self.k < 16 or self.n < 16:
+            raise value_error(f"slimserve: k = {self.k}, n = {self.n}, group_size = {self.group_size}: k and n must "
+                              "be >= 16 and group_size must divide k")
+        experts, groups = self.num_experts, self.k // self.group_size
+        # The expert weights' extents: what the kernels index, checked against the buffers.
+        for name, tensor, count, dtypes in (("packed", self.packed, experts * self.k * self.n // 8, {"uint32", "int32"}),
+                                            ("scales", self.scales, experts * groups * self.n, same),
+                                            ("zeros", self.zeros, experts * groups * self.n, same)):
+            if tensor is None:
+                continue
+            r = _tensor(tensor, name=name, dtypes=dtypes)
+            if r.numel != count:
+                raise value_error(f"slimserve: {name} holds {r.numel} elements; {experts} experts of k = {self.k}, "
+                                  f"n = {self.n}, group_size = {self.group_size} need {count}")
+        _tensor(out, name="out", shape=out_shape, dtypes=same)
         args = _capi.versioned(_capi.MoeGemmArgs)
-        args.activation = _activation(a, "a", dtype)
+        args.activation = activation
         args.epilogue = MOE_EPILOGUES[self.epilogue]
         args.num_tokens, args.top_k, args.num_experts = tokens, self.top_k, self.num_experts
         args.k, args.n, args.group_size = self.k, self.n, self.group_size

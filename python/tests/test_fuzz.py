@@ -246,8 +246,60 @@ def fuzz_torch_run(case):
                                             case.maybe("kv_cache_dtype", "auto", ["fp8"]), "NHD", 0.0, None, None)
 
 
+def fuzz_moe(case):
+    experts, top_k, k, n, group = 3, case.maybe("top_k", 2, [0, 4]), 64, 32, 32
+    tokens = case.ints(1, 5)
+    weights = [ss.quantize_int4(np.random.default_rng(e).standard_normal((k, n)).astype(np.float32), group_size=group,
+                                activation="float16") for e in range(experts)]
+    packed, scales, zeros = ss.stack_experts(weights)
+    packed = case.maybe("packed", packed, [packed[: packed.size // 2]])
+    scales = case.maybe("scales", scales, [scales[:-3], scales.astype(np.float32)])
+    ids = case.rng.integers(0, experts, (tokens, max(top_k, 1))).astype(np.int32)
+    ids = case.maybe("topk_ids", ids, [ids + experts, -ids - 1, ids.astype(np.int64), ids[:, :1]])
+    router = ss.MoeRouter(experts, top_k, case.maybe("max_tokens", 8, [0, 1]))
+    routing = router.run(ids)
+    gemm = ss.MoeGemm(case.maybe("epilogue", "down_weighted_sum", ["gate_up_silu", "x"]), packed, scales, zeros,
+                      k=k, n=n, group_size=case.maybe("group_size", group, [16, 0]), num_experts=experts,
+                      top_k=top_k, max_tokens=8)
+    rows = tokens * top_k if gemm.epilogue == "down_weighted_sum" else tokens
+    out_shape = (tokens, n) if gemm.epilogue == "down_weighted_sum" else (tokens * top_k, n // 2)
+    gemm.run(_array(case, "a", (rows, k), np.float16), routing,
+             topk_weights=_array(case, "topk_weights", (tokens, top_k), np.float32),
+             out=_array(case, "out", out_shape, np.float16))
+
+
+def fuzz_kv_bookkeeping(case):
+    page = 16
+    pool = ss.PagePool(16)
+    prefix = ss.PrefixCache(pool, case.maybe("page_size", page, [0, -4]))
+    sets = ss.RequestSets(pool, prefix, case.maybe("max_requests", 4, [0]), page)
+    tokens = case.rng.integers(0, 50, case.maybe("prompt", case.ints(1, 40), [0, 400])).astype(np.int32)
+    request, _ = sets.admit(tokens)
+    sets.append(case.maybe("request", request, [(request[0] + 7, request[1]), (request[0], 12345)]),
+                case.maybe("new_tokens", 3, [-1, 10**6]))
+    pages = sets.pages(request)
+    table = ss.PageTable(4, 16, page, 16)
+    built = table.build([(pages, sets.tokens(request))])
+    tags = ss.DeviceTags(16)
+    tags.sync(pool)
+    statuses = ss.RequestStatuses(case.maybe("statuses", 2, [1]) if case.broken is None else 1)
+    ss.check_page_tags(built, tags, statuses, writers=case.maybe("writers", [request[1]], [[1, 2, 3]]),
+                       append_indptr=case.maybe("append_indptr", [0, 3], [[0], [5, 0]]))
+    statuses.to_host(case.maybe("count", 1, [-1, 9]))
+    ids = np.array([[p for p, _ in pages]], np.int32)
+    held = np.array([[t for _, t in pages]], np.uint32)
+    ids = case.maybe("block_ids", ids, [case.rng.integers(-2, 20, ids.shape).astype(np.int32), ids[:, :0]])
+    ss.validate_block_table(ids, [case.maybe("seq_len", sets.tokens(request), [10**6, -1])], held, 16, page)
+    k = np.zeros((16, page, 2, 64), np.float16)
+    cache = ss.PagedKVCache(k, k.copy())
+    if len(pages) >= 2:
+        ss.copy_pages(cache, tags, [{"src": pages[0], "dst": case.maybe("dst", pages[-1], [(99, 1), pages[0]]),
+                                     "writer": request[1], "tokens": case.maybe("tokens", 1, [0, 17])}])
+    sets.finish(request, np.concatenate([tokens, [1, 2, 3]]).astype(np.int32))
+
+
 ENTRIES = [fuzz_decode, fuzz_append, fuzz_reshape_and_cache, fuzz_paged_attention, fuzz_mla, fuzz_gemm,
-           fuzz_pool, fuzz_torch_run]
+           fuzz_pool, fuzz_torch_run, fuzz_moe, fuzz_kv_bookkeeping]
 
 
 def test_fuzz_every_entry():
