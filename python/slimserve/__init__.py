@@ -6,7 +6,12 @@ ctypes bindings over slimserve's C ABI (`slimserve/c/slimserve.h`). Tensors cros
 everything here runs on a machine without a GPU on host arrays; a GPU build
 (`SLIMSERVE_PYTHON_CUDA=ON`) runs the same calls on CUDA tensors. When PyTorch is importable,
 `slimserve.torch_ops` registers the kernels as `torch.library` custom ops with fake
-implementations (torch.compile, CUDA graphs).
+implementations (torch.compile), among them capturable ones (a plan filling persistent buffers,
+runs that only launch: CUDA graphs).
+
+Every entry checks its tensors (dtype, shape, strides, device, agreement with the plan and the
+cache) before anything launches. Failures raise SlimserveError (`.code`: the C status name);
+SlimserveValueError and SlimserveTypeError are also ValueError and TypeError.
 """
 from __future__ import annotations
 
