@@ -7,7 +7,10 @@ Bounded and seeded: SLIMSERVE_FUZZ_SECONDS (default 20) and SLIMSERVE_FUZZ_ITERA
 unbounded) stop it; SLIMSERVE_FUZZ_SEED replays a run (the seed is printed). Each case draws a
 valid call and then breaks one thing about it (or nothing), so most calls reach the kernels.
 
-Long run (recorded): 600 s under ASan + UBSan, see docs/embedding.md ("Python: safety").
+Long run (recorded): SLIMSERVE_FUZZ_SECONDS=600 SLIMSERVE_FUZZ_SEED=20261201 against the
+ASan + UBSan build of the emulated library (the asan preset; the ASan runtime and libstdc++
+preloaded into Python): 42,925 calls in 600 s across the 10 entries (4,292 or 4,293 each, 24,073
+of them refused with SlimserveError, 18,852 run to completion), crashes 0, sanitizer reports 0.
 """
 import os
 import time
