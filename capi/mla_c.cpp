@@ -53,7 +53,8 @@ Status to_mla_problem(const slimserve_mla_problem& p, attention::MlaDecodeProble
 
 Status to_mla_plan_arguments(const slimserve_mla_plan_args* in, attention::MlaDecodePlanArguments& out) {
   slimserve_mla_plan_args a;
-  SLIMSERVE_RETURN_IF_ERROR(read_versioned(in, "plan args", a));
+  // warpgroup_mma came after the struct's first version: a caller's struct may end before it.
+  SLIMSERVE_RETURN_IF_ERROR(read_versioned(in, "plan args", a, offsetof(slimserve_mla_plan_args, warpgroup_mma)));
   SLIMSERVE_RETURN_IF_ERROR(to_mla_problem(a.problem, out.problem));
   const auto batch = static_cast<std::size_t>(out.problem.batch_size);
   SLIMSERVE_RETURN_IF_ERROR(
@@ -72,6 +73,7 @@ Status to_mla_plan_arguments(const slimserve_mla_plan_args* in, attention::MlaDe
   if (a.ctas_per_sm != 0) out.ctas_per_sm = a.ctas_per_sm;
   if (a.min_chunk_tokens != 0) out.min_chunk_tokens = a.min_chunk_tokens;
   out.allow_split = a.disable_split == 0;
+  out.problem.warpgroup_mma = a.warpgroup_mma != 0;
   return {};
 }
 
@@ -126,9 +128,10 @@ slimserve_status slimserve_mla_workspace_bound(const slimserve_mla_bound* bound,
   return guarded([&]() -> Status {
     if (bytes == nullptr) return null_argument("bytes");
     slimserve_mla_bound b;
-    SLIMSERVE_RETURN_IF_ERROR(read_versioned(bound, "bound", b));
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(bound, "bound", b, offsetof(slimserve_mla_bound, warpgroup_mma)));
     attention::MlaDecodeWorkspaceBound cpp;
     SLIMSERVE_RETURN_IF_ERROR(to_mla_problem(b.problem, cpp.problem));
+    cpp.problem.warpgroup_mma = b.warpgroup_mma != 0;
     cpp.num_sms = b.num_sms;  // 0: the C++ bound asks the current device
     if (b.ctas_per_sm != 0) cpp.ctas_per_sm = b.ctas_per_sm;
     auto size = attention::mla_decode_workspace_bound(cpp);

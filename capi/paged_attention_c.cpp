@@ -50,7 +50,9 @@ Status to_problem(const slimserve_paged_attention_problem& p, attention::PagedAt
 Status to_plan_arguments(const slimserve_paged_attention_plan_args* in,
                          attention::PagedAttentionPlanArguments& out) {
   slimserve_paged_attention_plan_args a;
-  SLIMSERVE_RETURN_IF_ERROR(read_versioned(in, "plan args", a));
+  // warpgroup_mma came after the struct's first version: a caller's struct may end before it.
+  SLIMSERVE_RETURN_IF_ERROR(
+      read_versioned(in, "plan args", a, offsetof(slimserve_paged_attention_plan_args, warpgroup_mma)));
   SLIMSERVE_RETURN_IF_ERROR(to_problem(a.problem, out.problem));
   const auto batch = static_cast<std::size_t>(out.problem.batch_size);
   if (a.qo_indptr_host == nullptr) return null_argument("qo_indptr_host");
@@ -64,6 +66,7 @@ Status to_plan_arguments(const slimserve_paged_attention_plan_args* in,
   if (a.ctas_per_sm != 0) out.ctas_per_sm = a.ctas_per_sm;
   if (a.min_chunk_tokens != 0) out.min_chunk_tokens = a.min_chunk_tokens;
   out.allow_split = a.disable_split == 0;
+  out.warpgroup_mma = a.warpgroup_mma != 0;
   return {};
 }
 

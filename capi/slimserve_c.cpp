@@ -271,6 +271,13 @@ slimserve_status slimserve_page_pool_allocate(slimserve_page_pool* pool, slimser
   return guarded([&]() -> Status {
     if (pool == nullptr) return null_argument("pool");
     if (count > 0 && out == nullptr) return null_argument("out");
+    // Before sizing anything by count: a count past the pool (a negative int through size_t)
+    // is the caller's mistake, not an allocation failure.
+    const auto available = static_cast<std::size_t>(std::max(pool->pool.available_pages(), 0));
+    if (count > available) {
+      return make_status(StatusCode::resource_exhausted, "allocate of ", count, " pages; ", available,
+                         " are available (nothing was taken)");
+    }
     std::vector<kv::PageHandle> pages(count);
     SLIMSERVE_RETURN_IF_ERROR(pool->pool.allocate(pages));
     for (std::size_t i = 0; i < count; ++i) out[i] = to_c(pages[i]);
@@ -753,6 +760,42 @@ slimserve_status slimserve_append_kv(const slimserve_kv_cache* cache,
     a.token_position = args->token_position;
     a.append_indptr = args->append_indptr;
     return attention::append_kv(a, stream);
+  });
+}
+
+slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args, slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    slimserve_kv_append_args a;
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a));
+    attention::AppendArguments cpp;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(&a.cache, cpp.cache, a.kv_page_stride));
+    SLIMSERVE_RETURN_IF_ERROR(to_enum(a.input_dtype, "activation dtype", cpp.input_dtype));
+    if (a.slot_mapping == nullptr && a.table == nullptr) {
+      return make_status(StatusCode::invalid_argument, "table is null (only the slot_mapping form needs none)");
+    }
+    if (a.table != nullptr) cpp.table = to_view(*a.table);
+    cpp.table.page_size = a.table != nullptr ? a.table->page_size : a.cache.page_size;
+    cpp.request_status = to_statuses(a.statuses);
+    cpp.k_new = a.k_new;
+    cpp.v_new = a.v_new;
+    cpp.num_tokens = a.num_tokens;
+    cpp.token_request = a.token_request;
+    cpp.token_position = a.token_position;
+    cpp.append_indptr = a.append_indptr;
+    cpp.slot_mapping = a.slot_mapping;
+    return attention::append_kv(cpp, stream);
+  });
+}
+
+slimserve_status slimserve_get_runtime_counters(slimserve_runtime_counters* out) {
+  return guarded([&]() -> Status {
+    const rt::RuntimeCounters c = rt::runtime_counters();
+    slimserve_runtime_counters value{};
+    value.synchronizations = c.synchronizations;
+    value.allocations = c.allocations;
+    value.frees = c.frees;
+    value.copies = c.copies;
+    return write_versioned(value, "out", out);
   });
 }
 

@@ -13,6 +13,9 @@ namespace attention {
 namespace {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+Status null_argument_status(const char* names) {
+  return make_status(StatusCode::invalid_argument, names, " must be non-null");
+}
 
 // ---- append table: (stored type, input type, head_dim) -> launcher --------------------------
 using AppendLauncher = Status (*)(const kernels::AppendParams&, dim3, dim3, cudaStream_t);
@@ -83,7 +86,14 @@ const auto& dequantize_table() {
 
 Status can_implement(const AppendArguments& a) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
-  SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "append_kv"));
+  // Any page_stride of whole pages: a combined K/V allocation [num_pages, 2, page] is written
+  // in place (per-token scale arrays stay packed).
+  if (a.cache.page_stride != 0 &&
+      (a.cache.page_stride < packed_page_elements(a.cache) || a.cache.page_stride % 8 != 0)) {
+    return make_status(StatusCode::invalid_argument, "append_kv: page_stride ", a.cache.page_stride,
+                       " must be 0 (packed) or a multiple of 8 elements of at least one page (",
+                       packed_page_elements(a.cache), ")");
+  }
   if (!PagedHeadDims::contains(a.cache.head_dim)) {
     return make_status(StatusCode::unsupported, "append_kv supports head_dim ", PagedHeadDims::describe(),
                        ", got ", a.cache.head_dim);
@@ -94,6 +104,18 @@ Status can_implement(const AppendArguments& a) {
   }
   if (a.num_tokens < 0) {
     return make_status(StatusCode::invalid_argument, "num_tokens ", a.num_tokens, " < 0");
+  }
+  if (a.slot_mapping != nullptr) {
+    if (a.token_request != nullptr || a.token_position != nullptr || a.append_indptr != nullptr) {
+      return make_status(StatusCode::invalid_argument,
+                         "give one form of destinations: slot_mapping, token_request and token_position, or append_indptr");
+    }
+    if (a.num_tokens == 0) return {};
+    if (a.k_new == nullptr || a.v_new == nullptr) return null_argument_status("k_new and v_new");
+    if (!aligned16(a.k_new) || !aligned16(a.v_new) || !aligned16(a.cache.k_pages) || !aligned16(a.cache.v_pages)) {
+      return make_status(StatusCode::invalid_argument, "k_new, v_new and the K/V pages must be 16-byte aligned");
+    }
+    return {};
   }
   if (a.table.page_size != a.cache.page_size || a.table.batch_size < 0) {
     return make_status(StatusCode::invalid_argument, "page table page_size ", a.table.page_size,
@@ -119,7 +141,7 @@ Status can_implement(const AppendArguments& a) {
 
 Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(a));
-  if (a.num_tokens == 0 || a.table.batch_size == 0) return {};
+  if (a.num_tokens == 0 || (a.slot_mapping == nullptr && a.table.batch_size == 0)) return {};
   AppendLauncher launch = nullptr;
   for (const auto& entry : append_table()) {
     if (entry.kv_dtype == a.cache.dtype && entry.input_dtype == a.input_dtype && entry.head_dim == a.cache.head_dim) {
@@ -140,6 +162,8 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   params.token_request = a.token_request;
   params.token_position = a.token_position;
   params.append_indptr = a.append_indptr;
+  params.slot_mapping = a.slot_mapping;
+  params.page_stride = a.cache.page_stride;
   params.num_tokens = a.num_tokens;
   // 128 threads: head_vector_lanes(head_dim) per head (kv_store.cuh), the rest on further
   // heads of the same token.

@@ -6,7 +6,12 @@ ctypes bindings over slimserve's C ABI (`slimserve/c/slimserve.h`). Tensors cros
 everything here runs on a machine without a GPU on host arrays; a GPU build
 (`SLIMSERVE_PYTHON_CUDA=ON`) runs the same calls on CUDA tensors. When PyTorch is importable,
 `slimserve.torch_ops` registers the kernels as `torch.library` custom ops with fake
-implementations (torch.compile, CUDA graphs).
+implementations (torch.compile), among them capturable ones (a plan filling persistent buffers,
+runs that only launch: CUDA graphs).
+
+Every entry checks its tensors (dtype, shape, strides, device, agreement with the plan and the
+cache) before anything launches. Failures raise SlimserveError (`.code`: the C status name);
+SlimserveValueError and SlimserveTypeError are also ValueError and TypeError.
 """
 from __future__ import annotations
 
@@ -21,34 +26,76 @@ import numpy as np
 from . import _capi
 from ._capi import Page
 from ._dlpack import ref as _ref
+from ._errors import SlimserveError, SlimserveTypeError, SlimserveValueError, type_error, value_error
+from ._errors import from_status as _from_status
 
 _lib, library_path = _capi.load()
 EMULATED: bool = bool(_lib.slimserve_is_emulated())
 _v = _lib.slimserve_version()
 __version__ = f"{_v // 10000}.{_v // 100 % 100}.{_v % 100}"
 
-KV_DTYPES = {"bfloat16": 0, "bf16": 0, "float16": 1, "fp16": 1, "fp8_e4m3": 2,
+# Names of the KV cache's element type, vLLM's and FlashInfer's included ("fp8" is vLLM's
+# name for e4m3). "auto" means the cache tensor's own dtype (kv_dtype_name resolves it).
+KV_DTYPES = {"bfloat16": 0, "bf16": 0, "float16": 1, "fp16": 1, "half": 1, "fp8": 2, "fp8_e4m3": 2,
              "float8_e4m3fn": 2, "fp8_e5m2": 3, "float8_e5m2": 3}
-ACTIVATION_DTYPES = {"bfloat16": 0, "bf16": 0, "float16": 1, "fp16": 1}
+ACTIVATION_DTYPES = {"bfloat16": 0, "bf16": 0, "float16": 1, "fp16": 1, "half": 1}
+_KV_CODE_NAMES = {0: "bfloat16", 1: "float16", 2: "fp8_e4m3", 3: "fp8_e5m2"}
+# Tensor dtypes (DLPack names) that may hold pages of each KV element type.
+_KV_TENSOR_DTYPES = {0: {"bfloat16", "uint16"}, 1: {"float16"}, 2: {"uint8", "int8", "float8_e4m3fn"},
+                     3: {"uint8", "int8", "float8_e5m2"}}
 LAYOUTS = {"NHD": 0, "HND": 1}
+SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)  # tokens per page the kernels take (see PagedKVCache)
 REQUEST_STATES = {0: "ok", 1: "stale_tag", 2: "page_out_of_range", 3: "bad_page_table",
                   4: "guard_page", 5: "write_denied", 6: "read_denied"}
 
 PageHandle = Tuple[int, int]  # (page id, tag)
 
 
-class SlimserveError(RuntimeError):
-    """A failed call: `code` is the status name ("stale_handle", ...), the message says why."""
-
-    def __init__(self, status: int, message: str):
-        self.status = status
-        self.code = _capi.STATUS_NAMES.get(status, "unknown")
-        super().__init__(f"{self.code}: {message}")
-
-
 def _check(status: int) -> None:
     if status != _capi.OK:
-        raise SlimserveError(status, (_lib.slimserve_last_error() or b"").decode())
+        raise _from_status(status, (_lib.slimserve_last_error() or b"").decode())
+
+
+def _dtype_name(dtype) -> Optional[str]:
+    """A dtype given as a string, a torch dtype or a NumPy dtype, as the package names it."""
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    return text[len("torch."):] if text.startswith("torch.") else np.dtype(dtype).name
+
+
+def kv_dtype_name(dtype, tensor_dtype: Optional[str] = None, name: str = "kv_cache_dtype") -> str:
+    """The canonical KV element type ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2") of a
+    name engines use ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", torch.float8_e4m3fn, ...);
+    "auto"/None take it from the cache tensor's dtype."""
+    dtype = _dtype_name(dtype)
+    if dtype in (None, "auto"):
+        dtype = tensor_dtype
+        if dtype in ("uint8", "int8", None):
+            raise type_error(f"slimserve: {name} 'auto' cannot tell the FP8 format of {dtype} pages: "
+                             "pass 'fp8_e4m3' (vLLM's 'fp8') or 'fp8_e5m2'")
+    if dtype not in KV_DTYPES:
+        raise value_error(f"slimserve: {name} {dtype!r} is not a KV cache dtype "
+                          f"(one of 'auto', {', '.join(repr(k) for k in KV_DTYPES)})")
+    return _KV_CODE_NAMES[KV_DTYPES[dtype]]
+
+
+def _check_scale_value(value: float, name: str) -> float:
+    value = float(value)
+    if not math.isfinite(value) or not value > 0.0:
+        raise value_error(f"slimserve: {name} must be finite and > 0 (stored = quantize(real / scale)), "
+                          f"got {value}")
+    return value
+
+
+def runtime_counters() -> dict:
+    """Calls the library made into the (emulated or CUDA) runtime since the process started:
+    synchronizations, allocations, frees, copies. Read it around a run to see that the run
+    neither synchronized nor allocated."""
+    counters = _capi.versioned(_capi.RuntimeCounters)
+    _check(_lib.slimserve_get_runtime_counters(byref(counters)))
+    return {"synchronizations": counters.synchronizations, "allocations": counters.allocations,
+            "frees": counters.frees, "copies": counters.copies}
 
 
 def _tensor(x, **kwargs):
@@ -90,9 +137,9 @@ class DeviceArray:
     """Memory the library allocated (emulator memory, or GPU memory in the CUDA build), for the
     small index arrays the wrappers upload."""
 
-    def __init__(self, host: np.ndarray, stream=None):
+    def __init__(self, host: np.ndarray, stream=None, *, capacity: int = 0):
         host = np.ascontiguousarray(host)
-        self.nbytes = max(host.nbytes, 1)
+        self.nbytes = max(host.nbytes, int(capacity), 1)
         self.ptr = c_void_p()
         _check(_lib.slimserve_device_alloc(self.nbytes, byref(self.ptr)))
         if host.nbytes:
@@ -100,16 +147,26 @@ class DeviceArray:
 
     @classmethod
     def empty(cls, nbytes: int) -> "DeviceArray":
+        if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+            raise value_error(f"slimserve: DeviceArray of {nbytes} bytes")
         return cls(np.zeros(0, np.uint8)) if nbytes == 0 else cls(np.empty(nbytes, np.uint8))
+
+    def upload(self, host: np.ndarray, stream=None) -> None:
+        """Copies `host` into the array in place (the pointer stays: persistent buffers)."""
+        host = np.ascontiguousarray(host)
+        if host.nbytes > self.nbytes:
+            raise value_error(f"slimserve: {host.nbytes} bytes do not fit a buffer of {self.nbytes}")
+        if host.nbytes:
+            _check(_lib.slimserve_memcpy_async(self.ptr, host.ctypes.data, host.nbytes, 0, _stream(stream)))
 
     def download(self, out: np.ndarray, stream=None) -> np.ndarray:
         _check(_lib.slimserve_memcpy_async(out.ctypes.data, self.ptr, out.nbytes, 1, _stream(stream)))
         _check(_lib.slimserve_stream_synchronize(_stream(stream)))
         return out
 
-    def __del__(self):
+    def __del__(self, _free=_lib.slimserve_device_free):  # bound now: module globals go first at exit
         if getattr(self, "ptr", None) is not None and self.ptr.value:
-            _lib.slimserve_device_free(self.ptr)
+            _free(self.ptr)
             self.ptr = None
 
 
@@ -120,6 +177,8 @@ class PagePool:
 
     def __init__(self, num_pages: int):
         self._handle = c_void_p()
+        if not isinstance(num_pages, (int, np.integer)) or not 0 < num_pages < 2**31:
+            raise value_error(f"slimserve: PagePool of {num_pages!r} pages")
         self._dependents = []  # weak references to caches / page sets built on this pool
         self._open_dependents = 0  # of those, not yet destroyed (see _close_or_defer)
         self._close_pending = False
@@ -128,6 +187,11 @@ class PagePool:
 
     def allocate(self, count: int) -> List[PageHandle]:
         """`count` pages, all or nothing (SlimserveError resource_exhausted takes none)."""
+        if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
+            raise value_error(f"slimserve: allocate takes a page count >= 0, got {count!r}")
+        if count > max(self.available, 0):
+            raise SlimserveError(f"allocate of {count} pages; {self.available} are available "
+                                 "(nothing was taken)", "resource_exhausted")
         out = (Page * max(count, 1))()
         _check(_lib.slimserve_page_pool_allocate(self._handle, out, count))
         return [(out[i].id, out[i].tag) for i in range(count)]
@@ -339,10 +403,14 @@ class DeviceTags:
 
 class BuiltTable:
     """A batch's page table: `device` for kernels, host copies of indptr/last_page_len/indices
-    for planning."""
+    for planning. It keeps its PageTable (whose arrays it points into) alive, and is valid
+    until that PageTable's next build: using a stale one raises SlimserveError
+    (failed_precondition) instead of running on the newer table's contents."""
 
-    def __init__(self, host: _capi.PageTableView, device: _capi.PageTableView):
-        self.device = device
+    def __init__(self, host: _capi.PageTableView, device: _capi.PageTableView, owner=None,
+                 generation: int = 0):
+        self._device = device
+        self._owner, self._generation = owner, generation  # the owner's arrays hold `device`
         b = host.batch_size
 
         def copy(ptr, count, ctype=c_int32, dtype=np.int32):
@@ -356,12 +424,26 @@ class BuiltTable:
         self.batch_size = b
         self.page_size = host.page_size
 
+    @property
+    def stale(self) -> bool:
+        return self._owner is not None and self._owner._generation != self._generation
+
+    @property
+    def device(self) -> _capi.PageTableView:
+        if self.stale:
+            raise SlimserveError("this BuiltTable is stale: its PageTable was built again since, and "
+                                 "the device arrays now hold the newer table", "failed_precondition")
+        return self._device
+
 
 class PageTable:
-    """Pinned host staging plus device arrays for tables of up to max_batch requests."""
+    """Pinned host staging plus device arrays for tables of up to max_batch requests. Each
+    build reuses the same arrays, so it invalidates the BuiltTable of the previous build."""
 
     def __init__(self, max_batch: int, max_entries: int, page_size: int, num_pages: int):
         self._handle = c_void_p()
+        self._generation = 0
+        self.page_size, self.num_pages = page_size, num_pages
         _check(_lib.slimserve_page_table_create(max_batch, max_entries, page_size, num_pages,
                                                 byref(self._handle)))
 
@@ -375,7 +457,8 @@ class PageTable:
         host, device = _capi.PageTableView(), _capi.PageTableView()
         _check(_lib.slimserve_page_table_build(self._handle, array, len(requests), _stream(stream),
                                                byref(host), byref(device)))
-        return BuiltTable(host, device)
+        self._generation += 1
+        return BuiltTable(host, device, self, self._generation)
 
     def __del__(self):
         if getattr(self, "_handle", None):
@@ -387,6 +470,8 @@ class RequestStatuses:
     """Device array of per-request verdicts written by the tag check, read by the kernels."""
 
     def __init__(self, capacity: int):
+        if not isinstance(capacity, (int, np.integer)) or capacity < 1:
+            raise value_error(f"slimserve: RequestStatuses capacity {capacity!r} (>= 1)")
         self.capacity = capacity
         self.buffer = DeviceArray(np.zeros(2 * capacity, np.int32))
 
@@ -394,10 +479,51 @@ class RequestStatuses:
     def ptr(self):
         return self.buffer.ptr
 
+    def require(self, batch_size: int, what: str) -> None:
+        if batch_size > self.capacity:
+            raise value_error(f"slimserve: statuses hold {self.capacity} verdicts, {what} has "
+                              f"{batch_size} requests")
+
     def to_host(self, count: int, stream=None) -> List[Tuple[str, int]]:
         """[(state name, failed slot)] of the first `count` requests (synchronizes)."""
+        if not 0 <= count <= self.capacity:
+            raise value_error(f"slimserve: to_host({count}) of statuses holding {self.capacity}")
         host = self.buffer.download(np.empty(2 * count, np.int32), stream).reshape(count, 2)
         return [(REQUEST_STATES.get(int(s), str(int(s))), int(slot)) for s, slot in host]
+
+
+def _statuses_ptr(statuses, batch_size: int, what: str):
+    if statuses is None:
+        return None
+    if not isinstance(statuses, RequestStatuses):
+        # A caller-owned int32 [capacity, 2] tensor on the library's device ((state, failed
+        # slot) per request, as slimserve_request_status).
+        r = _tensor(statuses, name="statuses", dtypes={"int32"}, ndim=2)
+        if r.shape[1] != 2 or r.shape[0] < batch_size:
+            raise value_error(f"slimserve: statuses has shape {r.shape}; {what} needs [>= {batch_size}, 2]")
+        return r.ptr
+    statuses.require(batch_size, what)
+    return statuses.ptr
+
+
+def _host_ints(values, name: str, dtype=np.int32, length: Optional[int] = None) -> np.ndarray:
+    """A host copy of a 1-D integer array given as a list, NumPy array or CPU tensor."""
+    if hasattr(values, "detach"):  # torch: host copies only of CPU tensors (no hidden sync)
+        if values.device.type != "cpu":
+            raise type_error(f"slimserve: {name} must be a host array here (a CPU tensor or NumPy "
+                             f"array), got a {values.device.type} tensor")
+        values = values.detach().numpy()
+    array = np.asarray(values)
+    if array.dtype.kind not in "iu" and array.size:
+        raise type_error(f"slimserve: {name} must hold integers, got {array.dtype}")
+    if array.ndim != 1:
+        raise value_error(f"slimserve: {name} must be 1-D, got shape {array.shape}")
+    if length is not None and array.shape[0] != length:
+        raise value_error(f"slimserve: {name} has {array.shape[0]} entries, expected {length}")
+    info = np.iinfo(dtype)
+    if array.size and (array.min() < info.min or array.max() > info.max):
+        raise value_error(f"slimserve: {name} has values outside {np.dtype(dtype).name}")
+    return np.ascontiguousarray(array, dtype)
 
 
 def check_page_tags(table: BuiltTable, tags: DeviceTags, statuses: RequestStatuses, *,
@@ -405,15 +531,17 @@ def check_page_tags(table: BuiltTable, tags: DeviceTags, statuses: RequestStatus
     """Compares every page-table entry with the device tags; one verdict per request. With
     `writers` (the requests' identities from RequestSets) and the step's `append_indptr`, also
     checks write ownership: pages a step writes must be the request's own."""
-    if table.batch_size > statuses.capacity:
-        raise ValueError(f"slimserve: {table.batch_size} requests, statuses hold {statuses.capacity}")
+    _statuses_ptr(statuses, table.batch_size, "the table")
+    device = table.device
     if writers is None and append_indptr is None:
-        _check(_lib.slimserve_check_page_tags(byref(table.device), tags._handle, statuses.ptr, None,
+        _check(_lib.slimserve_check_page_tags(byref(device), tags._handle, statuses.ptr, None,
                                               _stream(stream)))
         return
-    keep = [DeviceArray(np.asarray(writers, np.uint32), stream) if writers is not None else None,
-            DeviceArray(np.asarray(append_indptr, np.int32), stream) if append_indptr is not None else None]
-    _check(_lib.slimserve_check_page_tags_owned(byref(table.device), tags._handle,
+    keep = [DeviceArray(_host_ints(writers, "writers", np.uint32, table.batch_size), stream)
+            if writers is not None else None,
+            DeviceArray(_host_ints(append_indptr, "append_indptr", np.int32, table.batch_size + 1), stream)
+            if append_indptr is not None else None]
+    _check(_lib.slimserve_check_page_tags_owned(byref(device), tags._handle,
                                                 keep[0].ptr if keep[0] else None,
                                                 keep[1].ptr if keep[1] else None,
                                                 statuses.ptr, None, _stream(stream)))
@@ -423,128 +551,273 @@ def check_page_tags(table: BuiltTable, tags: DeviceTags, statuses: RequestStatus
 # ---- KV cache, append, decode ------------------------------------------------------------------
 
 def _activation(x, name: str, dtype: Optional[str]) -> int:
-    r = _tensor(x, name=name)
-    name_of = dtype or r.dtype
+    r = x if isinstance(x, _TensorRefTypes) else _tensor(x, name=name)
+    name_of = _dtype_name(dtype) or r.dtype
     if name_of not in ACTIVATION_DTYPES:
-        raise TypeError(f"slimserve: {name} has dtype {r.dtype}; pass dtype='bfloat16' for BF16 "
-                        "bits in uint16 arrays")
-    return ACTIVATION_DTYPES[name_of]
+        raise type_error(f"slimserve: {name} has dtype {r.dtype}; activations are bfloat16 or float16 "
+                         "(pass dtype='bfloat16' for BF16 bits in uint16 arrays)")
+    code = ACTIVATION_DTYPES[name_of]
+    if r.dtype not in ({"bfloat16", "uint16"} if code == 0 else {"float16"}):
+        raise type_error(f"slimserve: {name} has dtype {r.dtype}, which cannot hold {name_of} values")
+    return code
+
+
+from ._dlpack import TensorRef as _DLTensorRef  # noqa: E402
+_TensorRefTypes = (_DLTensorRef,)
+
+
+_constant_scales: dict = {}  # float value -> DeviceArray holding it (per-tensor scales given as floats)
 
 
 class PagedKVCache:
     """K and V page arrays, [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D]
-    (HND), with their element type and scales. FP8 pages are uint8 arrays plus `dtype`.
-    One combined allocation [num_pages, 2, ...] (K page, then V page) is passed as k_pages with
-    v_pages=None: `page_stride` is then twice a page (only paged attention reads it)."""
+    (HND), with their element type and scales.
 
-    def __init__(self, k_pages, v_pages, *, layout: str = "NHD", dtype: Optional[str] = None,
+    dtype: None/"auto" (the tensors' own dtype), or any name of KV_DTYPES ("fp8" is e4m3, as in
+    vLLM); FP8 pages are uint8 tensors plus dtype, or torch.float8_e4m3fn / float8_e5m2
+    tensors. A tensor whose element size contradicts the dtype is refused.
+    Scales (FP8): k_scale / v_scale, a positive finite float (uploaded once) or a one-element
+    float32 tensor on the library's device (read by the kernels at run time, so a captured
+    graph sees the current value; on host memory its value is checked here); or per-token
+    scale arrays k_token_scales / v_token_scales shaped like the pages without head_dim.
+    One combined allocation [num_pages, 2, ...] (K page, then V page) is passed as k_pages
+    with v_pages=None; K and V views of a larger allocation whose pages are further apart
+    (vLLM's kv_cache[:, 0] and kv_cache[:, 1]) are accepted too. `page_stride` is then the
+    distance between pages in elements: paged attention and append read it; DecodeWrapper
+    and copy_pages (packed pages only) refuse such a cache."""
+
+    def __init__(self, k_pages, v_pages, *, layout: str = "NHD", dtype=None,
                  k_scale=None, v_scale=None, k_token_scales=None, v_token_scales=None):
+        if layout not in LAYOUTS:
+            raise value_error(f"slimserve: layout {layout!r} (NHD or HND)")
         self.page_stride = 0  # elements between pages; 0: packed
         if v_pages is None:
             kv = _tensor(k_pages, name="kv_pages")
             if len(kv.shape) != 5 or kv.shape[1] != 2:
-                raise ValueError(f"slimserve: combined kv_pages {kv.shape} must be [num_pages, 2, ...] (5-D)")
+                raise value_error(f"slimserve: combined kv_pages {kv.shape} must be [num_pages, 2, ...] (5-D)")
+            dtype = kv_dtype_name(dtype, kv.dtype, "dtype")
+            self._check_tensor_dtype(kv, dtype, "kv_pages")
             page = kv.shape[2] * kv.shape[3] * kv.shape[4]
-            element = 1 if (dtype or kv.dtype) in ("fp8_e4m3", "fp8_e5m2", "float8_e4m3fn", "float8_e5m2", "uint8") else 2
+            element = 1 if dtype.startswith("fp8") else 2
             k = _TensorShape(kv.ptr, (kv.shape[0],) + kv.shape[2:], kv.dtype)
             v = _TensorShape(kv.ptr + page * element, k.shape, kv.dtype)
             self.page_stride = 2 * page
         else:
-            k, v = _tensor(k_pages, name="k_pages"), _tensor(v_pages, name="v_pages")
-        if k.shape != v.shape or len(k.shape) != 4:
-            raise ValueError(f"slimserve: k_pages {k.shape} and v_pages {v.shape} must be equal 4-D shapes")
-        dtype = dtype or k.dtype
-        if dtype not in KV_DTYPES:
-            raise TypeError(f"slimserve: KV dtype {dtype} (uint8 pages need dtype='fp8_e4m3' or 'fp8_e5m2')")
-        if layout not in LAYOUTS:
-            raise ValueError(f"slimserve: layout {layout} (NHD or HND)")
+            k, v = self._pages(k_pages, "k_pages"), self._pages(v_pages, "v_pages")
+            if k.shape != v.shape or len(k.shape) != 4:
+                raise value_error(f"slimserve: k_pages {k.shape} and v_pages {v.shape} must be equal 4-D shapes")
+            if k.dtype != v.dtype:
+                raise type_error(f"slimserve: k_pages ({k.dtype}) and v_pages ({v.dtype}) differ in dtype")
+            k_stride, v_stride = self._page_stride(k, "k_pages"), self._page_stride(v, "v_pages")
+            if k_stride != v_stride:
+                raise value_error(f"slimserve: k_pages and v_pages have different page strides "
+                                  f"({k_stride} and {v_stride} elements)")
+            dtype = kv_dtype_name(dtype, k.dtype, "dtype")
+            self._check_tensor_dtype(k, dtype, "k_pages")
+            page = k.shape[1] * k.shape[2] * k.shape[3]
+            self.page_stride = 0 if k_stride == page else k_stride
         num_pages, a, b, head_dim = k.shape
+        if min(k.shape) <= 0:
+            raise value_error(f"slimserve: KV pages of shape {k.shape} (every extent must be > 0)")
         page_size, heads = (a, b) if layout == "NHD" else (b, a)
+        if page_size not in SUPPORTED_PAGE_SIZES:
+            nearest = min(SUPPORTED_PAGE_SIZES, key=lambda size: abs(size - page_size))
+            raise SlimserveValueError(
+                f"slimserve: page_size {page_size} is not supported: the kernels take 16, 32, 64 or 128 (a page "
+                f"is a power-of-two tile of at least one 16-token MMA tile); nearest supported: {nearest}. A "
+                "token-granular pool (page_size 1) maps slot s to page s // 16, offset s % 16", "unsupported")
         self._keep = [k_pages, v_pages]
         self.view = _capi.KvCache()
         self.view.k_pages, self.view.v_pages = k.ptr, v.ptr
         self.view.num_pages, self.view.page_size = num_pages, page_size
         self.view.num_kv_heads, self.view.head_dim = heads, head_dim
         self.view.dtype, self.view.layout = KV_DTYPES[dtype], LAYOUTS[layout]
-        if k_token_scales is not None:
+        fp8 = dtype.startswith("fp8")
+        if k_token_scales is not None or v_token_scales is not None:
+            if not fp8:
+                raise value_error(f"slimserve: per-token scales are for FP8 caches, this one is {dtype}")
+            if k_scale is not None or v_scale is not None:
+                raise value_error("slimserve: give per-tensor scales (k_scale, v_scale) or per-token "
+                                  "scales (k_token_scales, v_token_scales), not both")
+            shape = (num_pages, page_size, heads) if layout == "NHD" else (num_pages, heads, page_size)
             self.view.scale_mode = 2
-            self.view.k_token_scales = self._pointer(k_token_scales, "k_token_scales")
-            self.view.v_token_scales = self._pointer(v_token_scales, "v_token_scales")
-        elif k_scale is not None:
+            self.view.k_token_scales = self._pointer(k_token_scales, "k_token_scales", shape)
+            self.view.v_token_scales = self._pointer(v_token_scales, "v_token_scales", shape)
+        elif k_scale is not None or v_scale is not None:
             self.view.scale_mode = 1
             self.view.k_scale = self._scale(k_scale, "k_scale")
             self.view.v_scale = self._scale(v_scale, "v_scale")
+        elif fp8:
+            raise type_error(f"slimserve: an {dtype} cache needs its scales: k_scale and v_scale "
+                             "(per tensor) or k_token_scales and v_token_scales")
         self.dtype, self.layout = dtype, layout
 
-    def _pointer(self, tensor, name):
-        r = _tensor(tensor, name=name, dtypes={"float32"})
+    @staticmethod
+    def _pages(tensor, name):
+        return _tensor(tensor, name=name, strided=True)
+
+    @staticmethod
+    def _page_stride(r, name) -> int:
+        """Elements between pages of a [num_pages, a, b, head_dim] tensor whose pages are
+        compact (any distance of at least a page between them)."""
+        if len(r.shape) != 4:
+            raise value_error(f"slimserve: {name} must be 4-D [num_pages, ...], got shape {r.shape}")
+        page = r.shape[1] * r.shape[2] * r.shape[3]
+        if r.strides is None or r.shape[0] == 1:
+            return page
+        inner = (r.shape[2] * r.shape[3], r.shape[3], 1)
+        if any(st != want for st, want, n in zip(r.strides[1:], inner, r.shape[1:]) if n > 1):
+            raise value_error(f"slimserve: {name} has strides {r.strides}: each page must be compact "
+                              f"(inner strides {inner}); only the page stride may differ")
+        if r.strides[0] < page or r.strides[0] % 8:
+            raise value_error(f"slimserve: {name} page stride {r.strides[0]} must be a multiple of 8 of "
+                              f"at least one page ({page} elements)")
+        return r.strides[0]
+
+    @staticmethod
+    def _check_tensor_dtype(r, dtype: str, name: str) -> None:
+        allowed = _KV_TENSOR_DTYPES[KV_DTYPES[dtype]]
+        if r.dtype not in allowed:
+            raise type_error(f"slimserve: {name} has dtype {r.dtype}, which cannot hold {dtype} pages "
+                             f"(expected one of {sorted(allowed)})")
+
+    def _pointer(self, tensor, name, shape=None):
+        r = _tensor(tensor, name=name, dtypes={"float32"}, shape=shape)
         self._keep.append(tensor)
         return r.ptr
 
     def _scale(self, value, name):
         if value is None:
-            raise TypeError(f"slimserve: {name} is required with per-tensor scales")
-        if isinstance(value, (int, float)):  # a calibrated constant: one device float
-            value = DeviceArray(np.array([value], np.float32))
-            self._keep.append(value)
-            return value.ptr.value
-        return self._pointer(value, name)
+            raise type_error(f"slimserve: {name} is required with per-tensor scales")
+        if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
+            # A calibrated constant: one device float, uploaded once per value and kept (so a
+            # cache made per call allocates nothing after the first).
+            value = _check_scale_value(value, name)
+            device = _constant_scales.get(value)
+            if device is None:
+                device = _constant_scales[value] = DeviceArray(np.array([value], np.float32))
+            self._keep.append(device)
+            return device.ptr.value
+        r = _tensor(value, name=name, dtypes={"float32"})
+        if r.numel != 1:
+            raise value_error(f"slimserve: {name} must hold one float, got shape {r.shape}")
+        if EMULATED or r.device_type in (1, 3):  # host memory: the value can be read without a sync
+            _check_scale_value(ctypes.c_float.from_address(r.ptr).value, name)
+        self._keep.append(value)
+        return r.ptr
+
+    @property
+    def num_pages(self) -> int:
+        return self.view.num_pages
+
+    def require_packed(self, what: str) -> None:
+        if self.page_stride != 0:
+            raise SlimserveValueError(
+                f"slimserve: {what} takes packed K and V page arrays; this cache's pages are "
+                f"{self.page_stride} elements apart (a combined or strided allocation): use "
+                "PagedAttentionWrapper, which reads it in place", "unsupported")
+
+    def check_rows(self, k, v, name_k: str = "k", name_v: str = "v"):
+        """Refs of new K/V rows [num_tokens, num_kv_heads, head_dim] for this cache."""
+        heads, head_dim = self.view.num_kv_heads, self.view.head_dim
+        kr = _tensor(k, name=name_k, ndim=3)
+        if kr.shape[1:] != (heads, head_dim):
+            raise value_error(f"slimserve: {name_k} has shape {kr.shape}; this cache needs "
+                              f"[num_tokens, {heads}, {head_dim}]")
+        vr = _tensor(v, name=name_v, shape=kr.shape)
+        if vr.dtype != kr.dtype:
+            raise type_error(f"slimserve: {name_k} ({kr.dtype}) and {name_v} ({vr.dtype}) differ in dtype")
+        return kr, vr
+
+
+def _kv_append(cache: PagedKVCache, kr, vr, input_dtype: int, *, table=None, statuses=None,
+               token_request=None, token_position=None, append_indptr=None, slot_mapping=None,
+               stream=None) -> None:
+    args = _capi.versioned(_capi.KvAppendArgs)
+    args.cache = cache.view
+    args.kv_page_stride = cache.page_stride
+    if table is not None:
+        args.table = ctypes.pointer(table)
+    args.statuses = statuses
+    args.k_new, args.v_new = kr.ptr, vr.ptr
+    args.input_dtype = input_dtype
+    args.num_tokens = kr.shape[0]
+    args.token_request, args.token_position = token_request, token_position
+    args.append_indptr, args.slot_mapping = append_indptr, slot_mapping
+    _check(_lib.slimserve_kv_append(byref(args), _stream(stream)))
+
+
+def _device_ints(value, name: str, length: int, dtype, keep: list, stream):
+    """A device int array: a tensor on the library's device is used in place (no copy, no
+    sync); a host list / array is uploaded (into `keep`)."""
+    dtype_name = np.dtype(dtype).name
+    if hasattr(value, "__dlpack__") and not isinstance(value, (list, tuple)):
+        r = _tensor(value, name=name, dtypes={dtype_name}, shape=(length,))
+        return r.ptr
+    host = _host_ints(value, name, dtype, length)
+    device = DeviceArray(host, stream)
+    keep.append(device)
+    return device.ptr.value
 
 
 def append_kv(cache: PagedKVCache, table: BuiltTable, k, v, *, token_request=None,
               token_position=None, append_indptr=None, statuses: Optional[RequestStatuses] = None,
               dtype: Optional[str] = None, stream=None) -> None:
-    """Quantize-and-append new K/V rows [num_tokens, H, D] into the pages the table gives them."""
-    kr = _tensor(k, name="k")
-    _tensor(v, name="v", shape=kr.shape)
-    args = _capi.AppendArgs()
-    args.k_new, args.v_new = kr.ptr, _tensor(v, name="v").ptr
-    args.input_dtype = _activation(k, "k", dtype)
-    args.num_tokens = kr.shape[0]
-    keep = []
-    for field, value in (("token_request", token_request), ("token_position", token_position),
-                         ("append_indptr", append_indptr)):
-        if value is not None:
-            device = DeviceArray(np.asarray(value, np.int32), stream)
-            keep.append(device)
-            setattr(args, field, device.ptr.value)
-    _check(_lib.slimserve_append_kv(byref(cache.view), byref(table.device),
-                                    statuses.ptr if statuses is not None else None, byref(args),
-                                    _stream(stream)))
-    _check(_lib.slimserve_stream_synchronize(_stream(stream)))  # the uploads above are freed next
+    """Quantize-and-append new K/V rows [num_tokens, H, D] into the pages the table gives them:
+    token_request + token_position ([num_tokens] each), or append_indptr ([batch + 1]: request
+    b's rows fill its last slots). Index arrays: int32 tensors on the library's device (used
+    in place) or host arrays (uploaded, then the call synchronizes before freeing them)."""
+    if not isinstance(cache, PagedKVCache):
+        raise type_error(f"slimserve: cache must be a PagedKVCache, got {type(cache).__name__}")
+    if not isinstance(table, BuiltTable):
+        raise type_error(f"slimserve: table must be a BuiltTable, got {type(table).__name__}")
+    device = table.device
+    if table.page_size != cache.view.page_size:
+        raise value_error(f"slimserve: the table's page_size {table.page_size} is not the cache's "
+                          f"{cache.view.page_size}")
+    if table.indices.size and (table.indices.min() < 0 or table.indices.max() >= cache.num_pages):
+        raise value_error(f"slimserve: the table holds page ids up to {int(table.indices.max())}; the "
+                          f"cache has {cache.num_pages} pages", "out_of_range")
+    kr, vr = cache.check_rows(k, v)
+    input_dtype = _activation(kr, "k", dtype)
+    n, batch = kr.shape[0], table.batch_size
+    if (token_request is None) != (token_position is None) or \
+            (token_request is None) == (append_indptr is None):
+        raise value_error("slimserve: give token_request and token_position, or append_indptr")
+    keep: list = []
+    pointers = {}
+    if append_indptr is not None:
+        pointers["append_indptr"] = _device_ints(append_indptr, "append_indptr", batch + 1, np.int32, keep, stream)
+    else:
+        pointers["token_request"] = _device_ints(token_request, "token_request", n, np.int32, keep, stream)
+        pointers["token_position"] = _device_ints(token_position, "token_position", n, np.int32, keep, stream)
+    _kv_append(cache, kr, vr, input_dtype, table=device, statuses=_statuses_ptr(statuses, batch, "the table"),
+               stream=stream, **pointers)
+    if keep:
+        _check(_lib.slimserve_stream_synchronize(_stream(stream)))  # the uploads above are freed next
 
 
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype: str = "auto",
-                      k_scale=None, v_scale=None, *, dtype: Optional[str] = None, stream=None) -> None:
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
+                      k_scale=None, v_scale=None, *, layout: str = "NHD", dtype: Optional[str] = None,
+                      stream=None) -> None:
     """vLLM-style append: token t goes to flat slot slot_mapping[t] = page * page_size + offset
-    of [num_pages, page_size, H, D] caches; slot -1 skips the token. kv_cache_dtype: "auto"
-    (the caches' own dtype) or "fp8_e4m3"/"fp8_e5m2" for uint8 caches with per-tensor scales."""
-    cache = PagedKVCache(key_cache, value_cache, layout="NHD",
-                         dtype=None if kv_cache_dtype == "auto" else kv_cache_dtype,
+    of the caches ([num_pages, page_size, H, D] NHD or [num_pages, H, page_size, D] HND, or the
+    K/V views of one combined allocation); slot -1 skips the token. slot_mapping: an int64
+    tensor on the library's device, read there (no copy, no synchronization: capturable).
+    kv_cache_dtype: "auto" (the caches' dtype), "fp8" / "fp8_e4m3" / "fp8_e5m2" or a torch
+    dtype; k_scale / v_scale: floats or one-element float32 tensors. value_cache None: key_cache
+    is the combined [num_pages, 2, ...] allocation."""
+    cache = PagedKVCache(key_cache, value_cache, layout=layout, dtype=kv_cache_dtype,
                          k_scale=k_scale, v_scale=v_scale)
-    slots = np.asarray(slot_mapping.cpu() if hasattr(slot_mapping, "cpu") else slot_mapping, np.int64)
-    page_size, num_pages = cache.view.page_size, cache.view.num_pages
-    valid = slots >= 0
-    if np.any(slots >= np.int64(num_pages) * page_size):
-        raise SlimserveError(2, f"slot {int(slots.max())} outside {num_pages} pages of {page_size}")
-    # One single-page request per token: its page holds the slot; skipped tokens own no page.
-    counts = valid.astype(np.int32)
-    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    indices = (slots[valid] // page_size).astype(np.int32)
-    last = np.where(valid, page_size, 0).astype(np.int32)
-    tables = [DeviceArray(a, stream) for a in (indptr, indices, last)]
-    table = BuiltTable.__new__(BuiltTable)
-    table.device = _capi.PageTableView(tables[0].ptr, tables[1].ptr, tables[2].ptr, None,
-                                       len(slots), page_size)
-    table._keep = tables
-    append_kv(cache, table, key, value, token_request=np.arange(len(slots), dtype=np.int32),
-              token_position=np.where(valid, slots % page_size, 0).astype(np.int32),
-              dtype=dtype, stream=stream)
+    kr, vr = cache.check_rows(key, value, "key", "value")
+    slots = _tensor(slot_mapping, name="slot_mapping", dtypes={"int64"}, shape=(kr.shape[0],))
+    _kv_append(cache, kr, vr, _activation(kr, "key", dtype), slot_mapping=slots.ptr, stream=stream)
 
 
 def copy_pages(cache: PagedKVCache, tags: DeviceTags, copies: Sequence[dict], stream=None) -> List[Tuple[str, int]]:
     """Copy-on-write / defragmentation copies inside one cache, each checked on the device:
     copies are dicts {src, dst (page handles), writer, tokens}. Returns each copy's verdict."""
+    cache.require_packed("copy_pages")
     array = (_capi.PageCopy * max(len(copies), 1))()
     for i, c in enumerate(copies):
         array[i] = _capi.PageCopy(c["src"][0], c["src"][1], c["dst"][0], c["dst"][1], c["writer"], c["tokens"])
@@ -556,23 +829,45 @@ def copy_pages(cache: PagedKVCache, tags: DeviceTags, copies: Sequence[dict], st
     return statuses.to_host(len(copies), stream)
 
 
+def _check_csr(indptr: np.ndarray, indices: np.ndarray, last: np.ndarray, page_size: int) -> None:
+    batch = last.shape[0]
+    if indptr.shape[0] != batch + 1:
+        raise value_error(f"slimserve: indptr has {indptr.shape[0]} entries, last_page_len {batch}: "
+                          "indptr needs batch_size + 1")
+    if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
+        raise value_error("slimserve: indptr must start at 0 and never decrease")
+    if indices.shape[0] != indptr[-1]:
+        raise value_error(f"slimserve: indices has {indices.shape[0]} entries, indptr ends at {int(indptr[-1])}")
+    if indices.size and indices.min() < 0:
+        raise value_error(f"slimserve: indices holds page id {int(indices.min())}", "out_of_range")
+    pages = np.diff(indptr)
+    bad = np.nonzero(((pages > 0) & ((last < 1) | (last > page_size))) | ((pages == 0) & (last != 0)))[0]
+    if bad.size:
+        b = int(bad[0])
+        raise value_error(f"slimserve: last_page_len[{b}] = {int(last[b])} with {int(pages[b])} pages "
+                          f"(1..{page_size} with pages, 0 without)")
+
+
 class DecodeWrapper:
-    """Paged decode attention, FlashInfer-style: `plan` once per batch shape (host), `run` per
-    layer (launches only; capturable in a CUDA graph on a GPU)."""
+    """Paged decode attention (the CUDA-core kernel), FlashInfer-style: `plan` once per batch
+    (host: checks the table, schedules, uploads into buffers it keeps: a later plan that fits
+    reuses them, so their pointers stay), `run` per layer (launches only)."""
 
     def __init__(self):
         self._workspace: Optional[DeviceArray] = None
         self._plan = c_void_p()
         self._table = None
+        self._buffers = [None, None, None]
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads: int, num_kv_heads: int,
-             head_dim: int, page_size: int, kv_data_type: str = "bfloat16", *,
+             head_dim: int, page_size: int, kv_data_type="bfloat16", *,
              query_tokens: int = 1, stream=None) -> None:
-        indptr = np.ascontiguousarray(np.asarray(indptr), np.int32)
-        last = np.ascontiguousarray(np.asarray(last_page_len), np.int32)
-        indices = np.ascontiguousarray(np.asarray(indices), np.int32)
+        indptr = _host_ints(indptr, "indptr")
+        last = _host_ints(last_page_len, "last_page_len")
+        indices = _host_ints(indices, "indices")
+        _check_csr(indptr, indices, last, page_size)
         problem = _capi.DecodeProblem(len(last), num_qo_heads, num_kv_heads, head_dim, page_size,
-                                      query_tokens, KV_DTYPES[kv_data_type])
+                                      query_tokens, KV_DTYPES[kv_dtype_name(kv_data_type, None, "kv_data_type")])
         size = c_size_t(0)
         _check(_lib.slimserve_decode_workspace_size(byref(problem), indptr.ctypes.data,
                                                     last.ctypes.data, byref(size)))
@@ -582,34 +877,67 @@ class DecodeWrapper:
         _check(_lib.slimserve_decode_plan_create(byref(problem), indptr.ctypes.data, last.ctypes.data,
                                                  self._workspace.ptr, self._workspace.nbytes,
                                                  _stream(stream), byref(self._plan)))
-        arrays = [DeviceArray(a, stream) for a in (indptr, indices, last)]
-        self._table = (_capi.PageTableView(arrays[0].ptr, arrays[1].ptr, arrays[2].ptr, None,
-                                           len(last), page_size), arrays)
+        for i, host in enumerate((indptr, indices, last)):
+            if self._buffers[i] is None or self._buffers[i].nbytes < host.nbytes:
+                self._buffers[i] = DeviceArray(host, stream)
+            else:
+                self._buffers[i].upload(host, stream)
+        self._table = _capi.PageTableView(self._buffers[0].ptr, self._buffers[1].ptr, self._buffers[2].ptr,
+                                          None, len(last), page_size)
+        self._host = (indptr, indices, last)
         self.problem = problem
 
     def run(self, q, kv_cache: PagedKVCache, *, out=None, lse=None, sm_scale: Optional[float] = None,
             statuses: Optional[RequestStatuses] = None, table: Optional[BuiltTable] = None,
-            dtype: Optional[str] = None, stream=None):
+            dtype: Optional[str] = None, stream=None, synchronize: Optional[bool] = None):
         """q [batch * query_tokens, num_qo_heads, head_dim] -> out (same shape and dtype).
-        `table` (from PageTable.build) replaces the plan's own copy of the page table, so
-        its expected tags and the tag check's `statuses` guard the pages."""
+        synchronize (default: when stream is None) waits for the launch before returning.
+        `table` (from PageTable.build, with the planned lengths) replaces the plan's own copy
+        of the page table, so its expected tags and the tag check's `statuses` guard the pages."""
         if not self._plan:
-            raise RuntimeError("slimserve: DecodeWrapper.run before plan")
+            raise SlimserveError("DecodeWrapper.run before plan", "failed_precondition")
+        p = self.problem
+        if not isinstance(kv_cache, PagedKVCache):
+            raise type_error(f"slimserve: kv_cache must be a PagedKVCache, got {type(kv_cache).__name__}")
+        kv_cache.require_packed("DecodeWrapper")
+        c = kv_cache.view
+        if (c.num_kv_heads, c.head_dim, c.page_size, c.dtype) != (p.num_kv_heads, p.head_dim, p.page_size, p.kv_dtype):
+            raise value_error(f"slimserve: kv_cache (heads {c.num_kv_heads}, head_dim {c.head_dim}, page_size "
+                              f"{c.page_size}, {_KV_CODE_NAMES[c.dtype]}) does not match the plan (heads "
+                              f"{p.num_kv_heads}, head_dim {p.head_dim}, page_size {p.page_size}, "
+                              f"{_KV_CODE_NAMES[p.kv_dtype]})")
+        rows = p.batch_size * p.query_tokens
+        qr = _tensor(q, name="q", shape=(rows, p.num_qo_heads, p.head_dim))
+        q_dtype = _activation(qr, "q", dtype)
+        if table is not None:
+            if not isinstance(table, BuiltTable):
+                raise type_error(f"slimserve: table must be a BuiltTable, got {type(table).__name__}")
+            view = table.device
+            if (table.batch_size != p.batch_size or not np.array_equal(table.indptr, self._host[0])
+                    or not np.array_equal(table.last_page_len, self._host[2])):
+                raise value_error("slimserve: the table's lengths (indptr, last_page_len) are not the planned ones")
+            ids = table.indices
+        else:
+            view, ids = self._table, self._host[1]
+        if ids.size and ids.max() >= c.num_pages:
+            raise value_error(f"slimserve: page id {int(ids.max())} outside the cache's {c.num_pages} pages",
+                              "out_of_range")
         if out is None:
             out = _empty_like(q)
+        orr = _tensor(out, name="out", shape=qr.shape, dtypes={qr.dtype})
         args = _capi.DecodeArgs()
-        args.q = _tensor(q, name="q").ptr
-        args.o = _tensor(out, name="out", shape=_tensor(q).shape).ptr
-        args.lse = _tensor(lse, name="lse", dtypes={"float32"}).ptr if lse is not None else None
-        args.q_dtype = _activation(q, "q", dtype)
-        args.sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(self.problem.head_dim)
-        view = table.device if table is not None else self._table[0]
-        _check(_lib.slimserve_decode_run(self._plan, byref(kv_cache.view), byref(view),
-                                         statuses.ptr if statuses is not None else None,
+        args.q, args.o = qr.ptr, orr.ptr
+        args.lse = _tensor(lse, name="lse", dtypes={"float32"}, shape=qr.shape[:2]).ptr if lse is not None else None
+        args.q_dtype = q_dtype
+        if sm_scale is not None and (not math.isfinite(sm_scale) or sm_scale <= 0):
+            raise value_error(f"slimserve: sm_scale must be finite and > 0, got {sm_scale}")
+        args.sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(p.head_dim)
+        _check(_lib.slimserve_decode_run(self._plan, byref(c), byref(view),
+                                         _statuses_ptr(statuses, p.batch_size, "the plan"),
                                          byref(args), self._workspace.ptr, self._workspace.nbytes,
                                          _stream(stream)))
-        if stream is None:
-            _check(_lib.slimserve_stream_synchronize(None))
+        if synchronize if synchronize is not None else stream is None:
+            _check(_lib.slimserve_stream_synchronize(_stream(stream)))
         return out
 
     def _destroy_plan(self):
@@ -659,7 +987,7 @@ def quantize_int4(weight: np.ndarray, *, group_size: int = 128, symmetric: bool 
     weight = np.ascontiguousarray(weight)
     dtypes = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
     if weight.dtype not in dtypes or weight.ndim != 2:
-        raise TypeError("slimserve: quantize_int4 takes a 2-D float32 or float16 array")
+        raise type_error("slimserve: quantize_int4 takes a 2-D float32 or float16 array")
     k, n = weight.shape if layout == "k_by_n" else weight.shape[::-1]
     options = _capi.QuantizeOptions(group_size, 1 if symmetric else 0, ACTIVATION_DTYPES[activation])
     handle = c_void_p()
@@ -669,20 +997,37 @@ def quantize_int4(weight: np.ndarray, *, group_size: int = 128, symmetric: bool 
     return Int4Weights(handle, "bfloat16" if activation in ("bf16", "bfloat16") else "float16")
 
 
+def _elements(x, name: str, count: int, dtypes):
+    """A compact tensor of exactly `count` elements ([k/group_size, n] or flat)."""
+    r = _tensor(x, name=name, dtypes=dtypes)
+    if r.numel != count:
+        raise value_error(f"slimserve: {name} has shape {r.shape} ({r.numel} elements), expected {count}")
+    return r
+
+
 def gemm_w4a16(a, packed, scales, zeros, group_size: int, *, out=None, bias=None,
                dtype: Optional[str] = None, stream=None):
     """out[m, n] = a[m, k] . dequant(W)[k, n] (+ bias), W as packed by quantize_int4."""
-    ar = _tensor(a, name="a")
+    ar = _tensor(a, name="a", ndim=2)
     m, k = ar.shape
+    activation = _activation(ar, "a", dtype)
     pr = _tensor(packed, name="packed", dtypes={"uint32", "int32"})
+    if m < 1 or k < 16 or k % 16:
+        raise value_error(f"slimserve: a has shape {ar.shape}; k must be a positive multiple of 16")
+    if not isinstance(group_size, (int, np.integer)) or group_size < 1 or k % group_size:
+        raise value_error(f"slimserve: group_size {group_size!r} must divide k = {k}")
+    if pr.numel * 8 % k or pr.numel == 0:
+        raise value_error(f"slimserve: packed holds {pr.numel} words, not [k/16, n/16, 32] for k = {k}")
     n = pr.numel * 8 // k
+    groups = k // group_size
+    same = {"bfloat16", "uint16"} if activation == 0 else {"float16"}
     if out is None:
         out = _empty_like(a, shape=(m, n))
-    args = _capi.GemmArgs(_activation(a, "a", dtype), m, n, k, group_size, ar.ptr, pr.ptr,
-                          _tensor(scales, name="scales").ptr,
-                          _tensor(zeros, name="zeros").ptr if zeros is not None else None,
-                          _tensor(bias, name="bias").ptr if bias is not None else None,
-                          _tensor(out, name="out", shape=(m, n)).ptr)
+    args = _capi.GemmArgs(activation, m, n, k, group_size, ar.ptr, pr.ptr,
+                          _elements(scales, "scales", groups * n, same).ptr,
+                          _elements(zeros, "zeros", groups * n, same).ptr if zeros is not None else None,
+                          _tensor(bias, name="bias", shape=(n,), dtypes=same).ptr if bias is not None else None,
+                          _tensor(out, name="out", shape=(m, n), dtypes=same).ptr)
     plan = c_void_p()
     _check(_lib.slimserve_gemm_plan_create(byref(args), byref(plan)))
     try:

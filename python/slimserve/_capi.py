@@ -26,6 +26,7 @@ STATUS_NAMES = {
     5: "stale_handle", 6: "failed_precondition", 7: "data_loss", 8: "io_error", 9: "device_error",
     10: "internal",
 }
+STATUS_CODES = {name: code for code, name in STATUS_NAMES.items()}
 
 
 def versioned(struct_type):

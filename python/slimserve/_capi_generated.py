@@ -299,6 +299,7 @@ class PagedAttentionPlanArgs(Structure):
         ("ctas_per_sm", c_int32),
         ("min_chunk_tokens", c_int32),
         ("disable_split", c_int32),
+        ("warpgroup_mma", c_int32),
     ]
 
 
@@ -371,6 +372,36 @@ class MergeArgs(Structure):
     ]
 
 
+class KvAppendArgs(Structure):
+    """slimserve_kv_append_args"""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("cache", KvCache),
+        ("kv_page_stride", c_int64),
+        ("table", POINTER(PageTableView)),
+        ("statuses", c_void_p),
+        ("k_new", c_void_p),
+        ("v_new", c_void_p),
+        ("input_dtype", c_int32),
+        ("num_tokens", c_int32),
+        ("token_request", c_void_p),
+        ("token_position", c_void_p),
+        ("append_indptr", c_void_p),
+        ("slot_mapping", c_void_p),
+    ]
+
+
+class RuntimeCounters(Structure):
+    """slimserve_runtime_counters"""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("synchronizations", c_int64),
+        ("allocations", c_int64),
+        ("frees", c_int64),
+        ("copies", c_int64),
+    ]
+
+
 class MlaCache(Structure):
     """slimserve_mla_cache"""
     _fields_ = [
@@ -429,6 +460,7 @@ class MlaPlanArgs(Structure):
         ("ctas_per_sm", c_int32),
         ("min_chunk_tokens", c_int32),
         ("disable_split", c_int32),
+        ("warpgroup_mma", c_int32),
     ]
 
 
@@ -439,6 +471,7 @@ class MlaBound(Structure):
         ("problem", MlaProblem),
         ("num_sms", c_int32),
         ("ctas_per_sm", c_int32),
+        ("warpgroup_mma", c_int32),
     ]
 
 
@@ -625,6 +658,8 @@ SIGNATURES = {
     "slimserve_paged_attention_run": (c_int32, [c_void_p, POINTER(PagedAttentionArgs), c_void_p, c_size_t, c_void_p]),
     "slimserve_merge_attention_states": (c_int32, [POINTER(MergeArgs), c_void_p]),
     "slimserve_dequantize_pages": (c_int32, [POINTER(KvCache), c_void_p, c_int32, c_void_p, c_void_p, c_void_p]),
+    "slimserve_kv_append": (c_int32, [POINTER(KvAppendArgs), c_void_p]),
+    "slimserve_get_runtime_counters": (c_int32, [POINTER(RuntimeCounters)]),
     "slimserve_mla_record_bytes": (c_int64, [c_int32, c_int32]),
     "slimserve_mla_append": (c_int32, [POINTER(MlaAppendArgs), c_void_p]),
     "slimserve_mla_workspace_size": (c_int32, [POINTER(MlaPlanArgs), c_void_p]),
@@ -671,6 +706,8 @@ STRUCTS = (
     PagedAttentionPlanInfo,
     PagedAttentionArgs,
     MergeArgs,
+    KvAppendArgs,
+    RuntimeCounters,
     MlaCache,
     MlaAppendArgs,
     MlaProblem,
@@ -710,6 +747,8 @@ __all__ = [
     "PagedAttentionPlanInfo",
     "PagedAttentionArgs",
     "MergeArgs",
+    "KvAppendArgs",
+    "RuntimeCounters",
     "MlaCache",
     "MlaAppendArgs",
     "MlaProblem",

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _activation, _capi, _check, _empty_like, _lib, _stream, _tensor, DeviceArray, Int4Weights
+from ._errors import type_error, value_error
 
 __all__ = ["MoeRouter", "MoeRouting", "MoeGemm", "stack_experts", "validate_moe_routing",
            "MOE_EPILOGUES", "MOE_ALIGN_METHODS"]
@@ -30,7 +31,7 @@ def validate_moe_routing(topk_ids, num_experts: int) -> None:
     the first bad token, slot and id)."""
     ids = np.ascontiguousarray(np.asarray(topk_ids.cpu() if hasattr(topk_ids, "cpu") else topk_ids), np.int32)
     if ids.ndim != 2:
-        raise ValueError(f"slimserve: topk_ids must be [tokens, top_k], got shape {ids.shape}")
+        raise value_error(f"slimserve: topk_ids must be [tokens, top_k], got shape {ids.shape}")
     _check(_lib.slimserve_moe_validate_routing(ids.ctypes.data, ids.shape[0], ids.shape[1], num_experts))
 
 
@@ -38,12 +39,12 @@ def stack_experts(experts: Sequence[Int4Weights]):
     """(packed, scales, zeros) of E experts quantized alike, laid end to end as the grouped GEMM
     reads them ([E][k/16, n/16, 32], [E][k/g, n], [E][k/g, n] or None)."""
     if not experts:
-        raise ValueError("slimserve: stack_experts needs at least one expert")
+        raise value_error("slimserve: stack_experts needs at least one expert")
     first = experts[0]
     for w in experts:
         if (w.k, w.n, w.group_size, w.activation, w.zeros is None) != (
                 first.k, first.n, first.group_size, first.activation, first.zeros is None):
-            raise ValueError("slimserve: experts must share k, n, group_size, activation and symmetry")
+            raise value_error("slimserve: experts must share k, n, group_size, activation and symmetry")
     packed = np.concatenate([w.packed for w in experts])
     scales = np.concatenate([w.scales for w in experts])
     zeros = None if first.zeros is None else np.concatenate([w.zeros for w in experts])
@@ -78,7 +79,7 @@ class MoeRouter:
 
     def __init__(self, num_experts: int, top_k: int, max_tokens: int, *, align: str = "automatic"):
         if align not in MOE_ALIGN_METHODS:
-            raise ValueError(f"slimserve: align must be one of {sorted(MOE_ALIGN_METHODS)}, got {align!r}")
+            raise value_error(f"slimserve: align must be one of {sorted(MOE_ALIGN_METHODS)}, got {align!r}")
         self.num_experts, self.top_k, self.max_tokens = num_experts, top_k, max_tokens
         self._align = MOE_ALIGN_METHODS[align]
         self._plan = c_void_p()
@@ -97,7 +98,7 @@ class MoeRouter:
         library). Launches only."""
         ids = _tensor(topk_ids, name="topk_ids", dtypes={"int32"})
         if len(ids.shape) != 2 or ids.shape[1] != self.top_k:
-            raise ValueError(f"slimserve: topk_ids must be [tokens, {self.top_k}], got shape {ids.shape}")
+            raise value_error(f"slimserve: topk_ids must be [tokens, {self.top_k}], got shape {ids.shape}")
         args = self._args(ids, ids.shape[0])
         if not self._plan:
             size = c_size_t()
@@ -125,7 +126,7 @@ class MoeGemm:
     def __init__(self, epilogue: str, packed, scales, zeros, *, k: int, n: int, group_size: int,
                  num_experts: int, top_k: int, max_tokens: int):
         if epilogue not in MOE_EPILOGUES:
-            raise ValueError(f"slimserve: epilogue must be one of {sorted(MOE_EPILOGUES)}, got {epilogue!r}")
+            raise value_error(f"slimserve: epilogue must be one of {sorted(MOE_EPILOGUES)}, got {epilogue!r}")
         self.epilogue = epilogue
         self.packed, self.scales, self.zeros = packed, scales, zeros
         self.k, self.n, self.group_size = k, n, group_size
@@ -143,12 +144,31 @@ class MoeGemm:
         gate_up = self.epilogue == "gate_up_silu"
         tokens = routing.num_tokens
         rows = tokens if gate_up else tokens * self.top_k
+        if not isinstance(routing, MoeRouting):
+            raise type_error(f"slimserve: routing must be a MoeRouting, got {type(routing).__name__}")
         ar = _tensor(a, name="a", shape=(rows, self.k))
         out_shape = (tokens * self.top_k, self.n // 2) if gate_up else (tokens, self.n)
         if out is None:
             out = _empty_like(a, shape=out_shape)
+        activation = _activation(ar, "a", dtype)
+        same = {"bfloat16", "uint16"} if activation == 0 else {"float16"}
+        if self.group_size < 1 or self.k % self.group_size or self.k < 16 or self.n < 16:
+            raise value_error(f"slimserve: k = {self.k}, n = {self.n}, group_size = {self.group_size}: k and n must "
+                              "be >= 16 and group_size must divide k")
+        experts, groups = self.num_experts, self.k // self.group_size
+        # The expert weights' extents: what the kernels index, checked against the buffers.
+        for name, tensor, count, dtypes in (("packed", self.packed, experts * self.k * self.n // 8, {"uint32", "int32"}),
+                                            ("scales", self.scales, experts * groups * self.n, same),
+                                            ("zeros", self.zeros, experts * groups * self.n, same)):
+            if tensor is None:
+                continue
+            r = _tensor(tensor, name=name, dtypes=dtypes)
+            if r.numel != count:
+                raise value_error(f"slimserve: {name} holds {r.numel} elements; {experts} experts of k = {self.k}, "
+                                  f"n = {self.n}, group_size = {self.group_size} need {count}")
+        _tensor(out, name="out", shape=out_shape, dtypes=same)
         args = _capi.versioned(_capi.MoeGemmArgs)
-        args.activation = _activation(a, "a", dtype)
+        args.activation = activation
         args.epilogue = MOE_EPILOGUES[self.epilogue]
         args.num_tokens, args.top_k, args.num_experts = tokens, self.top_k, self.num_experts
         args.k, args.n, args.group_size = self.k, self.n, self.group_size
@@ -159,7 +179,7 @@ class MoeGemm:
         args.topk_ids = routing._routing.topk_ids
         if not gate_up:
             if topk_weights is None:
-                raise TypeError("slimserve: the down_weighted_sum GEMM needs topk_weights")
+                raise type_error("slimserve: the down_weighted_sum GEMM needs topk_weights")
             args.topk_weights = _tensor(topk_weights, name="topk_weights", dtypes={"float32"},
                                         shape=(tokens, self.top_k)).ptr
         args.c = _tensor(out, name="out", shape=out_shape).ptr

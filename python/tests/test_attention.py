@@ -41,12 +41,17 @@ def test_reshape_and_cache_writes_exactly_its_slots(rng, layout):
     assert np.isnan(flat_k[untouched]).all() and np.isnan(flat_v[untouched]).all()
 
 
-def test_reshape_and_cache_refuses_out_of_range_slots(rng):
+def test_reshape_and_cache_skips_out_of_range_slots(rng):
+    """slot_mapping is read on the device (capturable), so a slot past the cache is skipped there
+    like -1: nothing is written. A slot_mapping of another dtype or length is refused."""
     k_cache, v_cache, _, _ = _fill(rng, [1])
-    key = np.zeros((1, HEADS, DIM), np.float16)
-    with pytest.raises(ss.SlimserveError):
-        ss.reshape_and_cache(key, key, k_cache, v_cache, np.array([PAGES * PAGE]))
-    assert np.isnan(k_cache).all()  # nothing written
+    key = np.zeros((2, HEADS, DIM), np.float16)
+    ss.reshape_and_cache(key, key, k_cache, v_cache, np.array([PAGES * PAGE, 10**12]))
+    assert np.isnan(k_cache).all() and np.isnan(v_cache).all()  # nothing written
+    with pytest.raises(ss.SlimserveTypeError, match="slot_mapping has dtype int32"):
+        ss.reshape_and_cache(key, key, k_cache, v_cache, np.array([0, 1], np.int32))
+    with pytest.raises(ss.SlimserveValueError, match="slot_mapping has shape"):
+        ss.reshape_and_cache(key, key, k_cache, v_cache, np.array([0]))
 
 
 def test_decode_matches_fp64_reference(rng):

@@ -21,8 +21,7 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
                        static_cast<int>(cache.scale_mode));
   }
   if (!supported_page_size(cache.page_size)) {
-    return make_status(StatusCode::unsupported, "page_size ", cache.page_size,
-                       " is not supported (16, 32, 64 or 128)");
+    return unsupported_page_size("", cache.page_size);
   }
   if (!supported_head_dim(cache.head_dim)) {
     return make_status(StatusCode::unsupported, "head_dim ", cache.head_dim,

@@ -16,8 +16,7 @@ Status validate_mla_cache_view(const MlaCacheView& cache) {
                        " is not supported (64, as DeepSeek-V3 / Kimi K2)");
   }
   if (!supported_page_size(cache.page_size)) {
-    return make_status(StatusCode::unsupported, "MLA page_size ", cache.page_size,
-                       " is not supported (16, 32, 64 or 128)");
+    return unsupported_page_size("MLA ", cache.page_size);
   }
   if (cache.num_pages <= 0) {
     return make_status(StatusCode::invalid_argument, "MLA cache needs num_pages > 0, got ", cache.num_pages);

@@ -148,8 +148,7 @@ Status validate_mla_decode_problem(const MlaDecodeProblem& p) {
     return make_status(StatusCode::invalid_argument, "batch_size ", p.batch_size, " < 0");
   }
   if (!supported_page_size(p.page_size)) {
-    return make_status(StatusCode::unsupported, "MLA page_size ", p.page_size,
-                       " is not supported (16, 32, 64 or 128)");
+    return unsupported_page_size("MLA ", p.page_size);
   }
   if (p.q_dtype != ActivationDtype::bf16) {
     return make_status(StatusCode::unsupported, "MLA decode takes bf16 queries and outputs");

@@ -201,8 +201,7 @@ Status validate_paged_attention_problem(const PagedAttentionProblem& p) {
                        " is not supported by paged attention (", PagedHeadDims::describe(), ")");
   }
   if (!supported_page_size(p.page_size)) {
-    return make_status(StatusCode::unsupported, "page_size ", p.page_size,
-                       " is not supported (16, 32, 64 or 128)");
+    return unsupported_page_size("", p.page_size);
   }
   if (p.num_kv_heads <= 0 || p.num_qo_heads <= 0 || p.num_qo_heads % p.num_kv_heads != 0) {
     return make_status(StatusCode::unsupported, "num_qo_heads ", p.num_qo_heads,

@@ -417,6 +417,140 @@ static void test_request_sets_and_page_movement(void) {
   free(v_after);
 }
 
+/* Memory refusals: a pointer freed twice is refused (glibc aborted the process before), a
+ * page count past the pool is resource_exhausted, not an internal error; the runtime
+ * counters see the library's own synchronizations and allocations. */
+static void test_memory_refusals_and_counters(void) {
+  void* ptr = NULL;
+  slimserve_page_pool* pool = NULL;
+  slimserve_page page;
+  slimserve_runtime_counters before, after;
+  memset(&before, 0, sizeof before);
+  before.struct_size = sizeof before;
+  after = before;
+  CHECK_OK(slimserve_get_runtime_counters(&before));
+  CHECK_OK(slimserve_device_alloc(64, &ptr));
+  CHECK_OK(slimserve_stream_synchronize(NULL));
+  CHECK_OK(slimserve_device_free(ptr));
+  CHECK_OK(slimserve_get_runtime_counters(&after));
+  EXPECT(after.allocations == before.allocations + 1 && after.frees == before.frees + 1);
+  EXPECT(after.synchronizations == before.synchronizations + 1);
+  if (slimserve_is_emulated()) {
+    EXPECT_REFUSED(slimserve_device_free(ptr), SLIMSERVE_FAILED_PRECONDITION, "not a live device allocation");
+  }
+  CHECK_OK(slimserve_page_pool_create(4, &pool));
+  EXPECT_REFUSED(slimserve_page_pool_allocate(pool, &page, (size_t)-1), SLIMSERVE_RESOURCE_EXHAUSTED,
+                 "3 are available");
+  EXPECT(slimserve_page_pool_available(pool) == 3);
+  slimserve_page_pool_destroy(pool);
+}
+
+/* slimserve_kv_append: a combined K/V allocation [pages, 2, page] written through its page
+ * stride (each token lands in its own page's K and V halves), and vLLM's slot form. */
+static void test_kv_append_page_stride_and_slots(void) {
+  enum { PAGES = 6, PAGE = 16, HEADS = 2, DIM = 64, TOKENS = 5 };
+  const size_t page_elements = (size_t)PAGE * HEADS * DIM;
+  const size_t cache_elements = (size_t)PAGES * 2 * page_elements;
+  uint16_t* host = (uint16_t*)malloc(cache_elements * sizeof(uint16_t));
+  uint16_t* expected = (uint16_t*)malloc(cache_elements * sizeof(uint16_t));
+  uint16_t k_new[TOKENS * HEADS * DIM], v_new[TOKENS * HEADS * DIM];
+  int64_t slots[TOKENS];
+  int32_t indptr[2] = {0, 1}, indices[1] = {3}, last[1] = {TOKENS}, append_indptr[2] = {0, TOKENS};
+  slimserve_page_table_view table;
+  slimserve_kv_append_args args;
+  void* cache;
+  void *device_slots, *device_append;
+  int32_t t, h, d;
+  size_t i;
+  for (i = 0; i < (size_t)TOKENS * HEADS * DIM; ++i) {
+    k_new[i] = to_bf16((float)uniform());
+    v_new[i] = to_bf16((float)uniform());
+  }
+  for (i = 0; i < cache_elements; ++i) host[i] = expected[i] = 0x7FC0; /* poison: BF16 NaN */
+  cache = upload(host, cache_elements * sizeof(uint16_t));
+  table.indptr = (const int32_t*)upload(indptr, sizeof indptr);
+  table.indices = (const int32_t*)upload(indices, sizeof indices);
+  table.last_page_len = (const int32_t*)upload(last, sizeof last);
+  table.expected_tags = NULL;
+  table.batch_size = 1;
+  table.page_size = PAGE;
+
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.cache.k_pages = cache;
+  args.cache.v_pages = (uint16_t*)cache + page_elements;
+  args.cache.num_pages = PAGES;
+  args.cache.page_size = PAGE;
+  args.cache.num_kv_heads = HEADS;
+  args.cache.head_dim = DIM;
+  args.cache.dtype = SLIMSERVE_KV_BF16;
+  args.cache.layout = SLIMSERVE_KV_NHD;
+  args.kv_page_stride = (int64_t)(2 * page_elements);
+  args.table = &table;
+  args.k_new = upload(k_new, sizeof k_new);
+  args.v_new = upload(v_new, sizeof v_new);
+  args.input_dtype = SLIMSERVE_ACT_BF16;
+  args.num_tokens = TOKENS;
+  device_append = upload(append_indptr, sizeof append_indptr);
+  args.append_indptr = (const int32_t*)device_append;
+  CHECK_OK(slimserve_kv_append(&args, NULL));
+  for (t = 0; t < TOKENS; ++t) {
+    for (h = 0; h < HEADS; ++h) {
+      for (d = 0; d < DIM; ++d) {
+        const size_t row = ((size_t)t * HEADS + (size_t)h) * DIM + (size_t)d;
+        expected[3 * 2 * page_elements + row] = k_new[row];
+        expected[3 * 2 * page_elements + page_elements + row] = v_new[row];
+      }
+    }
+  }
+  download(host, cache, cache_elements * sizeof(uint16_t));
+  EXPECT(memcmp(host, expected, cache_elements * sizeof(uint16_t)) == 0);
+
+  /* The slot form: token t to flat slot slots[t]; -1 and a slot past the cache write nothing. */
+  slots[0] = 2 * PAGE + 7;
+  slots[1] = -1;
+  slots[2] = 5 * PAGE + 15;
+  slots[3] = (int64_t)PAGES * PAGE + 3;
+  slots[4] = 0;
+  args.append_indptr = NULL;
+  args.table = NULL;
+  device_slots = upload(slots, sizeof slots);
+  args.slot_mapping = (const int64_t*)device_slots;
+  CHECK_OK(slimserve_kv_append(&args, NULL));
+  for (t = 0; t < TOKENS; ++t) {
+    const int64_t page = slots[t] / PAGE, offset = slots[t] % PAGE;
+    if (slots[t] < 0 || page >= PAGES) continue;
+    for (i = 0; i < (size_t)HEADS * DIM; ++i) {
+      const size_t at = (size_t)page * 2 * page_elements + (size_t)offset * HEADS * DIM + i;
+      expected[at] = k_new[(size_t)t * HEADS * DIM + i];
+      expected[at + page_elements] = v_new[(size_t)t * HEADS * DIM + i];
+    }
+  }
+  download(host, cache, cache_elements * sizeof(uint16_t));
+  EXPECT(memcmp(host, expected, cache_elements * sizeof(uint16_t)) == 0);
+
+  /* Refusals: two forms at once, a page stride shorter than a page, no table without slots. */
+  args.append_indptr = (const int32_t*)device_append;
+  EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "one form of destinations");
+  args.slot_mapping = NULL;
+  EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "table is null");
+  args.table = &table;
+  args.kv_page_stride = (int64_t)page_elements - 8;
+  EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "page_stride");
+  args.struct_size = 8;
+  EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "struct_size");
+  CHECK_OK(slimserve_device_free(device_append));
+  CHECK_OK(slimserve_device_free(device_slots));
+  CHECK_OK(slimserve_device_free((void*)args.k_new));
+  CHECK_OK(slimserve_device_free((void*)args.v_new));
+  CHECK_OK(slimserve_device_free((void*)table.indptr));
+  CHECK_OK(slimserve_device_free((void*)table.indices));
+  CHECK_OK(slimserve_device_free((void*)table.last_page_len));
+  CHECK_OK(slimserve_device_free(cache));
+  free(host);
+  free(expected);
+}
+
 int main(void) {
   const char* seed_text = getenv("SLIMSERVE_TEST_SEED");
   rng_state = seed_text != NULL ? strtoull(seed_text, NULL, 10) : (uint64_t)time(NULL);
@@ -427,6 +561,8 @@ int main(void) {
   test_int4_gemm(3, 64, 128, 32, 1);
   test_int4_gemm(5, 128, 64, 64, 0);
   test_request_sets_and_page_movement();
+  test_memory_refusals_and_counters();
+  test_kv_append_page_stride_and_slots();
   if (failures != 0) {
     fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
     return 1;

@@ -6,6 +6,7 @@
 /// by the cache scale, rounded to nearest even with saturation to the format's largest finite
 /// value, and written into the slot the page table gives it. Destinations, in one of two forms:
 ///   - explicit: token t goes to request token_request[t] at position token_position[t];
+///   - slot: token t goes to flat slot slot_mapping[t] = page * page_size + offset (vLLM);
 ///   - chunk (prefill chunks, and decode with append_indptr = 0..B): request b's tokens are
 ///     rows [append_indptr[b], append_indptr[b+1]) of k_new/v_new and fill the LAST slots of
 ///     the request as the page table describes it (the table already includes them).
@@ -38,6 +39,10 @@ struct AppendArguments {
   const std::int32_t* token_request = nullptr;   ///< [num_tokens] explicit form
   const std::int32_t* token_position = nullptr;  ///< [num_tokens] explicit form
   const std::int32_t* append_indptr = nullptr;   ///< [batch_size + 1] chunk form
+  /// [num_tokens] slot form (vLLM's slot_mapping): token t goes to page slot_mapping[t] /
+  /// page_size, slot slot_mapping[t] % page_size; -1 (any negative) or a page past num_pages
+  /// skips it. No page table is read (table may be empty) and no tag verdict applies.
+  const std::int64_t* slot_mapping = nullptr;
 };
 
 /// Preflight only (shapes, enum ranges, types, pointers, alignment); nothing is launched.

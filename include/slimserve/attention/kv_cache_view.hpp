@@ -9,8 +9,8 @@
 /// Pages are `page_stride` elements apart (0: packed, page_size * num_kv_heads * head_dim), so
 /// K and V may also share one allocation with their pages interleaved, [num_pages, 2, page]:
 /// v_pages = k_pages + page_size * num_kv_heads * head_dim, page_stride = twice that. Paged
-/// attention reads any page_stride; the other kernels (append, CUDA-core decode, dequantize,
-/// page moves) take packed pages only and refuse others (require_packed_pages).
+/// attention reads and append_kv writes any page_stride; the other kernels (CUDA-core decode,
+/// dequantize, page moves) take packed pages only and refuse others (require_packed_pages).
 /// Scale convention (every path, K and V alike): stored = quantize(real / scale) with
 /// saturating round-to-nearest-even, real = stored * scale.
 ///   - KvScaleMode::none: scale 1 (16-bit caches only; FP8 must say where its scale is).
@@ -84,6 +84,19 @@ constexpr bool is_fp8(KvDtype dtype) noexcept { return element_bytes(dtype) == 1
 constexpr bool supported_page_size(int page_size) noexcept {
   return page_size == 16 || page_size == 32 || page_size == 64 || page_size == 128;
 }
+/// The refusal of any other page size, with the reason and the nearest supported size. A page
+/// is addressed as a power-of-two tile of at least 16 tokens (one MMA tile of keys, positions
+/// split into page and slot by a shift and a mask); a token-granular pool (SGLang's
+/// token_to_kv_pool, page_size 1) maps onto page_size 16 (slot s: page s / 16, offset s % 16).
+inline Status unsupported_page_size(std::string_view what, int page_size) {
+  int nearest = 16;
+  for (const int size : {32, 64, 128}) {
+    if (std::abs(size - page_size) < std::abs(nearest - page_size)) nearest = size;
+  }
+  return make_status(StatusCode::unsupported, what, "page_size ", page_size,
+                     " is not supported: the kernels take 16, 32, 64 or 128 (a page is a power-of-two tile of "
+                     "at least one 16-token MMA tile); nearest supported: ", nearest);
+}
 /// head_dims of a paged cache (and of paged attention): the typed list in head_dims.hpp.
 constexpr bool supported_head_dim(int head_dim) noexcept { return PagedHeadDims::contains(head_dim); }
 
@@ -134,7 +147,7 @@ inline Status require_packed_pages(const PagedKVCacheView& cache, std::string_vi
   if (cache.page_stride != 0 && cache.page_stride != packed_page_elements(cache)) {
     return make_status(StatusCode::unsupported, kernel, " takes packed pages (page_stride 0 or ",
                        packed_page_elements(cache), " elements), got page_stride ", cache.page_stride,
-                       "; only paged attention reads interleaved or strided K/V pages");
+                       "; only paged attention and append_kv take interleaved or strided K/V pages");
   }
   return {};
 }

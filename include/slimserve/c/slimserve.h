@@ -86,6 +86,9 @@ enum {
 
 /* Device memory (256-byte aligned; on the emulator it starts filled with 0xFF bytes). */
 SLIMSERVE_C_API slimserve_status slimserve_device_alloc(size_t bytes, void** out);
+/* A pointer that is not a live allocation of slimserve_device_alloc (freed already, or never
+ * allocated here) is refused with SLIMSERVE_FAILED_PRECONDITION by the emulated library; the
+ * CUDA build returns cudaFree's error (SLIMSERVE_DEVICE_ERROR). */
 SLIMSERVE_C_API slimserve_status slimserve_device_free(void* ptr);
 SLIMSERVE_C_API slimserve_status slimserve_memcpy_async(void* dst, const void* src, size_t bytes,
                                                         slimserve_copy_kind kind,
@@ -591,6 +594,10 @@ typedef struct slimserve_paged_attention_plan_args {
   int32_t ctas_per_sm;      /* 0: 2 */
   int32_t min_chunk_tokens; /* no split-KV chunk shorter than this; 0: 512 */
   int32_t disable_split;    /* 1: never split a request's KV across CTAs */
+  /* 1: the sm_90a warpgroup-MMA (wgmma) prefill kernel for schedules it serves (the plan
+   * info's reason says whether it was taken); 0: the mma.sync kernel. Off by default until
+   * measured on a GPU. */
+  int32_t warpgroup_mma;
 } slimserve_paged_attention_plan_args;
 
 /* Workspace of every plan up to these sizes. */
@@ -702,6 +709,45 @@ SLIMSERVE_C_API slimserve_status slimserve_dequantize_pages(const slimserve_kv_c
                                                             int32_t num_listed, void* k_out,
                                                             void* v_out, slimserve_stream stream);
 
+/* ---- Append with a page stride or vLLM's slot mapping; runtime counters ---------------- */
+
+/* slimserve_append_kv with what its ABI 1 arguments cannot say: a page stride (one combined
+ * K/V allocation [num_pages, 2, page]: v_pages = k_pages + packed page elements,
+ * kv_page_stride = twice that) and a third form of destinations, slot_mapping (vLLM's
+ * reshape_and_cache: token t goes to page slot_mapping[t] / page_size, slot
+ * slot_mapping[t] % page_size; a negative slot or a page past num_pages writes nothing; no
+ * page table, no verdicts). Exactly one form: slot_mapping, token_request + token_position, or
+ * append_indptr. Launches only (capturable): every array is device memory read on the stream. */
+typedef struct slimserve_kv_append_args {
+  size_t struct_size;
+  slimserve_kv_cache cache;
+  int64_t kv_page_stride;                   /* elements between pages; 0: packed */
+  const slimserve_page_table_view* table;   /* device; NULL with slot_mapping */
+  const slimserve_request_status* statuses; /* [batch_size] device, or NULL */
+  const void* k_new; /* device [num_tokens, num_kv_heads, head_dim], 16-byte aligned */
+  const void* v_new;
+  slimserve_activation_dtype input_dtype;
+  int32_t num_tokens;
+  const int32_t* token_request;  /* [num_tokens] device, explicit form */
+  const int32_t* token_position; /* [num_tokens] device, explicit form */
+  const int32_t* append_indptr;  /* [batch_size + 1] device, chunk form */
+  const int64_t* slot_mapping;   /* [num_tokens] device, slot form */
+} slimserve_kv_append_args;
+SLIMSERVE_C_API slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args,
+                                                     slimserve_stream stream);
+
+/* Calls the library made into the runtime since the process started: stream
+ * synchronizations, device and pinned allocations, frees and copies (relaxed counts, both
+ * builds). A test reads them around a run to prove it neither synchronized nor allocated. */
+typedef struct slimserve_runtime_counters {
+  size_t struct_size;
+  int64_t synchronizations;
+  int64_t allocations;
+  int64_t frees;
+  int64_t copies;
+} slimserve_runtime_counters;
+SLIMSERVE_C_API slimserve_status slimserve_get_runtime_counters(slimserve_runtime_counters* out);
+
 /* ---- MLA: multi-head latent attention (DeepSeek-V3 / Kimi K2) --------------------------- */
 
 /* A paged latent cache: one record per token, [num_pages, page_size, record bytes]
@@ -773,6 +819,7 @@ typedef struct slimserve_mla_plan_args {
   int32_t ctas_per_sm;      /* 0: 1 */
   int32_t min_chunk_tokens; /* 0: 256 */
   int32_t disable_split;
+  int32_t warpgroup_mma;    /* 1: the sm_90a wgmma kernel for requests of >= 64 rows (docs/mla.md) */
 } slimserve_mla_plan_args;
 
 typedef struct slimserve_mla_bound {
@@ -780,6 +827,7 @@ typedef struct slimserve_mla_bound {
   slimserve_mla_problem problem; /* batch_size: the largest batch */
   int32_t num_sms;               /* 0: the current device */
   int32_t ctas_per_sm;           /* 0: 1 */
+  int32_t warpgroup_mma;         /* as slimserve_mla_plan_args (the plans this bound serves) */
 } slimserve_mla_bound;
 
 typedef struct slimserve_mla_plan slimserve_mla_plan;

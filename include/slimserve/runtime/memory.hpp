@@ -45,6 +45,16 @@ Status copy_async(void* dst, const void* src, std::size_t bytes, CopyDirection d
 Status memset_async(void* dst, int value, std::size_t bytes, cudaStream_t stream);
 Status stream_synchronize(cudaStream_t stream);
 
+/// Calls made through the functions above since the process started (both platforms): what a
+/// test reads around a run to prove it neither synchronized nor allocated. Relaxed counts.
+struct RuntimeCounters {
+  std::int64_t synchronizations = 0;  ///< stream_synchronize
+  std::int64_t allocations = 0;       ///< device_malloc and pinned_malloc
+  std::int64_t frees = 0;             ///< device_free and pinned_free
+  std::int64_t copies = 0;            ///< copy_async
+};
+RuntimeCounters runtime_counters() noexcept;
+
 /// Owning, move-only device allocation of `count` elements of T.
 template <class T>
 class DeviceBuffer {

@@ -44,7 +44,9 @@ struct AppendParams {
   const std::int32_t* token_request;   // [num_tokens] (explicit destinations) or null
   const std::int32_t* token_position;  // [num_tokens] (explicit destinations) or null
   const std::int32_t* append_indptr;   // [batch_size + 1] (chunk mode: each request's last tokens)
+  const std::int64_t* slot_mapping;    // [num_tokens] (slot mode: page * page_size + offset, -1 skips) or null
   std::int32_t num_tokens;
+  std::int64_t page_stride;            // elements between pages of k_pages / v_pages; 0: packed
 };
 
 /// Where token t goes: request and position, or request = -1 when it must be skipped.
@@ -56,6 +58,17 @@ struct TokenDestination {
 
 SLIMSERVE_DEVICE inline TokenDestination find_destination(const AppendParams& p, std::int32_t t) {
   TokenDestination dest;
+  if (p.slot_mapping != nullptr) {
+    // Slot mode (vLLM's reshape_and_cache): no page table, no request; the slot names the page.
+    const std::int64_t flat = p.slot_mapping[t];
+    if (flat < 0) return dest;
+    const std::int64_t page = flat / p.page_size;
+    if (page >= p.num_pages) return dest;
+    dest.request = 0;
+    dest.page = static_cast<std::int32_t>(page);
+    dest.slot = static_cast<std::int32_t>(flat % p.page_size);
+    return dest;
+  }
   std::int32_t b = -1;
   std::int64_t position = -1;
   std::int64_t length = 0;
@@ -110,7 +123,7 @@ __global__ void append_kernel(const AppendParams p) {
   // [num_tokens, H, D] inputs.
   const std::int64_t row = (static_cast<std::int64_t>(t) * p.num_kv_heads + (head_valid ? head : 0)) * HeadDim;
   const PageStoreTarget target{p.k_pages, p.v_pages, p.k_token_scales, p.v_token_scales, p.k_scale,
-                               p.v_scale, p.page_size, p.num_kv_heads, p.layout, p.scale_mode};
+                               p.v_scale, p.page_size, p.num_kv_heads, p.layout, p.scale_mode, p.page_stride};
   store_head_vectors<KvT, InT, HeadDim>(target, static_cast<const InT*>(p.k_new) + row,
                                         static_cast<const InT*>(p.v_new) + row, lane, head_valid, dest.page,
                                         dest.slot, head);

@@ -75,6 +75,7 @@ struct PageStoreTarget {
   std::int32_t num_kv_heads;
   KvLayout layout;
   KvScaleMode scale_mode;
+  std::int64_t page_stride;  // elements from one page of k_pages (and of v_pages) to the next; 0: packed
 };
 
 /// Quantizes the K and V head vectors whose inputs start at `k_row` / `v_row` (head_dim
@@ -125,8 +126,13 @@ SLIMSERVE_ATTENTION_UNROLL
   }
   // Quantize a register word at a time: the formats' packed conversions give the bits of the
   // scalar from_float.
-  const std::int64_t out = cache_offset(target.layout, target.page_size, target.num_kv_heads, HeadDim, page, slot,
-                                        head, lane * in_elements);
+  // cache_offset is linear in the page: page 0's offset plus the page's start, so a combined
+  // K/V allocation ([num_pages, 2, page], page_stride twice a page) is written in place.
+  const std::int64_t page_elements = target.page_stride != 0
+                                         ? target.page_stride
+                                         : static_cast<std::int64_t>(target.page_size) * target.num_kv_heads * HeadDim;
+  const std::int64_t out = page * page_elements + cache_offset(target.layout, target.page_size, target.num_kv_heads,
+                                                               HeadDim, 0, slot, head, lane * in_elements);
   if constexpr (fp8_format<KvT>) {
     // 8 FP8 codes: one 8-byte store.
     Vec8 kq, vq;

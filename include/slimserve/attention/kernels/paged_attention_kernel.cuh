@@ -228,7 +228,7 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
       if (last > qo_len) last = qo_len;
       const PageStoreTarget target{p.chunk.k_pages, p.chunk.v_pages, p.chunk.k_token_scales,
                                    p.chunk.v_token_scales, p.k_scale, p.v_scale, p.page_size,
-                                   p.num_kv_heads, p.layout, p.scale_mode};
+                                   p.num_kv_heads, p.layout, p.scale_mode, 0};
       append_chunk_tokens<KvT, QT, HeadDim>(p.chunk, target, located_request_pages(p, b), p.num_pages,
                                             p.page_shift, kv_head, qo_begin, kv_len - qo_len, first, last,
                                             tid, Tile::threads);

@@ -1,0 +1,183 @@
+"""Every Python entry refuses a wrong argument before anything launches, naming it, with one
+exception family (SlimserveError, whose SlimserveValueError / SlimserveTypeError are also
+ValueError / TypeError). Each test here is a failure an engine developer hit on the earlier
+binding (a crash, a silent wrong answer or a stray exception type), now refused or fixed."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import slimserve as ss
+from slimserve import _capi
+
+PAGE, HKV, D = 16, 2, 64
+
+
+def _bf16(rng, shape):
+    """BF16 bits (uint16) of uniform values, and those values as float64."""
+    bits = (rng.uniform(-1, 1, shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _page_table(pages_per_request, tokens):
+    pool = ss.PagePool(32)
+    table = ss.PageTable(4, 64, PAGE, 32)
+    requests = [(pool.allocate(n), t) for n, t in zip(pages_per_request, tokens)]
+    return pool, table, requests
+
+
+def test_errors_are_one_family_with_codes_and_builtin_bases():
+    assert issubclass(ss.SlimserveValueError, ss.SlimserveError)
+    assert issubclass(ss.SlimserveValueError, ValueError)
+    assert issubclass(ss.SlimserveTypeError, TypeError)
+    pool = ss.PagePool(4)
+    with pytest.raises(ss.SlimserveValueError) as error:
+        pool.allocate(-1)  # was "internal error: unexpected exception: cannot create std::vector"
+    assert error.value.code == "invalid_argument" and "-1" in str(error.value)
+    with pytest.raises(ss.SlimserveError) as error:
+        pool.allocate(10**12)
+    assert error.value.code == "resource_exhausted" and pool.available == 3
+    with pytest.raises(ss.SlimserveError) as error:
+        pool.validate((2, 12345))
+    # The message does not repeat the code ("stale_handle: stale handle: ...").
+    assert not str(error.value).startswith(("stale", "invalid", "failed")), str(error.value)
+
+
+def test_double_device_free_is_refused_not_an_abort():
+    ptr = ctypes.c_void_p()
+    assert ss._lib.slimserve_device_alloc(64, ctypes.byref(ptr)) == 0
+    assert ss._lib.slimserve_device_free(ptr) == 0
+    status = ss._lib.slimserve_device_free(ptr)  # glibc aborted the process here before
+    assert status == _capi.STATUS_CODES["failed_precondition"]
+    assert b"not a live device allocation" in ss._lib.slimserve_last_error()
+
+
+def test_decode_run_checks_q_against_the_plan(rng):
+    k = np.zeros((8, PAGE, HKV, D), np.float16)
+    cache = ss.PagedKVCache(k, k.copy())
+    wrapper = ss.DecodeWrapper()
+    wrapper.plan(np.array([0, 1], np.int32), np.array([3], np.int32), np.array([5], np.int32), 8, HKV, D, PAGE,
+                 "float16")
+    with pytest.raises(ss.SlimserveValueError, match="q has shape"):
+        wrapper.run(np.zeros((1, 1, 128), np.float16), cache)  # crashed the process before
+    with pytest.raises(ss.SlimserveTypeError, match="q has dtype"):
+        wrapper.run(np.zeros((1, 8, D), np.float32), cache)
+    with pytest.raises(ss.SlimserveValueError, match="out has shape"):
+        wrapper.run(np.zeros((1, 8, D), np.float16), cache, out=np.zeros((1, 8, 32), np.float16))
+    other = ss.PagedKVCache(np.zeros((8, PAGE, 1, D), np.float16), np.zeros((8, PAGE, 1, D), np.float16))
+    with pytest.raises(ss.SlimserveValueError, match="does not match the plan"):
+        wrapper.run(np.zeros((1, 8, D), np.float16), other)
+
+
+def test_decode_plan_checks_lengths_and_run_checks_ids():
+    wrapper = ss.DecodeWrapper()
+    with pytest.raises(ss.SlimserveValueError, match="indices has 1 entries"):
+        wrapper.plan([0, 3], [1], [5], 8, HKV, D, PAGE, "float16")  # read past indices before
+    with pytest.raises(ss.SlimserveValueError, match="last_page_len"):
+        wrapper.plan([0, 1], [1], [PAGE + 1], 8, HKV, D, PAGE, "float16")
+    wrapper.plan([0, 1], [9], [5], 8, HKV, D, PAGE, "float16")
+    small = np.zeros((4, PAGE, HKV, D), np.float16)
+    with pytest.raises(ss.SlimserveValueError, match="page id 9") as error:
+        wrapper.run(np.zeros((1, 8, D), np.float16), ss.PagedKVCache(small, small.copy()))
+    assert error.value.code == "out_of_range"
+
+
+def test_append_kv_checks_rows_against_the_cache(rng):
+    pool, table, requests = _page_table([1], [3])
+    built = table.build(requests)
+    k = np.zeros((32, PAGE, HKV, D), np.float16)
+    cache = ss.PagedKVCache(k, k.copy())
+    good = np.zeros((3, HKV, D), np.float16)
+    with pytest.raises(ss.SlimserveValueError, match="k has shape"):
+        ss.append_kv(cache, built, np.zeros((3, 1, D), np.float16), good, append_indptr=[0, 3])
+    with pytest.raises(ss.SlimserveValueError, match="v has shape"):
+        ss.append_kv(cache, built, good, np.zeros((3, HKV, 32), np.float16), append_indptr=[0, 3])
+    with pytest.raises(ss.SlimserveValueError, match="append_indptr has 3 entries"):
+        ss.append_kv(cache, built, good, good, append_indptr=[0, 1, 3])
+    with pytest.raises(ss.SlimserveValueError, match="token_position has 2 entries"):
+        ss.append_kv(cache, built, good, good, token_request=[0, 0, 0], token_position=[0, 1])
+
+
+def test_append_into_a_combined_cache_lands_in_its_page(rng):
+    """[pages, 2, page, H, D]: page 3's rows went into page 1's V half and page 2's K half."""
+    pool = ss.PagePool(8)
+    pages = pool.allocate(3)  # ids 1, 2, 3 in some order
+    table = ss.PageTable(1, 8, PAGE, 8)
+    built = table.build([([pages[2]], 5)])
+    target = pages[2][0]
+    kv = np.full((8, 2, PAGE, HKV, D), 0x7FFF, np.uint16)  # poison (BF16 NaN bits)
+    cache = ss.PagedKVCache(kv, None, dtype="bfloat16")
+    k_bits, _ = _bf16(rng, (5, HKV, D))
+    v_bits, _ = _bf16(rng, (5, HKV, D))
+    ss.append_kv(cache, built, k_bits, v_bits, append_indptr=[0, 5], dtype="bfloat16")
+    expected = np.full_like(kv, 0x7FFF)
+    expected[target, 0, :5] = k_bits
+    expected[target, 1, :5] = v_bits
+    np.testing.assert_array_equal(kv, expected)
+    with pytest.raises(ss.SlimserveValueError, match="packed") as error:
+        wrapper = ss.DecodeWrapper()
+        wrapper.plan([0, 1], [target], [5], 4, HKV, D, PAGE, "bfloat16")
+        wrapper.run(np.zeros((1, 4, D), np.uint16), cache, dtype="bfloat16")  # read 0.0 before
+    assert error.value.code == "unsupported"
+
+
+def test_built_table_keeps_its_storage_and_goes_stale_on_the_next_build():
+    pool, table, requests = _page_table([1, 2], [4, 20])
+    first = table.build(requests)
+    second = table.build(requests[:1])
+    with pytest.raises(ss.SlimserveError, match="stale") as error:
+        first.device  # noqa: B018 (ran on the newer table's arrays before)
+    assert error.value.code == "failed_precondition"
+    k = np.zeros((32, PAGE, HKV, D), np.float16)
+    cache = ss.PagedKVCache(k, k.copy())
+    with pytest.raises(ss.SlimserveError, match="stale"):
+        ss.append_kv(cache, first, np.ones((4, HKV, D), np.float16), np.ones((4, HKV, D), np.float16),
+                     append_indptr=[0, 4, 4])
+    del table  # the BuiltTable holds it: its arrays are not freed under it
+    rows = np.full((4, HKV, D), 0.5, np.float16)
+    ss.append_kv(cache, second, rows, rows, append_indptr=[0, 4])
+    page = requests[0][0][0][0]
+    assert np.all(k[page, :4] == 0.5) and np.all(k[page, 4:] == 0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -0.5])
+def test_bad_scales_are_refused(bad):
+    pages = np.zeros((4, PAGE, HKV, D), np.uint8)
+    with pytest.raises(ss.SlimserveValueError, match="k_scale must be finite and > 0"):
+        ss.PagedKVCache(pages, pages.copy(), dtype="fp8", k_scale=bad, v_scale=1.0)
+    with pytest.raises(ss.SlimserveValueError, match="v_scale must be finite and > 0"):
+        ss.PagedKVCache(pages, pages.copy(), dtype="fp8", k_scale=1.0, v_scale=np.array([bad], np.float32))
+
+
+def test_dtype_contradictions_and_engine_names():
+    fp16 = np.zeros((4, PAGE, HKV, D), np.float16)
+    with pytest.raises(ss.SlimserveTypeError, match="cannot hold fp8_e4m3"):
+        ss.PagedKVCache(fp16, fp16.copy(), dtype="fp8_e4m3", k_scale=1.0, v_scale=1.0)
+    u8 = np.zeros((4, PAGE, HKV, D), np.uint8)
+    with pytest.raises(ss.SlimserveTypeError, match="auto"):
+        ss.PagedKVCache(u8, u8.copy(), k_scale=1.0, v_scale=1.0)
+    with pytest.raises(ss.SlimserveTypeError, match="needs its scales"):
+        ss.PagedKVCache(u8, u8.copy(), dtype="fp8")
+    with pytest.raises(ss.SlimserveValueError, match="not a KV cache dtype"):
+        ss.PagedKVCache(u8, u8.copy(), dtype="int4")
+    for name, code in (("fp8", 2), ("fp8_e4m3", 2), ("fp8_e5m2", 3)):
+        assert ss.PagedKVCache(u8, u8.copy(), dtype=name, k_scale=0.5, v_scale=2.0).view.dtype == code
+    assert ss.kv_dtype_name("auto", "float16") == "float16"
+
+
+def test_torch_names_and_fp8_tensors():
+    torch = pytest.importorskip("torch")
+    pages = torch.zeros((4, PAGE, HKV, D), dtype=torch.float8_e4m3fn)
+    cache = ss.PagedKVCache(pages, pages.clone(), dtype="auto", k_scale=0.25, v_scale=torch.tensor([0.5]))
+    assert cache.dtype == "fp8_e4m3"
+    assert ss.kv_dtype_name(torch.float8_e5m2) == "fp8_e5m2"
+    with pytest.raises(ss.SlimserveTypeError, match="cannot hold fp8_e5m2"):
+        ss.PagedKVCache(pages, pages.clone(), dtype="fp8_e5m2", k_scale=1.0, v_scale=1.0)
+
+
+def test_page_size_one_is_refused_with_the_nearest_size():
+    """SGLang's token pool: the kernels read pages in 16-token tiles (docs/embedding.md)."""
+    with pytest.raises(ss.SlimserveError, match="page_size") as error:
+        w = ss.PagedAttentionWrapper()
+        w.plan([0, 1], 4, 2, D, 1, block_table=np.array([[1, 2, 3]], np.int32), seq_lens=[3])
+    assert error.value.code in ("invalid_argument", "unsupported")
