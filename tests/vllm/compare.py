@@ -1,0 +1,123 @@
+"""Checks the plugin runs (JSON from generate.py) against stock vLLM's, prints what it found.
+
+    python compare.py DIR      (DIR holds stock_bf16.json, slim_bf16.json, stock_fp8.json,
+                                slim_fp8.json, slim_bf16_mp.json)
+
+1. BF16 KV: slimserve's greedy tokens equal stock vLLM's; a request may diverge only at a step
+   where stock's top two logprobs are within TIE_BOUND (a near-tie that rounding decides:
+   the two backends sum the same BF16 products in different orders), and is compared up to
+   that step.
+2. FP8 e4m3 KV: on the same token sequences (stock BF16's prompts + continuations, teacher-
+   forced), the KL divergence of slimserve-FP8 from stock-BF16 is within FP8_KLD_FACTOR of
+   stock-FP8's own (mean and p99), plus a floor.
+3. slimserve really ran: forward and cache-update calls counted in the worker, a multiple of
+   the layer count, every append planned by the builder.
+4. Multiprocess mode (engine core and worker in their own processes) gives the in-process
+   tokens exactly.
+KL over the reference's top-20 tokens plus one bucket for the rest of the vocabulary (a lower
+bound of the full-vocabulary KL, close to it when the top 20 hold most of the mass)."""
+import json
+import math
+import os
+import sys
+
+TIE_BOUND = 0.1  # nats between stock's top-1 and top-2 logprob
+FP8_KLD_FACTOR = 2.0
+FP8_KLD_FLOOR = 2e-3
+NUM_LAYERS = 30
+
+
+def load(folder, name):
+    return json.load(open(os.path.join(folder, name)))
+
+
+def top2_gap(step: dict) -> float:
+    values = sorted(step.values(), reverse=True)
+    return values[0] - values[1] if len(values) > 1 else math.inf
+
+
+def kld(ref: dict, cand: dict) -> float:
+    floor = min(cand.values())
+    p = {t: math.exp(v) for t, v in ref.items()}
+    q = {t: math.exp(cand.get(t, floor)) for t in ref}
+    p_rest, q_rest = max(1 - sum(p.values()), 1e-12), max(1 - sum(q.values()), 1e-12)
+    return sum(pi * (math.log(pi) - math.log(q[t])) for t, pi in p.items() if pi > 0) + \
+        p_rest * (math.log(p_rest) - math.log(q_rest))
+
+
+def forced_klds(ref_run, cand_run):
+    values = []
+    for ref_seq, cand_seq in zip(ref_run["forced"], cand_run["forced"]):
+        for r, c in zip(ref_seq, cand_seq):
+            if r is not None and c is not None:
+                values.append(kld(r, c))
+    return values
+
+
+def p99(values):
+    s = sorted(values)
+    return s[min(len(s) - 1, int(math.ceil(0.99 * len(s))) - 1)]
+
+
+def main(folder: str) -> int:
+    failures = []
+    stock, slim = load(folder, "stock_bf16.json"), load(folder, "slim_bf16.json")
+    matched = compared = 0
+    for i, (a, b) in enumerate(zip(stock["requests"], slim["requests"])):
+        ta, tb = a["token_ids"], b["token_ids"]
+        first = next((j for j, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+        if first is None:
+            matched += 1
+            compared += len(ta)
+            continue
+        gap = top2_gap(a["top_logprobs"][first])
+        compared += first
+        print(f"  request {i}: diverges at token {first} (stock {ta[first]}, slimserve {tb[first]}); "
+              f"stock's top-2 gap there {gap:.4f} nats (bound {TIE_BOUND})")
+        if gap > TIE_BOUND:
+            failures.append(f"request {i} diverges at token {first} with a top-2 gap of {gap:.4f} > {TIE_BOUND}")
+    print(f"BF16 KV greedy: {matched}/{len(stock['requests'])} requests token-identical over "
+          f"{len(stock['requests'][0]['token_ids'])} tokens; {compared} tokens compared")
+
+    stock8, slim8 = load(folder, "stock_fp8.json"), load(folder, "slim_fp8.json")
+    base = forced_klds(stock, stock8)
+    ours = forced_klds(stock, slim8)
+    between = forced_klds(stock8, slim8)
+    mean = lambda v: sum(v) / len(v)
+    print(f"FP8 e4m3 KV, KL from stock BF16 over {len(ours)} positions: stock FP8 mean {mean(base):.2e} "
+          f"p99 {p99(base):.2e}; slimserve FP8 mean {mean(ours):.2e} p99 {p99(ours):.2e}; "
+          f"slimserve FP8 from stock FP8 mean {mean(between):.2e} p99 {p99(between):.2e}")
+    if mean(ours) > FP8_KLD_FACTOR * mean(base) + FP8_KLD_FLOOR:
+        failures.append(f"FP8 mean KL {mean(ours):.2e} > {FP8_KLD_FACTOR} x {mean(base):.2e} + {FP8_KLD_FLOOR}")
+    if p99(ours) > FP8_KLD_FACTOR * p99(base) + FP8_KLD_FLOOR:
+        failures.append(f"FP8 p99 KL {p99(ours):.2e} > {FP8_KLD_FACTOR} x {p99(base):.2e} + {FP8_KLD_FLOOR}")
+    same8 = sum(a["token_ids"] == b["token_ids"] for a, b in zip(stock8["requests"], slim8["requests"]))
+    print(f"FP8 e4m3 KV greedy: {same8}/{len(stock8['requests'])} requests token-identical to stock FP8")
+
+    for name in ("slim_bf16.json", "slim_fp8.json", "slim_bf16_mp.json"):
+        run = load(folder, name)
+        for worker, counts in enumerate(run["stats"]):
+            forward, update = counts.get("forward", 0), counts.get("kv_update", 0)
+            print(f"{name} worker {worker}: {forward} forward calls, {update} cache updates, "
+                  f"{counts.get('build', 0)} plans, {counts.get('append_unplanned', 0)} unplanned appends")
+            if forward < NUM_LAYERS * 32 or forward % NUM_LAYERS or update != forward:
+                failures.append(f"{name}: {forward} forward / {update} update calls (want a multiple of "
+                                f"{NUM_LAYERS}, at least {NUM_LAYERS * 32}, equal)")
+            if counts.get("append_unplanned", 0):
+                failures.append(f"{name}: {counts['append_unplanned']} appends not planned by the builder")
+
+    mp = load(folder, "slim_bf16_mp.json")
+    same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(slim["requests"], mp["requests"]))
+    print(f"multiprocess mode: {same}/{len(mp['requests'])} requests equal to the in-process run")
+    if same != len(mp["requests"]):
+        failures.append("multiprocess tokens differ from in-process tokens")
+    for run in (stock, slim, stock8, slim8, mp):
+        print(f"  {run['backend']} kv={run['kv_cache_dtype']} mp={int(run['multiprocess'])}: start-up "
+              f"{run['startup_s']:.1f} s, generate {run['generate_s']:.1f} s")
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

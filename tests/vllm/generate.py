@@ -1,0 +1,104 @@
+"""vLLM runs for the plugin tests: greedy generation over the test prompts, each written as
+JSON (token ids, each step's top logprobs, teacher-forced prompt logprobs, the backend's
+counters) to OUT_DIR/<backend>_<kv dtype>[_mp].json.
+
+    python generate.py --model DIR --out-dir DIR --runs stock:auto,slimserve:fp8_e4m3,...
+                       [--multiprocess] [--forced FILE]
+
+Several runs share one process (vLLM's imports cost more than a small model's start-up): the
+stock runs come first, then the slimserve backend is registered (as its vllm.general_plugins
+entry point would) and vLLM's backend choice re-made. With --multiprocess the engine core and
+worker run in their own processes and find the plugin through the entry point alone.
+--forced FILE: also scores FILE's token sequences (a stock run's prompt + continuation) with
+prompt logprobs, so two backends' distributions are compared on the same tokens; without it
+each run scores its own."""
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+PROMPTS = [
+    "The capital of France is",
+    "Here is a short poem about the sea:\n",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Water boils at a temperature of",
+    "Once upon a time, in a small village,",
+    "The three primary colours are",
+    "Q: What is 17 plus 25?\nA:",
+    "Photosynthesis is the process by which",
+]
+MAX_TOKENS = 32
+TOP_LOGPROBS = 20
+
+
+def one_run(LLM, SamplingParams, TokensPrompt, args, backend: str, kv: str, forced_from) -> dict:
+    start = time.time()
+    llm = LLM(model=args.model, dtype="bfloat16", enforce_eager=True, max_model_len=args.max_model_len,
+              kv_cache_dtype=kv, max_num_seqs=len(PROMPTS), seed=0, max_logprobs=TOP_LOGPROBS,
+              worker_extension_cls="slimserve.vllm.stats.WorkerStats")
+    startup = time.time() - start
+    llm.collective_rpc("slimserve_stats_reset")
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP_LOGPROBS, ignore_eos=True)
+    start = time.time()
+    outputs = llm.generate(PROMPTS, greedy, use_tqdm=False)
+    generate_s = time.time() - start
+    result = {"backend": backend, "kv_cache_dtype": kv, "multiprocess": args.multiprocess,
+              "startup_s": startup, "generate_s": generate_s, "requests": []}
+    for out in outputs:
+        completion = out.outputs[0]
+        steps = [{str(t): lp.logprob for t, lp in step.items()} for step in completion.logprobs]
+        result["requests"].append({"prompt": out.prompt, "prompt_token_ids": list(out.prompt_token_ids),
+                                   "token_ids": list(completion.token_ids), "top_logprobs": steps})
+    result["stats"] = llm.collective_rpc("slimserve_stats")
+    reference = forced_from or result
+    sequences = [r["prompt_token_ids"] + r["token_ids"] for r in reference["requests"]]
+    scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=TOP_LOGPROBS)
+    scored = llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], scoring, use_tqdm=False)
+    result["forced"] = [[None if p is None else {str(t): lp.logprob for t, lp in p.items()}
+                         for p in out.prompt_logprobs] for out in scored]
+    print(f"{backend} kv={kv} mp={int(args.multiprocess)}: start-up {startup:.1f} s, "
+          f"{len(PROMPTS)} x {MAX_TOKENS} tokens in {generate_s:.1f} s", flush=True)
+    del llm
+    gc.collect()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", required=True)
+    parser.add_argument("--multiprocess", action="store_true")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--forced")
+    parser.add_argument("--max-model-len", type=int, default=256)
+    args = parser.parse_args()
+    runs = [tuple(r.split(":")) for r in args.runs.split(",")]
+    # Which plugins vLLM loads is decided per process: none for stock runs; the multiprocess
+    # run's engine processes load slimserve's through its entry point.
+    os.environ["VLLM_PLUGINS"] = "slimserve" if args.multiprocess else ""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.multiprocess else "0"
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    forced_from = json.load(open(args.forced)) if args.forced else None
+    registered = args.multiprocess
+    for backend, kv in runs:
+        if backend == "slimserve" and not registered:
+            import slimserve.vllm
+            from vllm.v1.attention import selector
+
+            slimserve.vllm.register()
+            selector._cached_get_attn_backend.cache_clear()  # chosen again, now slimserve's
+            registered = True
+        elif backend == "stock" and registered:
+            raise SystemExit("generate.py: stock runs must come before slimserve runs")
+        result = one_run(LLM, SamplingParams, TokensPrompt, args, backend, kv, forced_from)
+        name = f"{backend}_{kv}{'_mp' if args.multiprocess else ''}.json"
+        json.dump(result, open(os.path.join(args.out_dir, name), "w"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
