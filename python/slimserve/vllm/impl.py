@@ -69,6 +69,7 @@ class SlimserveAttentionImpl(AttentionImpl):
                     raise ValueError(f"slimserve vLLM backend: KV scales {k_scale.item()}, {v_scale.item()} "
                                      "must be finite and positive")
             c = self._cache = LayerCache(kv_cache, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
+            stats.note_cache(kv_cache)
             c.kv_dtype = kv_dtype
             c.scale_tensors = (k_scale, v_scale)
         return c

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import Counter
 
 COUNTS: Counter = Counter()
+# The layers' cache tensors as the backend saw them: data pointer -> (shape, dtype, nbytes).
+CACHES: dict = {}
 
 
 def count(name: str, n: int = 1) -> None:
@@ -16,6 +18,22 @@ def count(name: str, n: int = 1) -> None:
 
 def snapshot() -> dict:
     return dict(COUNTS)
+
+
+def note_cache(tensor) -> None:
+    CACHES[tensor.data_ptr()] = (tuple(tensor.shape), str(tensor.dtype), tensor.nbytes)
+
+
+def kv_cache_summary() -> dict:
+    """The real cache: layers, blocks, block size, bytes per token (K + V, all layers)."""
+    if not CACHES:
+        return {}
+    shapes = list(CACHES.values())
+    num_blocks, kv_heads, block_size, twice_head = shapes[0][0]
+    total = sum(nbytes for _, _, nbytes in shapes)
+    return {"layers": len(shapes), "num_blocks": num_blocks, "block_size": block_size, "kv_heads": kv_heads,
+            "head_size": twice_head // 2, "dtype": shapes[0][1], "bytes": total,
+            "bytes_per_token": total // (num_blocks * block_size)}
 
 
 def reset() -> None:
@@ -30,3 +48,6 @@ class WorkerStats:
 
     def slimserve_stats_reset(self) -> None:
         reset()
+
+    def slimserve_kv_cache(self) -> dict:
+        return kv_cache_summary()
