@@ -7,11 +7,12 @@ counters) to OUT_DIR/<backend>_<kv dtype>[_mp].json.
 
 Several runs share one process (vLLM's imports cost more than a small model's start-up): the
 stock runs come first, then the slimserve backend is registered (as its vllm.general_plugins
-entry point would) and vLLM's backend choice re-made. With --multiprocess the engine core and
+entry point would) and vLLM's backend choice re-made; "reference" is the plain-PyTorch FP8
+reference backend (reference_backend.py) for machines where stock vLLM's FP8 cannot run. With --multiprocess the engine core and
 worker run in their own processes and find the plugin through the entry point alone.
 --forced FILE: also scores FILE's token sequences (a stock run's prompt + continuation) with
 prompt logprobs, so two backends' distributions are compared on the same tokens; without it
-each run scores its own."""
+the first run scores its own and the later runs the first run's."""
 import argparse
 import gc
 import json
@@ -58,7 +59,7 @@ def one_run(LLM, SamplingParams, TokensPrompt, args, backend: str, kv: str, forc
     scored = llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], scoring, use_tqdm=False)
     result["forced"] = [[None if p is None else {str(t): lp.logprob for t, lp in p.items()}
                          for p in out.prompt_logprobs] for out in scored]
-    print(f"{backend} kv={kv} mp={int(args.multiprocess)}: start-up {startup:.1f} s, "
+    print(f"run: {backend} kv={kv} mp={int(args.multiprocess)}: start-up {startup:.1f} s, "
           f"{len(PROMPTS)} x {MAX_TOKENS} tokens in {generate_s:.1f} s", flush=True)
     del llm
     gc.collect()
@@ -83,18 +84,22 @@ def main() -> int:
     from vllm.inputs import TokensPrompt
 
     forced_from = json.load(open(args.forced)) if args.forced else None
-    registered = args.multiprocess
+    current = "slimserve" if args.multiprocess else "stock"
     for backend, kv in runs:
-        if backend == "slimserve" and not registered:
-            import slimserve.vllm
+        if backend != current:
             from vllm.v1.attention import selector
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-            slimserve.vllm.register()
-            selector._cached_get_attn_backend.cache_clear()  # chosen again, now slimserve's
-            registered = True
-        elif backend == "stock" and registered:
-            raise SystemExit("generate.py: stock runs must come before slimserve runs")
+            if backend == "stock":
+                raise SystemExit("generate.py: stock runs must come first")
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            path = {"slimserve": "slimserve.vllm.backend.SlimserveAttentionBackend",
+                    "reference": "reference_backend.ReferenceBackend"}[backend]
+            register_backend(AttentionBackendEnum.CPU_ATTN, path)
+            selector._cached_get_attn_backend.cache_clear()  # chosen again, now this one
+            current = backend
         result = one_run(LLM, SamplingParams, TokensPrompt, args, backend, kv, forced_from)
+        forced_from = forced_from or result  # later runs are scored on the first run's tokens
         name = f"{backend}_{kv}{'_mp' if args.multiprocess else ''}.json"
         json.dump(result, open(os.path.join(args.out_dir, name), "w"))
     return 0
