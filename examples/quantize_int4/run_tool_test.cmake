@@ -114,3 +114,13 @@ string(FIND "${f64_config}" "\"${f64_module}\"" f64_listed)
 if(f64_listed EQUAL -1)
   message(FATAL_ERROR "${f64_module} (F64, --ignore) is not listed in the output's quantization_config")
 endif()
+# An output folder inside the input folder: the output holds the model's files, not itself
+# (it used to copy its own OUT.partial folder into itself).
+file(COPY "${w}/gpt2/" DESTINATION "${w}/gpt2_nested")
+run("${TOOL}" "${w}/gpt2_nested" "${w}/gpt2_nested/int4" --group 32)
+foreach(nested int4/int4.partial int4/int4)
+  if(EXISTS "${w}/gpt2_nested/${nested}")
+    message(FATAL_ERROR "the output copied itself: ${w}/gpt2_nested/${nested}")
+  endif()
+endforeach()
+run("${CHECK}" verify "${w}/gpt2" "${w}/gpt2_nested/int4" --layout kn --expect-quantized 4)
