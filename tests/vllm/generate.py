@@ -41,7 +41,7 @@ def one_run(LLM, SamplingParams, TokensPrompt, args, backend: str, kv: str, forc
               worker_extension_cls="slimserve.vllm.stats.WorkerStats")
     startup = time.time() - start
     llm.collective_rpc("slimserve_stats_reset")
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP_LOGPROBS, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=TOP_LOGPROBS, ignore_eos=True)
     start = time.time()
     outputs = llm.generate(PROMPTS, greedy, use_tqdm=False)
     generate_s = time.time() - start
@@ -60,7 +60,7 @@ def one_run(LLM, SamplingParams, TokensPrompt, args, backend: str, kv: str, forc
     result["forced"] = [[None if p is None else {str(t): lp.logprob for t, lp in p.items()}
                          for p in out.prompt_logprobs] for out in scored]
     print(f"run: {backend} kv={kv} mp={int(args.multiprocess)}: start-up {startup:.1f} s, "
-          f"{len(PROMPTS)} x {MAX_TOKENS} tokens in {generate_s:.1f} s", flush=True)
+          f"{len(PROMPTS)} x {args.max_tokens} tokens in {generate_s:.1f} s", flush=True)
     del llm
     gc.collect()
     return result
@@ -74,6 +74,7 @@ def main() -> int:
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--forced")
     parser.add_argument("--max-model-len", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     args = parser.parse_args()
     runs = [tuple(r.split(":")) for r in args.runs.split(",")]
     # Which plugins vLLM loads is decided per process: none for stock runs; the multiprocess
