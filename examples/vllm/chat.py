@@ -25,6 +25,8 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_PLUGINS", "slimserve")  # slimserve's entry point registers the backend
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the demo's own lines only
+    os.environ.setdefault("TQDM_DISABLE", "1")
     from vllm import LLM, SamplingParams
 
     start = time.time()
