@@ -15,7 +15,9 @@
    elsewhere the FP8 reference is reference_backend.py (vLLM's FP8 convention in PyTorch).
 3. slimserve really ran: forward and cache-update calls counted in the worker, a multiple of
    the layer count, every append planned by the builder.
-4. Multiprocess mode (engine core and worker in their own processes, the plugin loaded by its
+4. Prefix caching: a prompt whose first block is cached from the previous one (num_cached_tokens
+   > 0 in both backends) gives stock's tokens, under the same near-tie rule.
+5. Multiprocess mode (engine core and worker in their own processes, the plugin loaded by its
    entry point) gives the in-process tokens exactly (its first 8).
 KL over the reference's top-20 tokens plus one bucket for the rest of the vocabulary (a lower
 bound of the full-vocabulary KL, close to it when the top 20 hold most of the mass)."""
@@ -84,6 +86,15 @@ def main(folder: str) -> int:
     print(f"BF16 KV greedy: {matched}/{len(stock['requests'])} requests token-identical over "
           f"{len(stock['requests'][0]['token_ids'])} tokens; {compared} tokens compared")
 
+    for i, (a, b) in enumerate(zip(stock["prefix"], slim["prefix"])):
+        first = next((j for j, (x, y) in enumerate(zip(a["token_ids"], b["token_ids"])) if x != y), None)
+        gap = top2_gap(a["top_logprobs"][first]) if first is not None else None
+        print(f"prefix prompt {i}: {a['num_cached_tokens']} / {b['num_cached_tokens']} cached tokens (stock / "
+              f"slimserve); " + ("tokens identical" if first is None else f"diverges at token {first}, gap {gap:.4f}"))
+        if first is not None and gap > TIE_BOUND:
+            failures.append(f"prefix prompt {i} diverges at token {first} with a top-2 gap of {gap:.4f}")
+    if not (stock["prefix"][1]["num_cached_tokens"] > 0 and slim["prefix"][1]["num_cached_tokens"] > 0):
+        failures.append("the second prefix prompt found no cached blocks (no prefix hit exercised)")
     fp8_name = "stock_fp8_e4m3.json" if os.path.exists(os.path.join(folder, "stock_fp8_e4m3.json")) \
         else "reference_fp8_e4m3.json"
     stock8, slim8 = load(folder, fp8_name), load(folder, "slimserve_fp8_e4m3.json")

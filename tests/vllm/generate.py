@@ -31,6 +31,11 @@ PROMPTS = [
     "Photosynthesis is the process by which",
 ]
 MAX_TOKENS = 32
+# Prefix caching: the second prompt shares the first's first block (more than 128 tokens), so
+# vLLM hands its cached blocks to the second request (a prefix hit, counted in num_cached_tokens).
+PREFIX = ("You are a helpful assistant. Answer briefly and precisely, in plain English, without lists. " * 12)
+PREFIX_PROMPTS = [PREFIX + "Question: what colour is the sky on a clear day?\nAnswer:",
+                  PREFIX + "Question: how many legs does a spider have?\nAnswer:"]
 TOP_LOGPROBS = 20
 
 
@@ -53,6 +58,14 @@ def one_run(LLM, SamplingParams, TokensPrompt, args, backend: str, kv: str, forc
         result["requests"].append({"prompt": out.prompt, "prompt_token_ids": list(out.prompt_token_ids),
                                    "token_ids": list(completion.token_ids), "top_logprobs": steps})
     result["stats"] = llm.collective_rpc("slimserve_stats")
+    result["prefix"] = []
+    for prompt in PREFIX_PROMPTS:  # one at a time: the second finds the first's blocks cached
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, logprobs=TOP_LOGPROBS,
+                                                    ignore_eos=True), use_tqdm=False)[0]
+        result["prefix"].append({"token_ids": list(out.outputs[0].token_ids),
+                                 "top_logprobs": [{str(t): lp.logprob for t, lp in step.items()}
+                                                  for step in out.outputs[0].logprobs],
+                                 "num_cached_tokens": out.num_cached_tokens or 0})
     reference = forced_from or result
     sequences = [r["prompt_token_ids"] + r["token_ids"] for r in reference["requests"]]
     scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=TOP_LOGPROBS)
