@@ -58,14 +58,19 @@ def one_run(LLM, SamplingParams, TokensPrompt, args, backend: str, kv: str, forc
         result["requests"].append({"prompt": out.prompt, "prompt_token_ids": list(out.prompt_token_ids),
                                    "token_ids": list(completion.token_ids), "top_logprobs": steps})
     result["stats"] = llm.collective_rpc("slimserve_stats")
-    result["prefix"] = []
-    for prompt in PREFIX_PROMPTS:  # one at a time: the second finds the first's blocks cached
-        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, logprobs=TOP_LOGPROBS,
-                                                    ignore_eos=True), use_tqdm=False)[0]
-        result["prefix"].append({"token_ids": list(out.outputs[0].token_ids),
-                                 "top_logprobs": [{str(t): lp.logprob for t, lp in step.items()}
-                                                  for step in out.outputs[0].logprobs],
-                                 "num_cached_tokens": out.num_cached_tokens or 0})
+    if kv == "auto" and not args.multiprocess:  # BF16 in-process runs only
+        prefix_params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=TOP_LOGPROBS, ignore_eos=True)
+
+        def one(prompt):
+            out = llm.generate([prompt], prefix_params, use_tqdm=False)[0]
+            return {"token_ids": list(out.outputs[0].token_ids), "num_cached_tokens": out.num_cached_tokens or 0,
+                    "top_logprobs": [{str(t): lp.logprob for t, lp in step.items()} for step in out.outputs[0].logprobs]}
+
+        llm.reset_prefix_cache()
+        fresh = one(PREFIX_PROMPTS[1])  # computed whole
+        llm.reset_prefix_cache()
+        one(PREFIX_PROMPTS[0])
+        result["prefix"] = {"fresh": fresh, "hit": one(PREFIX_PROMPTS[1])}  # its first block cached
     reference = forced_from or result
     sequences = [r["prompt_token_ids"] + r["token_ids"] for r in reference["requests"]]
     scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=TOP_LOGPROBS)
