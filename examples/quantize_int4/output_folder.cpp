@@ -104,8 +104,20 @@ Status write_side_files(const ModelFolder& model, const Options& options, const 
   }
   std::error_code error;
   const fs::path root(model.path());
+  // An output folder inside the input folder is not part of the model: neither the folder being
+  // written (OUT.partial, `folder`) nor OUT itself is copied into the output.
+  const fs::path writing = fs::weakly_canonical(out, error);
+  std::string final_name = writing.string();
+  if (final_name.size() > 8 && final_name.ends_with(".partial")) final_name.resize(final_name.size() - 8);
+  const fs::path final_output(final_name);
   for (auto it = fs::recursive_directory_iterator(root, error); !error && it != fs::recursive_directory_iterator();
        it.increment(error)) {
+    if (it->is_directory()) {
+      std::error_code ignored;
+      const fs::path here = fs::weakly_canonical(it->path(), ignored);
+      if (here == writing || here == final_output) it.disable_recursion_pending();
+      continue;
+    }
     const fs::path relative = fs::relative(it->path(), root);
     if (!it->is_regular_file() || is_weight_file(relative)) continue;
     const fs::path target = out / relative;

@@ -229,7 +229,13 @@ slimserve::Result<Plan> make_plan(const ModelFolder& model, const Options& optio
     }
 
     const bool fp8 = entry.type == int4::ElementType::float8_e4m3;
-    const bool weight_like = is_float(entry.type) || fp8;
+    // Float types the quantizer does not read. Such a weight goes through the same selection as
+    // the others: a linear layer that would be quantized is refused (copying it unquantized
+    // without listing it in `ignore` makes a folder the engines refuse to load); one that is
+    // not selected is copied and listed as ignored like any other.
+    const bool unreadable_float = entry.type == int4::ElementType::float64 ||
+                                  entry.type == int4::ElementType::float8_e5m2;
+    const bool weight_like = is_float(entry.type) || fp8 || unreadable_float;
     const bool two_d = entry.shape.size() == 2 && ends_with(name, ".weight");
     const bool stacked = entry.shape.size() == 3 && experts > 0 && entry.shape[0] == experts;
     if (fp8 && (two_d || stacked) && !model.find(name + "_scale_inv")) {
@@ -254,6 +260,12 @@ slimserve::Result<Plan> make_plan(const ModelFolder& model, const Options& optio
       }
       if (quantize && ignored_by_recipe(module)) quantize = false;
       if (!quantize) plan.ignored_modules.push_back(module);
+    }
+    if (quantize && unreadable_float) {
+      return make_status(StatusCode::unsupported, "weight '", name, "' is stored as ",
+                         entry.type == int4::ElementType::float64 ? "F64" : "F8_E5M2",
+                         "; the tool quantizes F32, F16, BF16 and block-scaled F8_E4M3 weights (convert it, or "
+                         "leave the module unquantized with --ignore ", module, ")");
     }
     if (quantize) {
       SLIMSERVE_RETURN_IF_ERROR(check_k(name, unit.k));

@@ -79,3 +79,48 @@ i = data.find(b'\"F32\"')
 data[i:i+5] = b'\"F39\"'
 open(p, 'wb').write(data)" "${w}/gpt2_bad_dtype/model.safetensors")
 refuse("unknown dtype 'F39'" "${w}/out_dtype" "${w}/gpt2_bad_dtype" "${w}/out_dtype")
+# A linear weight stored as F64 (F8_E5M2 goes the same way): refused when it would be quantized,
+# copied and listed in `ignore` when --ignore leaves it out (the folder then loads).
+file(COPY "${w}/gpt2/" DESTINATION "${w}/gpt2_f64")
+execute_process(COMMAND python3 -c "
+import array, json, struct, sys
+p = sys.argv[1]
+raw = open(p, 'rb').read()
+n = struct.unpack('<Q', raw[:8])[0]
+header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+name = sorted(k for k, v in header.items() if k != '__metadata__' and v['dtype'] == 'F32' and len(v['shape']) == 2
+              and k.startswith('h.0.'))[0]
+out, offset = [], 0
+for key in sorted((k for k in header if k != '__metadata__'), key=lambda k: header[k]['data_offsets'][0]):
+    begin, end = header[key]['data_offsets']
+    blob = data[begin:end]
+    if key == name:
+        blob = array.array('d', array.array('f', blob)).tobytes()
+        header[key]['dtype'] = 'F64'
+    header[key]['data_offsets'] = [offset, offset + len(blob)]
+    out.append(blob)
+    offset += len(blob)
+text = json.dumps(header).encode()
+open(p, 'wb').write(struct.pack('<Q', len(text)) + text + b''.join(out))
+print(name[:-len('.weight')])" "${w}/gpt2_f64/model.safetensors" OUTPUT_VARIABLE f64_module OUTPUT_STRIP_TRAILING_WHITESPACE
+  RESULT_VARIABLE f64_result)
+if(NOT f64_result EQUAL 0 OR f64_module STREQUAL "")
+  message(FATAL_ERROR "could not write the F64 fixture")
+endif()
+refuse("is stored as F64" "${w}/out_f64" "${w}/gpt2_f64" "${w}/out_f64" --group 32)
+run("${TOOL}" "${w}/gpt2_f64" "${w}/gpt2_f64_ct" --group 32 --ignore "${f64_module}")
+file(READ "${w}/gpt2_f64_ct/config.json" f64_config)
+string(FIND "${f64_config}" "\"${f64_module}\"" f64_listed)
+if(f64_listed EQUAL -1)
+  message(FATAL_ERROR "${f64_module} (F64, --ignore) is not listed in the output's quantization_config")
+endif()
+# An output folder inside the input folder: the output holds the model's files, not itself
+# (it used to copy its own OUT.partial folder into itself).
+file(COPY "${w}/gpt2/" DESTINATION "${w}/gpt2_nested")
+run("${TOOL}" "${w}/gpt2_nested" "${w}/gpt2_nested/int4" --group 32)
+foreach(nested int4/int4.partial int4/int4)
+  if(EXISTS "${w}/gpt2_nested/${nested}")
+    message(FATAL_ERROR "the output copied itself: ${w}/gpt2_nested/${nested}")
+  endif()
+endforeach()
+run("${CHECK}" verify "${w}/gpt2" "${w}/gpt2_nested/int4" --layout kn --expect-quantized 4)

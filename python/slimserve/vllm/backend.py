@@ -1,0 +1,91 @@
+"""The AttentionBackend vLLM looks up (registered as CPU_ATTN by slimserve.vllm.register) and
+its metadata builder."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionMetadataBuilder,
+                                       AttentionType, CommonAttentionMetadata, MultipleOf)
+from vllm.v1.kv_cache_interface import KVCacheLayout
+
+from . import stats, support
+from .impl import SlimserveAttentionImpl, set_current
+from .metadata import SlimserveMetadata, StepPlanner
+
+
+class SlimserveAttentionBackend(AttentionBackend):
+    # vLLM calls do_kv_cache_update before forward, with the step's slot_mapping.
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = list(support.ACTIVATION_DTYPES)
+    supported_kv_cache_dtypes: ClassVar[list[str]] = list(support.KV_CACHE_DTYPES)
+
+    @staticmethod
+    def get_name() -> str:
+        return "CPU_ATTN"  # the name it is registered under (the CPU platform takes no other)
+
+    @staticmethod
+    def get_impl_cls():
+        return SlimserveAttentionImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return SlimserveMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None):
+        return list(support.BLOCK_SIZES)
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(support.HEAD_SIZES)
+
+    @classmethod
+    def supported_kv_cache_layouts(cls):
+        # Blocks outermost and contiguous: each block's bytes hold its K and V pages (layout.py).
+        return (KVCacheLayout.LBHNC,)
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+
+class SlimserveMetadataBuilder(AttentionMetadataBuilder[SlimserveMetadata]):
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        model = vllm_config.model_config
+        self.activation = support.check_model(dtype=model.dtype, block_size=kv_cache_spec.block_size,
+                                              head_size=kv_cache_spec.head_size)
+        kv_dtype = support.KV_CACHE_DTYPES.get(vllm_config.cache_config.cache_dtype) or self.activation
+        self.planner = StepPlanner(
+            num_heads=model.get_num_attention_heads(vllm_config.parallel_config),
+            num_kv_heads=kv_cache_spec.num_kv_heads, head_size=kv_cache_spec.head_size,
+            block_size=kv_cache_spec.block_size, kv_dtype=kv_dtype, activation=self.activation)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> SlimserveMetadata:
+        cm = common_attn_metadata
+        if isinstance(cm.causal, torch.Tensor) or not cm.causal:
+            raise NotImplementedError("slimserve vLLM backend: only causal decoder attention")
+        step = self.planner.plan(query_start_loc_cpu=cm.query_start_loc_cpu, seq_lens=cm.seq_lens,
+                                 block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping,
+                                 num_reqs=cm.num_reqs, num_actual_tokens=cm.num_actual_tokens)
+        meta = SlimserveMetadata(num_actual_tokens=cm.num_actual_tokens, num_reqs=cm.num_reqs,
+                                 max_query_len=cm.max_query_len, query_start_loc=cm.query_start_loc,
+                                 seq_lens=cm.seq_lens, block_table=cm.block_table_tensor,
+                                 slot_mapping=cm.slot_mapping, step=step, attention=self.planner.attention,
+                                 append=self.planner.append, planner=self.planner)
+        set_current(meta)
+        stats.count("build")
+        return meta

@@ -1,0 +1,119 @@
+"""The attention layer's two calls: do_kv_cache_update (slimserve's quantize-and-append over
+vLLM's slot_mapping) and forward (slimserve's paged attention over vLLM's block table:
+chunked prefill, decode and mixed batches alike, causal within each request's new tokens)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from vllm.v1.attention.backend import AttentionImpl, AttentionType
+
+from . import stats, support
+from .layout import LayerCache
+from .metadata import AppendPlan, SlimserveMetadata
+
+# The plan of the step being run, found by do_kv_cache_update (vLLM does not pass it the
+# metadata): the slot_mapping tensor it was planned for -> (metadata).
+_CURRENT = {}
+
+
+def _stream_of(t: torch.Tensor):
+    """The current CUDA stream for CUDA tensors (launches then do not synchronize); None on
+    the CPU, where the emulated kernels run synchronously anyway."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+
+
+def current_step_for(slot_mapping: torch.Tensor) -> Optional[SlimserveMetadata]:
+    meta = _CURRENT.get("metadata")
+    if meta is None or meta.slot_mapping.data_ptr() != slot_mapping.data_ptr():
+        return None
+    return meta
+
+
+def set_current(meta: SlimserveMetadata) -> None:
+    _CURRENT["metadata"] = meta
+
+
+class SlimserveAttentionImpl(AttentionImpl):
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes, sliding_window, kv_cache_dtype: str, logits_soft_cap=None,
+                 attn_type: str = AttentionType.DECODER, kv_sharing_target_layer_name=None,
+                 sinks=None) -> None:
+        self.kv_dtype = support.check_layer(
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+            kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window, alibi_slopes=alibi_slopes,
+            logits_soft_cap=logits_soft_cap, attn_type=attn_type, sinks=sinks,
+            kv_sharing_target_layer_name=kv_sharing_target_layer_name)
+        self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
+        self.scale = float(scale)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.sliding_window = -1
+        self.kv_sharing_target_layer_name = None
+        self.attn_type = attn_type
+        self.sinks = None
+        self._cache: Optional[LayerCache] = None
+
+    def _layer_cache(self, layer, kv_cache: torch.Tensor, activation: str) -> LayerCache:
+        """The slimserve views of this layer's cache, made once (vLLM keeps the tensor and the
+        scale tensors for the engine's life; the kernels read the scales when they run)."""
+        c = self._cache
+        if c is None or c.data_ptr != kv_cache.data_ptr() or c.tensor.shape != kv_cache.shape:
+            kv_dtype = activation if self.kv_dtype == "auto" else self.kv_dtype
+            k_scale = v_scale = None
+            if kv_dtype.startswith("fp8"):
+                k_scale = layer._k_scale.reshape(1).to(torch.float32)
+                v_scale = layer._v_scale.reshape(1).to(torch.float32)
+                if not (torch.isfinite(k_scale).all() and torch.isfinite(v_scale).all()
+                        and k_scale.item() > 0 and v_scale.item() > 0):  # once, at the first step
+                    raise ValueError(f"slimserve vLLM backend: KV scales {k_scale.item()}, {v_scale.item()} "
+                                     "must be finite and positive")
+            c = self._cache = LayerCache(kv_cache, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
+            stats.note_cache(kv_cache)
+            c.kv_dtype = kv_dtype
+            c.scale_tensors = (k_scale, v_scale)
+        return c
+
+    def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        activation = support.ACTIVATION_DTYPES[key.dtype]
+        cache = self._layer_cache(layer, kv_cache, activation)
+        meta = current_step_for(slot_mapping)
+        if meta is not None and meta.append.num_tokens <= key.shape[0]:
+            plan = meta.append
+        else:  # not the step's own slot_mapping: plan this call alone
+            plan = AppendPlan()
+            plan.plan(slot_mapping.cpu().numpy(), cache.block_size)
+            stats.count("append_unplanned")
+        if plan.max_slot >= cache.num_blocks * cache.block_size:
+            raise ValueError(f"slimserve vLLM backend: slot {plan.max_slot} outside {cache.num_blocks} "
+                             f"blocks of {cache.block_size}")
+        n = plan.num_tokens
+        plan.run(cache.append, key[:n].contiguous(), value[:n].contiguous(), activation, stream=_stream_of(key))
+        stats.count("kv_update")
+        stats.count("kv_update_tokens", n)
+
+    def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: Optional[SlimserveMetadata], output: torch.Tensor,
+                output_scale=None, output_block_scale=None) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("slimserve vLLM backend: fused output quantization is not supported")
+        if attn_metadata is None:  # profiling / warm-up run
+            return output
+        meta = attn_metadata
+        if meta.step != meta.planner.step:
+            raise RuntimeError(f"slimserve vLLM backend: metadata of step {meta.step} used after step "
+                               f"{meta.planner.step} was planned")
+        activation = support.ACTIVATION_DTYPES[query.dtype]
+        cache = self._layer_cache(layer, kv_cache, activation)
+        n = meta.num_actual_tokens
+        q = query[:n]
+        out = output[:n].view(n, self.num_heads, self.head_size)
+        statuses = None
+        if meta.guard is not None:
+            statuses = meta.guard.statuses
+        meta.attention.run(q, cache.attention, out=out, sm_scale=self.scale, statuses=statuses,
+                           stream=_stream_of(query))
+        stats.count("forward")
+        stats.count("forward_tokens", n)
+        return output

@@ -1,0 +1,131 @@
+"""The plugin's pieces without vLLM running: the start-up refusals, and vLLM's per-layer cache
+tensor written by the step's append plan and read by paged attention, compared element by
+element with a float64 reference computed from the (already rounded) K/V it was given.
+Run by run.sh in build/vllm-env (PyTorch + slimserve over the emulated library):
+    python test_layout.py"""
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+from slimserve.vllm import support
+from slimserve.vllm.layout import LayerCache
+from slimserve.vllm.metadata import StepPlanner
+
+FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def expect_refusal(fn, *words):
+    try:
+        fn()
+    except support.UnsupportedConfiguration as error:
+        assert all(w in str(error) for w in words), f"message {error} lacks {words}"
+        return
+    raise AssertionError(f"{fn} was not refused")
+
+
+def refusals():
+    layer = dict(num_heads=9, num_kv_heads=3, head_size=64, kv_cache_dtype="auto", sliding_window=None,
+                 alibi_slopes=None, logits_soft_cap=None, attn_type="decoder", sinks=None,
+                 kv_sharing_target_layer_name=None)
+    assert support.check_layer(**layer) == "auto"
+    assert support.check_layer(**{**layer, "kv_cache_dtype": "fp8"}) == "fp8_e4m3"
+    expect_refusal(lambda: support.check_layer(**{**layer, "head_size": 80}), "head size 80", "64, 96, 128")
+    expect_refusal(lambda: support.check_layer(**{**layer, "sliding_window": 4096}), "sliding window 4096")
+    expect_refusal(lambda: support.check_layer(**{**layer, "kv_cache_dtype": "int8"}), "'int8'", "fp8_e5m2")
+    expect_refusal(lambda: support.check_layer(**{**layer, "logits_soft_cap": 30.0}), "soft cap")
+    expect_refusal(lambda: support.check_layer(**{**layer, "attn_type": "encoder_only"}), "attention type")
+    expect_refusal(lambda: support.check_model(dtype=torch.float32, block_size=128, head_size=64), "model dtype")
+    expect_refusal(lambda: support.check_model(dtype=torch.bfloat16, block_size=16, head_size=64),
+                   "block size 16", "32, 64, 128")
+    print("refusals: 9 checked")
+
+
+def one_step(rng, kv_dtype: str, block_size: int):
+    heads, kv_heads, head = 6, 2, 64
+    num_blocks = 16
+    cache = torch.empty(num_blocks, kv_heads, block_size, 2 * head,
+                        dtype=torch.uint8 if kv_dtype in FP8 else torch.bfloat16)
+    cache.view(torch.uint8).random_(generator=torch.Generator().manual_seed(int(rng.integers(1 << 30))))
+    poison = cache.clone()
+    scale = (0.5, 0.25) if kv_dtype in FP8 else (None, None)
+    scales = [torch.tensor([s], dtype=torch.float32) if s else None for s in scale]
+    layer = LayerCache(cache, kv_dtype=kv_dtype, k_scale=scales[0], v_scale=scales[1])
+    # Ragged requests: new tokens at the end of cached prefixes (decode, chunk, prefill);
+    # pages shuffled with holes, block 0 never used (vLLM's null block).
+    seq_lens = [1, block_size - 1, block_size, block_size + 1, 2 * block_size + 3]
+    new = [1, 5, block_size, 1, 7]
+    order = rng.permutation(np.arange(1, num_blocks))
+    tables, used = [], 0
+    for length in seq_lens:
+        count = math.ceil(length / block_size)
+        tables.append(list(order[used:used + count]))
+        used += count + 1  # a hole after each request
+    width = max(len(t) for t in tables)
+    block_table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    # Every position of every request is written (the prefix as an earlier step would have).
+    slots, keys, values, which = [], [], [], []
+    for r, (length, table) in enumerate(zip(seq_lens, tables)):
+        for pos in range(length):
+            slots.append(int(table[pos // block_size]) * block_size + pos % block_size)
+            which.append((r, pos))
+    slots.insert(3, -1)  # a padded token: nothing written
+    which.insert(3, None)
+    k = torch.from_numpy(rng.standard_normal((len(slots), kv_heads, head), dtype=np.float32)).to(torch.bfloat16)
+    v = torch.from_numpy(rng.standard_normal((len(slots), kv_heads, head), dtype=np.float32)).to(torch.bfloat16)
+    planner = StepPlanner(num_heads=heads, num_kv_heads=kv_heads, head_size=head, block_size=block_size,
+                          kv_dtype=kv_dtype, activation="bfloat16")
+    qo = np.concatenate([[0], np.cumsum(new)])
+    planner.plan(query_start_loc_cpu=torch.tensor(qo, dtype=torch.int32),
+                 seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=block_table,
+                 slot_mapping=torch.tensor(slots, dtype=torch.int64), num_reqs=len(seq_lens),
+                 num_actual_tokens=len(slots))
+    planner.append.run(layer.append, k, v, "bfloat16")
+    # Blocks no request uses keep their bytes.
+    untouched = sorted(set(range(num_blocks)) - {int(b) for t in tables for b in t})
+    changed = [b for b in untouched if not torch.equal(cache[b].view(torch.uint8), poison[b].view(torch.uint8))]
+    assert not changed, f"append wrote blocks {changed}, which no request holds (tables {tables})"
+    q = torch.from_numpy(rng.standard_normal((int(qo[-1]), heads, head), dtype=np.float32)).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    planner.attention.run(q, layer.attention, out=out, sm_scale=1 / math.sqrt(head))
+
+    def stored(x, s):  # what the cache holds, as real values
+        x = x.double()
+        if kv_dtype in FP8:
+            return (x / s).to(torch.float32).to(FP8[kv_dtype]).double() * s
+        return x
+
+    kk = {w: stored(k[i], scale[0]) for i, w in enumerate(which) if w}
+    vv = {w: stored(v[i], scale[1]) for i, w in enumerate(which) if w}
+    worst = 0.0
+    for r, (length, n) in enumerate(zip(seq_lens, new)):
+        K = torch.stack([kk[(r, p)] for p in range(length)]).repeat_interleave(heads // kv_heads, 1)
+        V = torch.stack([vv[(r, p)] for p in range(length)]).repeat_interleave(heads // kv_heads, 1)
+        for i in range(n):
+            pos = length - n + i
+            qi = q[qo[r] + i].double()
+            s = torch.einsum("hd,khd->hk", qi, K[: pos + 1]) / math.sqrt(head)
+            ref = torch.einsum("hk,khd->hd", s.softmax(-1), V[: pos + 1])
+            got = out[qo[r] + i].double()
+            err = (got - ref).abs().max().item()
+            worst = max(worst, err)
+            assert math.isfinite(err) and err < 2e-2, f"{kv_dtype} block {block_size} request {r} row {i}: error {err}"
+    print(f"layout {kv_dtype} block {block_size}: {int(qo[-1])} query rows over {len(seq_lens)} requests, "
+          f"worst |error| {worst:.2e}")
+
+
+def main():
+    seed = int(os.environ.get("SLIMSERVE_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    refusals()
+    for kv_dtype in ("bfloat16", "fp8_e4m3", "fp8_e5m2"):
+        for block_size in (32, 128):
+            one_step(rng, kv_dtype, block_size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
