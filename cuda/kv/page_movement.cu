@@ -111,6 +111,10 @@ Status copy_pages(const CopyPagesArguments& a, cudaStream_t stream) {
 
 Status swap_pages(const SwapPagesArguments& a, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(check_common(a.cache, a.page_tags, "swap_pages"));
+  if (!is_valid(a.direction)) {  // checked as one direction, launched as the other otherwise
+    return make_status(StatusCode::invalid_argument, "swap_pages: unknown direction ",
+                       static_cast<int>(a.direction));
+  }
   if (a.num_swaps < 0 || (a.num_swaps > 0 && (a.swaps == nullptr || a.statuses == nullptr ||
                                               a.host_records == nullptr || a.host_slots < 1))) {
     return make_status(StatusCode::invalid_argument, "swap_pages: ", a.num_swaps,
@@ -127,8 +131,11 @@ Status swap_pages(const SwapPagesArguments& a, cudaStream_t stream) {
   p.records = static_cast<unsigned char*>(a.host_records);
   p.host_slots = a.host_slots;
   p.statuses = a.statuses;
-  return a.direction == SwapDirection::device_to_host ? launch_moves<MoveKind::swap_out>(p, stream)
-                                                      : launch_moves<MoveKind::swap_in>(p, stream);
+  switch (a.direction) {
+    case SwapDirection::device_to_host: return launch_moves<MoveKind::swap_out>(p, stream);
+    case SwapDirection::host_to_device: return launch_moves<MoveKind::swap_in>(p, stream);
+  }
+  return make_status(StatusCode::internal, "swap_pages: direction checked above");
 }
 
 Status export_request(const ExportRequestArguments& a, cudaStream_t stream) {
