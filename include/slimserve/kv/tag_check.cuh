@@ -41,8 +41,13 @@ struct CsrRows {
     begin = first;
     count = end - first;
     tokens = count <= 0 ? 0 : static_cast<std::int64_t>(count - 1) * table.page_size + last_len;
-    return end == first ? last_len == 0
-                        : end > first && last_len >= 1 && last_len <= table.page_size;
+    // Bounded rows: [first, end) stays inside the entries built for this table (its own
+    // count, not indptr[batch_size]) and inside the buffer.
+    std::int64_t bound = table.entry_capacity > 0 ? table.entry_capacity : 0x7FFFFFFF;
+    if (table.num_entries != nullptr && *table.num_entries < bound) bound = *table.num_entries;
+    const bool inside = first >= 0 && end <= bound;
+    return inside && (end == first ? last_len == 0
+                                   : end > first && last_len >= 1 && last_len <= table.page_size);
   }
   SLIMSERVE_DEVICE PageId page(std::int64_t entry) const { return table.indices[entry]; }
   SLIMSERVE_DEVICE PageTag expected(std::int64_t entry) const { return table.expected_tags[entry]; }
