@@ -114,6 +114,10 @@ Status can_implement(const AppendArguments& a) {
   if (!aligned16(a.k_new) || !aligned16(a.v_new) || !aligned16(a.cache.k_pages) || !aligned16(a.cache.v_pages)) {
     return make_status(StatusCode::invalid_argument, "k_new, v_new and the K/V pages must be 16-byte aligned");
   }
+  if (a.page_fills != nullptr && a.table.expected_tags == nullptr) {
+    return make_status(StatusCode::invalid_argument,
+                       "append_kv: page_fills needs the table's expected_tags (the generation a fill belongs to)");
+  }
   return {};
 }
 
@@ -141,6 +145,8 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   params.token_position = a.token_position;
   params.append_indptr = a.append_indptr;
   params.num_tokens = a.num_tokens;
+  params.expected_tags = a.table.expected_tags;
+  params.page_fills = a.page_fills;
   // 128 threads: head_vector_lanes(head_dim) per head (kv_store.cuh), the rest on further
   // heads of the same token.
   constexpr int threads = 128;

@@ -59,6 +59,7 @@ PageMoveParams base_params(const attention::PagedKVCacheView& cache, const Devic
   }
   g.record_bytes = offset;
   p.page_tags = tags.data();
+  p.page_fills = tags.fills();
   p.num_pages = tags.num_pages();
   return p;
 }

@@ -36,6 +36,10 @@ Result<DeviceTagArray> DeviceTagArray::create(std::int32_t num_pages) {
   const auto slot = static_cast<std::size_t>(tag_batch_header_slots + array.scatter_capacity_);
   auto tags = rt::DeviceBuffer<DevicePageTag>::create(static_cast<std::size_t>(num_pages));
   if (!tags.ok()) return tags.status();
+  auto fills = rt::DeviceBuffer<PageFillWord>::create(static_cast<std::size_t>(num_pages));
+  if (!fills.ok()) return fills.status();
+  // Tag 0 is never a real page's handle: a zero fill says "nothing written" to every table.
+  SLIMSERVE_RETURN_IF_ERROR(fills->fill_bytes(0));
   auto updates = rt::DeviceBuffer<TagUpdate>::create(2 * slot);
   if (!updates.ok()) return updates.status();
   auto staging = detail::PinnedArray<TagUpdate>::create(2 * slot);
@@ -43,6 +47,7 @@ Result<DeviceTagArray> DeviceTagArray::create(std::int32_t num_pages) {
   auto mirror = detail::PinnedArray<DevicePageTag>::create(2 * static_cast<std::size_t>(num_pages));
   if (!mirror.ok()) return mirror.status();
   array.tags_ = std::move(tags).value();
+  array.fills_ = std::move(fills).value();
   array.updates_ = std::move(updates).value();
   array.staging_ = std::move(staging).value();
   array.mirror_ = std::move(mirror).value();
@@ -114,14 +119,19 @@ Status check_common(const DeviceTagArray* page_tags, std::int32_t batch_size,
 template <class Rows>
 Status launch_tag_check(const Rows& rows, const DeviceTagArray* page_tags,
                         const WriterId* writers, const std::int32_t* append_indptr,
-                        RequestStatus* statuses, std::int32_t* aborted_count,
+                        bool check_fill, RequestStatus* statuses, std::int32_t* aborted_count,
                         cudaStream_t stream) {
   if (aborted_count != nullptr) {
     SLIMSERVE_RETURN_IF_ERROR(rt::memset_async(aborted_count, 0, sizeof(std::int32_t), stream));
   }
   if (rows.batch_size() == 0) return {};
-  const TagCheckParams<Rows> params{rows,          page_tags->data(), page_tags->num_pages(),
-                                    writers,       append_indptr,     statuses,
+  const TagCheckParams<Rows> params{rows,
+                                    page_tags->data(),
+                                    page_tags->num_pages(),
+                                    writers,
+                                    append_indptr,
+                                    check_fill ? page_tags->fills() : nullptr,
+                                    statuses,
                                     aborted_count};
   // One block per request: the launch shape depends only on the batch size (graph-safe).
   return rt::launch(check_page_tags_kernel<check_block_threads, Rows>,
@@ -149,8 +159,8 @@ Status can_implement(const TagCheckArguments& arguments) {
 Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
   return launch_tag_check(CsrRows{arguments.table}, arguments.page_tags, arguments.writers,
-                          arguments.append_indptr, arguments.statuses, arguments.aborted_count,
-                          stream);
+                          arguments.append_indptr, arguments.check_fill, arguments.statuses,
+                          arguments.aborted_count, stream);
 }
 
 Status can_implement(const BlockTagCheckArguments& arguments) {
@@ -170,8 +180,8 @@ Status can_implement(const BlockTagCheckArguments& arguments) {
 Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
   return launch_tag_check(BlockRows{arguments.table}, arguments.page_tags, arguments.writers,
-                          arguments.append_indptr, arguments.statuses, arguments.aborted_count,
-                          stream);
+                          arguments.append_indptr, arguments.check_fill, arguments.statuses,
+                          arguments.aborted_count, stream);
 }
 
 Status copy_statuses_to_host(const RequestStatus* device_statuses, std::span<RequestStatus> host,

@@ -20,6 +20,7 @@
 #include "slimserve/attention/detail/stream.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/config.hpp"
+#include "slimserve/kv/page_access.hpp"
 #include "slimserve/kv/page_table_view.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/status.hpp"
@@ -38,6 +39,10 @@ struct AppendArguments {
   const std::int32_t* token_request = nullptr;   ///< [num_tokens] explicit form
   const std::int32_t* token_position = nullptr;  ///< [num_tokens] explicit form
   const std::int32_t* append_indptr = nullptr;   ///< [batch_size + 1] chunk form
+  /// Device-held lengths (kv::DeviceTagArray::fills()), optional: each written token records
+  /// its slot in its page's fill under the table's expected tag (table.expected_tags is then
+  /// required), which the tag check's `check_fill` compares later rows with.
+  kv::PageFillWord* page_fills = nullptr;
 };
 
 /// Preflight only (shapes, enum ranges, types, pointers, alignment); nothing is launched.

@@ -34,6 +34,9 @@ class DeviceTagArray {
 
   /// Device tags and write owners, [num_pages].
   const DevicePageTag* data() const noexcept { return tags_.data(); }
+  /// Device-held fill of every page, [num_pages] (page_access.hpp): written by the kernels
+  /// that write pages, never by sync. All zero (nothing written) at creation.
+  PageFillWord* fills() const noexcept { return fills_.data(); }
   std::int32_t num_pages() const noexcept { return num_pages_; }
   /// Above this many changed entries, sync uploads the whole array.
   std::int32_t scatter_capacity() const noexcept { return scatter_capacity_; }
@@ -44,6 +47,7 @@ class DeviceTagArray {
 
  private:
   rt::DeviceBuffer<DevicePageTag> tags_;        // [num_pages]
+  rt::DeviceBuffer<PageFillWord> fills_;        // [num_pages], device-written only
   rt::DeviceBuffer<TagUpdate> updates_;         // [2, 1 + scatter_capacity]: header, entries
   detail::PinnedArray<TagUpdate> staging_;      // [2, 1 + scatter_capacity]: header, entries
   detail::PinnedArray<DevicePageTag> mirror_;   // [2, num_pages]

@@ -10,6 +10,7 @@
 
 #include "slimserve/config.hpp"
 #include "slimserve/kv/page_access.hpp"
+#include "slimserve/kv/page_fill.cuh"
 #include "slimserve/kv/page_movement.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
@@ -36,6 +37,7 @@ enum class MoveKind : std::uint8_t { copy, swap_out, swap_in, export_request, im
 struct PageMoveParams {
   PageGeometry geometry;
   const DevicePageTag* page_tags;  // [num_pages]
+  PageFillWord* page_fills;        // [num_pages]: what each written page now holds
   std::int32_t num_pages;
   std::int32_t count;              // blocks: copies, swaps, or the request's pages
   // copy / swap lists
@@ -205,6 +207,20 @@ __global__ void __launch_bounds__(BlockThreads) move_pages_kernel(PageMoveParams
       dst = Kind == MoveKind::export_request ? record : page;
     }
     detail::copy_page_slots(dst, src, g, a, tokens, thread, BlockThreads);
+  }
+  // Device-held lengths of the written page (stream order puts them before the next check).
+  if (p.page_fills == nullptr || thread != 0) return;
+  if constexpr (Kind == MoveKind::copy) {
+    const PageCopy c = p.copies[item];
+    record_page_fill(p.page_fills, c.dst, c.dst_tag, c.tokens);
+  } else if constexpr (Kind == MoveKind::swap_in) {
+    // A swap record carries no length: the page reads as full (see docs/kv.md).
+    const PageSwap sw = p.swaps[item];
+    record_page_fill(p.page_fills, sw.page, sw.tag, g.page_size);
+  } else if constexpr (Kind == MoveKind::import_request) {
+    const std::int64_t left = p.request_tokens - static_cast<std::int64_t>(item) * g.page_size;
+    record_page_fill(p.page_fills, p.request_pages[item], p.request_tags[item],
+                     static_cast<std::int32_t>(left < g.page_size ? left : g.page_size));
   }
 }
 

@@ -14,6 +14,7 @@
 #include "slimserve/attention/kernels/kv_store.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/kv/page_fill.cuh"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
 
@@ -45,6 +46,9 @@ struct AppendParams {
   const std::int32_t* token_position;  // [num_tokens] (explicit destinations) or null
   const std::int32_t* append_indptr;   // [batch_size + 1] (chunk mode: each request's last tokens)
   std::int32_t num_tokens;
+  // Device-held lengths (or null): the written slot is recorded under the entry's tag.
+  const kv::PageTag* expected_tags;   // [indptr[batch_size]]
+  kv::PageFillWord* page_fills;       // [num_pages] or null
 };
 
 /// Where token t goes: request and position, or request = -1 when it must be skipped.
@@ -52,6 +56,7 @@ struct TokenDestination {
   std::int32_t request = -1;
   std::int32_t page = -1;
   std::int32_t slot = 0;
+  std::int64_t entry = 0;  // the page's index in the table's indices / expected_tags
 };
 
 SLIMSERVE_DEVICE inline TokenDestination find_destination(const AppendParams& p, std::int32_t t) {
@@ -86,8 +91,10 @@ SLIMSERVE_DEVICE inline TokenDestination find_destination(const AppendParams& p,
   if (p.status != nullptr && !kv::request_ok(p.status[b])) return dest;
   if (position < 0 || position >= length) return dest;
   const std::int32_t page_index = static_cast<std::int32_t>(position / p.page_size);
-  const std::int32_t page = p.indices[p.indptr[b] + page_index];
+  const std::int64_t entry = static_cast<std::int64_t>(p.indptr[b]) + page_index;
+  const std::int32_t page = p.indices[entry];
   if (page < 0 || page >= p.num_pages) return dest;
+  dest.entry = entry;
   dest.request = b;
   dest.page = page;
   dest.slot = static_cast<std::int32_t>(position % p.page_size);
@@ -101,6 +108,11 @@ __global__ void append_kernel(const AppendParams p) {
   const std::int32_t t = static_cast<std::int32_t>(blockIdx.x);
   const TokenDestination dest = find_destination(p, t);
   if (dest.request < 0) return;  // whole block: no shuffle is left half-done
+  if (p.page_fills != nullptr && threadIdx.x == 0 && blockIdx.y == 0) {
+    // Stream order puts the fill before any later check; within this launch only the count
+    // matters (every token of a page carries the same tag).
+    kv::record_page_fill(p.page_fills, dest.page, p.expected_tags[dest.entry], dest.slot + 1);
+  }
 
   const int heads_per_block = static_cast<int>(blockDim.x) / lanes;
   const int lane = static_cast<int>(threadIdx.x) % lanes;
