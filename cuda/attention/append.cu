@@ -153,7 +153,13 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   const int heads_per_block = threads / kernels::head_vector_lanes(a.cache.head_dim);
   const dim3 grid(static_cast<unsigned>(a.num_tokens),
                   static_cast<unsigned>((a.cache.num_kv_heads + heads_per_block - 1) / heads_per_block));
-  return launch(params, grid, dim3(threads), stream);
+  SLIMSERVE_RETURN_IF_ERROR(launch(params, grid, dim3(threads), stream));
+  if (a.page_fills == nullptr) return {};
+  constexpr int fill_threads = 128;
+  return rt::launch(kernels::record_append_fills_kernel<fill_threads>,
+                    rt::LaunchConfig{dim3(static_cast<unsigned>((a.num_tokens + fill_threads - 1) / fill_threads)),
+                                     dim3(fill_threads), 0, stream},
+                    params);
 }
 
 Status dequantize_pages(const PagedKVCacheView& cache, const std::int32_t* page_ids,

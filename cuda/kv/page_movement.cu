@@ -66,11 +66,21 @@ PageMoveParams base_params(const attention::PagedKVCacheView& cache, const Devic
 
 template <MoveKind Kind>
 Status launch_moves(const PageMoveParams& params, cudaStream_t stream) {
-  return rt::launch(move_pages_kernel<move_block_threads, Kind>,
-                    rt::LaunchConfig{dim3(static_cast<unsigned>(params.count)),
-                                     dim3(move_block_threads), sizeof(PageMoveSharedStorage),
-                                     stream},
-                    params);
+  SLIMSERVE_RETURN_IF_ERROR(
+      rt::launch(move_pages_kernel<move_block_threads, Kind>,
+                 rt::LaunchConfig{dim3(static_cast<unsigned>(params.count)),
+                                  dim3(move_block_threads), sizeof(PageMoveSharedStorage), stream},
+                 params));
+  if constexpr (Kind == MoveKind::copy || Kind == MoveKind::swap_in ||
+                Kind == MoveKind::import_request) {
+    // Device-held lengths of the written pages (the check compares later tables with them).
+    constexpr int threads = 128;
+    return rt::launch(record_move_fills_kernel<threads, Kind>,
+                      rt::LaunchConfig{dim3(static_cast<unsigned>((params.count + threads - 1) / threads)),
+                                       dim3(threads), 0, stream},
+                      params);
+  }
+  return {};
 }
 
 Status check_request(const RequestPagesView& r, std::int32_t page_size, const void* buffer,

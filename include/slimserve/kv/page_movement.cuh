@@ -208,19 +208,30 @@ __global__ void __launch_bounds__(BlockThreads) move_pages_kernel(PageMoveParams
     }
     detail::copy_page_slots(dst, src, g, a, tokens, thread, BlockThreads);
   }
-  // Device-held lengths of the written page (stream order puts them before the next check).
-  if (p.page_fills == nullptr || thread != 0) return;
+}
+
+/// Device-held lengths of the pages a move wrote, one thread per move (per page for an
+/// import), after move_pages_kernel on the same stream: a move its verdict let through
+/// records what its destination now holds. A kernel of its own, so the copy loops above stay
+/// as they were.
+template <int BlockThreads, MoveKind Kind>
+__global__ void __launch_bounds__(BlockThreads) record_move_fills_kernel(PageMoveParams p) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= p.count) return;
   if constexpr (Kind == MoveKind::copy) {
-    const PageCopy c = p.copies[item];
+    if (!request_ok(p.statuses[i])) return;
+    const PageCopy c = p.copies[i];
     record_page_fill(p.page_fills, c.dst, c.dst_tag, c.tokens);
   } else if constexpr (Kind == MoveKind::swap_in) {
+    if (!request_ok(p.statuses[i])) return;
     // A swap record carries no length: the page reads as full (see docs/kv.md).
-    const PageSwap sw = p.swaps[item];
-    record_page_fill(p.page_fills, sw.page, sw.tag, g.page_size);
+    const PageSwap sw = p.swaps[i];
+    record_page_fill(p.page_fills, sw.page, sw.tag, p.geometry.page_size);
   } else if constexpr (Kind == MoveKind::import_request) {
-    const std::int64_t left = p.request_tokens - static_cast<std::int64_t>(item) * g.page_size;
-    record_page_fill(p.page_fills, p.request_pages[item], p.request_tags[item],
-                     static_cast<std::int32_t>(left < g.page_size ? left : g.page_size));
+    if (!request_ok(p.statuses[0])) return;  // all or nothing
+    const std::int64_t left = p.request_tokens - static_cast<std::int64_t>(i) * p.geometry.page_size;
+    record_page_fill(p.page_fills, p.request_pages[i], p.request_tags[i],
+                     static_cast<std::int32_t>(left < p.geometry.page_size ? left : p.geometry.page_size));
   }
 }
 

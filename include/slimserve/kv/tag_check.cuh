@@ -148,12 +148,17 @@ __global__ void __launch_bounds__(BlockThreads)
   for (std::int32_t slot = thread; slot < count; slot += BlockThreads) {
     const PageId page = params.rows.page(begin + slot);
     const PageTag expected = params.rows.expected(begin + slot);
+    // The fill is loaded beside the tag (both depend only on the entry), so device-held
+    // lengths add a load per entry but no step to the chain of dependent loads.
+    const bool fill_checked =
+        params.page_fills != nullptr && page >= 0 && page < params.num_pages;
+    const PageFillWord fill = fill_checked ? params.page_fills[page] : PageFillWord{0};
     RequestState verdict = page_access_verdict(
         params.page_tags, params.num_pages, page, expected, me,
         slot >= first_write ? PageAccess::write : PageAccess::read);
-    if (verdict == RequestState::ok && params.page_fills != nullptr) {
-      // Device-held lengths: what this generation of the page holds (page is in range).
-      const std::int32_t written = written_slots(params.page_fills[page], expected);
+    if (verdict == RequestState::ok && fill_checked) {
+      // Device-held lengths: what this generation of the page holds.
+      const std::int32_t written = written_slots(fill, expected);
       const std::int64_t before = committed - static_cast<std::int64_t>(slot) * page_size;
       if (slot < first_write) {  // read: every slot the row claims must have been written
         const std::int64_t claimed = before < page_size ? before : page_size;

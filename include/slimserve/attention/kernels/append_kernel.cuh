@@ -108,11 +108,6 @@ __global__ void append_kernel(const AppendParams p) {
   const std::int32_t t = static_cast<std::int32_t>(blockIdx.x);
   const TokenDestination dest = find_destination(p, t);
   if (dest.request < 0) return;  // whole block: no shuffle is left half-done
-  if (p.page_fills != nullptr && threadIdx.x == 0 && blockIdx.y == 0) {
-    // Stream order puts the fill before any later check; within this launch only the count
-    // matters (every token of a page carries the same tag).
-    kv::record_page_fill(p.page_fills, dest.page, p.expected_tags[dest.entry], dest.slot + 1);
-  }
 
   const int heads_per_block = static_cast<int>(blockDim.x) / lanes;
   const int lane = static_cast<int>(threadIdx.x) % lanes;
@@ -126,6 +121,19 @@ __global__ void append_kernel(const AppendParams p) {
   store_head_vectors<KvT, InT, HeadDim>(target, static_cast<const InT*>(p.k_new) + row,
                                         static_cast<const InT*>(p.v_new) + row, lane, head_valid, dest.page,
                                         dest.slot, head);
+}
+
+/// Device-held lengths, after append_kernel on the same stream: one thread per token records
+/// the slot it was written to in its page's fill, under the table's expected tag (within one
+/// launch every token of a page carries the same tag, so only the largest slot stays). A kernel
+/// of its own, so the append kernel's code is unchanged when fills are not tracked.
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads) record_append_fills_kernel(const AppendParams p) {
+  const std::int32_t t = static_cast<std::int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (t >= p.num_tokens) return;
+  const TokenDestination dest = find_destination(p, t);  // the append's own verdict
+  if (dest.request < 0) return;                           // skipped: nothing was written
+  kv::record_page_fill(p.page_fills, dest.page, p.expected_tags[dest.entry], dest.slot + 1);
 }
 
 }  // namespace attention::kernels
