@@ -63,6 +63,12 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
   const std::size_t count = dirty.size();  // <= num_pages: each page is listed once
   if (count == 0) {
     last_sync_ = LastSync::nothing;
+    if (!synced_ || synced_pool_ != pool.tag_base()) {
+      // Nothing dirty but another pool (or never synced): the device may hold anything.
+      pool.mark_all_dirty();
+      return sync(pool, stream);
+    }
+    synced_epoch_ = pool.change_epoch();
     return {};
   }
   const int slot = next_slot_;
@@ -96,6 +102,9 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
   }
   next_slot_ = 1 - slot;
   pool.clear_dirty();
+  synced_epoch_ = pool.change_epoch();
+  synced_pool_ = pool.tag_base();
+  synced_ = true;
   return {};
 }
 
@@ -111,6 +120,24 @@ Status check_common(const DeviceTagArray* page_tags, std::int32_t batch_size,
   }
   if (batch_size > 0 && statuses == nullptr) {
     return make_status(StatusCode::invalid_argument, "check_page_tags: statuses is null");
+  }
+  return {};
+}
+
+// A mirror that knows its age: the device tags must carry every change the table saw.
+Status check_table_age(const DeviceTagArray& tags, const TableAge& built_at) {
+  if (built_at.epoch == 0) return {};
+  if (!tags.synced() || tags.synced_pool() != built_at.pool) {
+    return make_status(StatusCode::failed_precondition, "check_page_tags: the table was built ",
+                       "from the pool with tag base ", built_at.pool, "; the device tags ",
+                       tags.synced() ? "were last synced from another pool" : "were never synced",
+                       ": sync them from this pool first; nothing was launched");
+  }
+  if (built_at.epoch > tags.synced_epoch()) {
+    return make_status(StatusCode::failed_precondition, "check_page_tags: the table was built ",
+                       "at pool epoch ", built_at.epoch, ", the device tags were last synced at ",
+                       "epoch ", tags.synced_epoch(), ": changes made since would be checked ",
+                       "against stale device tags; sync before the check; nothing was launched");
   }
   return {};
 }
@@ -158,6 +185,7 @@ Status can_implement(const TagCheckArguments& arguments) {
 
 Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
+  SLIMSERVE_RETURN_IF_ERROR(check_table_age(*arguments.page_tags, arguments.built_at));
   return launch_tag_check(CsrRows{arguments.table}, arguments.page_tags, arguments.writers,
                           arguments.append_indptr, arguments.check_fill, arguments.statuses,
                           arguments.aborted_count, stream);
@@ -179,6 +207,7 @@ Status can_implement(const BlockTagCheckArguments& arguments) {
 
 Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
+  SLIMSERVE_RETURN_IF_ERROR(check_table_age(*arguments.page_tags, arguments.built_at));
   return launch_tag_check(BlockRows{arguments.table}, arguments.page_tags, arguments.writers,
                           arguments.append_indptr, arguments.check_fill, arguments.statuses,
                           arguments.aborted_count, stream);

@@ -132,6 +132,7 @@ PagePool& PagePool::operator=(PagePool&& other) noexcept {
     tag_base_ = other.tag_base_;
     last_writer_ = other.last_writer_;
     listener_ = other.listener_;
+    change_epoch_ = other.change_epoch_;
   }
   return *this;
 }

@@ -44,6 +44,10 @@ struct TagCheckArguments {
   /// page's next unwritten slot (append_not_next). Only for engines whose page-writing kernels
   /// all record fills.
   bool check_fill = false;
+  /// A mirror that knows its age: table_age(pool) taken when the table was built. The check
+  /// refuses on the host (failed_precondition, nothing launched) a table built after changes
+  /// the last sync did not carry, or from another pool than the one synced.
+  TableAge built_at{};
 };
 
 /// The same for the 2-D block-table form.
@@ -55,6 +59,7 @@ struct BlockTagCheckArguments {
   const WriterId* writers = nullptr;        ///< device, [table.batch_size], optional
   const std::int32_t* append_indptr = nullptr;  ///< device, [table.batch_size + 1], optional
   bool check_fill = false;                  ///< as TagCheckArguments::check_fill
+  TableAge built_at{};                      ///< as TagCheckArguments::built_at
 };
 
 /// Preflight only (pointers, sizes); nothing is launched. check_page_tags runs it first.
