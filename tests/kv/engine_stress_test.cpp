@@ -707,7 +707,13 @@ class Engine {
     entries_high_water_ = std::max<std::int64_t>(entries_high_water_, static_cast<std::int64_t>(ids.size()));
     const std::int32_t built = static_cast<std::int32_t>(ids.size());
     REQUIRE(num_entries_.upload(std::span<const std::int32_t>(&built, 1)).ok());
-    locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });
+    const TableAge built_at = locked([&] { return table_age(*pool_); });
+    // Injected: the engine forgets the step's sync. The device tags are then the previous
+    // step's, and stale replays of pages changed since would pass; the table's age refuses
+    // the whole step on the host before anything is launched, and the engine syncs and
+    // checks again.
+    const bool skip_sync = length_checks_ && rng_() % 40 == 0;
+    if (!skip_sync) locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });
     REQUIRE(indptr_.upload(indptr).ok());
     REQUIRE(last_.upload(last).ok());
     REQUIRE(append_indptr_.upload(append_indptr).ok());
@@ -725,6 +731,20 @@ class Engine {
       table.num_entries = nullptr;
       table.entry_capacity = 0;
     }
+    TagCheckArguments check{table, &tags_, statuses_.data(), nullptr};
+    check.writers = writers_.data();
+    check.append_indptr = append_indptr_.data();
+    check.check_fill = length_checks_;
+    if (length_checks_) check.built_at = built_at;
+    if (skip_sync) {
+      const bool changed = locked([&] { return !pool_->dirty_pages().empty(); });
+      const Status refused = check_page_tags(check, nullptr);
+      // Refused exactly when the pool changed since the last sync (and then nothing launched).
+      const bool caught = refused.code() == StatusCode::failed_precondition;
+      CHECK(caught == changed);
+      if (changed) totals_.add("tag array not synced for a step (refused on the host)", caught, false, !caught);
+      locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });
+    }
     // Copy-on-write copies first (gated by their own verdicts): the check then sees the
     // copied pages' fills. Then the check, the appends, the reads (one stream: in order).
     if (!copies.empty()) {
@@ -736,10 +756,6 @@ class Engine {
                   .ok());
     }
     locked([&] { sets_->release_copy_sources(); });  // the copies are enqueued
-    TagCheckArguments check{table, &tags_, statuses_.data(), nullptr};
-    check.writers = writers_.data();
-    check.append_indptr = append_indptr_.data();
-    check.check_fill = length_checks_;
     REQUIRE(check_page_tags(check, nullptr).ok());
     const rt::LaunchConfig rows_config{dim3(1), dim3(max_rows), 0, nullptr};
     REQUIRE(rt::launch(toy_append_kernel, rows_config, table,
