@@ -110,6 +110,10 @@ Status can_implement(const AppendArguments& a) {
       return make_status(StatusCode::invalid_argument,
                          "give one form of destinations: slot_mapping, token_request and token_position, or append_indptr");
     }
+    if (a.page_fills != nullptr) {  // a slot names a page but not the generation it is written under
+      return make_status(StatusCode::invalid_argument,
+                         "append_kv: page_fills needs a page table (its expected_tags); the slot_mapping form has none");
+    }
     if (a.num_tokens == 0) return {};
     if (a.k_new == nullptr || a.v_new == nullptr) return null_argument_status("k_new and v_new");
     if (!aligned16(a.k_new) || !aligned16(a.v_new) || !aligned16(a.cache.k_pages) || !aligned16(a.cache.v_pages)) {
@@ -135,6 +139,10 @@ Status can_implement(const AppendArguments& a) {
   }
   if (!aligned16(a.k_new) || !aligned16(a.v_new) || !aligned16(a.cache.k_pages) || !aligned16(a.cache.v_pages)) {
     return make_status(StatusCode::invalid_argument, "k_new, v_new and the K/V pages must be 16-byte aligned");
+  }
+  if (a.page_fills != nullptr && a.table.expected_tags == nullptr) {
+    return make_status(StatusCode::invalid_argument,
+                       "append_kv: page_fills needs the table's expected_tags (the generation a fill belongs to)");
   }
   return {};
 }
@@ -165,13 +173,21 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   params.slot_mapping = a.slot_mapping;
   params.page_stride = a.cache.page_stride;
   params.num_tokens = a.num_tokens;
+  params.expected_tags = a.table.expected_tags;
+  params.page_fills = a.page_fills;
   // 128 threads: head_vector_lanes(head_dim) per head (kv_store.cuh), the rest on further
   // heads of the same token.
   constexpr int threads = 128;
   const int heads_per_block = threads / kernels::head_vector_lanes(a.cache.head_dim);
   const dim3 grid(static_cast<unsigned>(a.num_tokens),
                   static_cast<unsigned>((a.cache.num_kv_heads + heads_per_block - 1) / heads_per_block));
-  return launch(params, grid, dim3(threads), stream);
+  SLIMSERVE_RETURN_IF_ERROR(launch(params, grid, dim3(threads), stream));
+  if (a.page_fills == nullptr) return {};
+  constexpr int fill_threads = 128;
+  return rt::launch(kernels::record_append_fills_kernel<fill_threads>,
+                    rt::LaunchConfig{dim3(static_cast<unsigned>((a.num_tokens + fill_threads - 1) / fill_threads)),
+                                     dim3(fill_threads), 0, stream},
+                    params);
 }
 
 Status dequantize_pages(const PagedKVCacheView& cache, const std::int32_t* page_ids,

@@ -59,17 +59,28 @@ PageMoveParams base_params(const attention::PagedKVCacheView& cache, const Devic
   }
   g.record_bytes = offset;
   p.page_tags = tags.data();
+  p.page_fills = tags.fills();
   p.num_pages = tags.num_pages();
   return p;
 }
 
 template <MoveKind Kind>
 Status launch_moves(const PageMoveParams& params, cudaStream_t stream) {
-  return rt::launch(move_pages_kernel<move_block_threads, Kind>,
-                    rt::LaunchConfig{dim3(static_cast<unsigned>(params.count)),
-                                     dim3(move_block_threads), sizeof(PageMoveSharedStorage),
-                                     stream},
-                    params);
+  SLIMSERVE_RETURN_IF_ERROR(
+      rt::launch(move_pages_kernel<move_block_threads, Kind>,
+                 rt::LaunchConfig{dim3(static_cast<unsigned>(params.count)),
+                                  dim3(move_block_threads), sizeof(PageMoveSharedStorage), stream},
+                 params));
+  if constexpr (Kind == MoveKind::copy || Kind == MoveKind::swap_in ||
+                Kind == MoveKind::import_request) {
+    // Device-held lengths of the written pages (the check compares later tables with them).
+    constexpr int threads = 128;
+    return rt::launch(record_move_fills_kernel<threads, Kind>,
+                      rt::LaunchConfig{dim3(static_cast<unsigned>((params.count + threads - 1) / threads)),
+                                       dim3(threads), 0, stream},
+                      params);
+  }
+  return {};
 }
 
 Status check_request(const RequestPagesView& r, std::int32_t page_size, const void* buffer,
@@ -111,6 +122,10 @@ Status copy_pages(const CopyPagesArguments& a, cudaStream_t stream) {
 
 Status swap_pages(const SwapPagesArguments& a, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(check_common(a.cache, a.page_tags, "swap_pages"));
+  if (!is_valid(a.direction)) {  // checked as one direction, launched as the other otherwise
+    return make_status(StatusCode::invalid_argument, "swap_pages: unknown direction ",
+                       static_cast<int>(a.direction));
+  }
   if (a.num_swaps < 0 || (a.num_swaps > 0 && (a.swaps == nullptr || a.statuses == nullptr ||
                                               a.host_records == nullptr || a.host_slots < 1))) {
     return make_status(StatusCode::invalid_argument, "swap_pages: ", a.num_swaps,
@@ -127,8 +142,11 @@ Status swap_pages(const SwapPagesArguments& a, cudaStream_t stream) {
   p.records = static_cast<unsigned char*>(a.host_records);
   p.host_slots = a.host_slots;
   p.statuses = a.statuses;
-  return a.direction == SwapDirection::device_to_host ? launch_moves<MoveKind::swap_out>(p, stream)
-                                                      : launch_moves<MoveKind::swap_in>(p, stream);
+  switch (a.direction) {
+    case SwapDirection::device_to_host: return launch_moves<MoveKind::swap_out>(p, stream);
+    case SwapDirection::host_to_device: return launch_moves<MoveKind::swap_in>(p, stream);
+  }
+  return make_status(StatusCode::internal, "swap_pages: direction checked above");
 }
 
 Status export_request(const ExportRequestArguments& a, cudaStream_t stream) {

@@ -36,6 +36,10 @@ Result<DeviceTagArray> DeviceTagArray::create(std::int32_t num_pages) {
   const auto slot = static_cast<std::size_t>(tag_batch_header_slots + array.scatter_capacity_);
   auto tags = rt::DeviceBuffer<DevicePageTag>::create(static_cast<std::size_t>(num_pages));
   if (!tags.ok()) return tags.status();
+  auto fills = rt::DeviceBuffer<PageFillWord>::create(static_cast<std::size_t>(num_pages));
+  if (!fills.ok()) return fills.status();
+  // Tag 0 is never a real page's handle: a zero fill says "nothing written" to every table.
+  SLIMSERVE_RETURN_IF_ERROR(fills->fill_bytes(0));
   auto updates = rt::DeviceBuffer<TagUpdate>::create(2 * slot);
   if (!updates.ok()) return updates.status();
   auto staging = detail::PinnedArray<TagUpdate>::create(2 * slot);
@@ -43,6 +47,7 @@ Result<DeviceTagArray> DeviceTagArray::create(std::int32_t num_pages) {
   auto mirror = detail::PinnedArray<DevicePageTag>::create(2 * static_cast<std::size_t>(num_pages));
   if (!mirror.ok()) return mirror.status();
   array.tags_ = std::move(tags).value();
+  array.fills_ = std::move(fills).value();
   array.updates_ = std::move(updates).value();
   array.staging_ = std::move(staging).value();
   array.mirror_ = std::move(mirror).value();
@@ -58,6 +63,12 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
   const std::size_t count = dirty.size();  // <= num_pages: each page is listed once
   if (count == 0) {
     last_sync_ = LastSync::nothing;
+    if (!synced_ || synced_pool_ != pool.tag_base()) {
+      // Nothing dirty but another pool (or never synced): the device may hold anything.
+      pool.mark_all_dirty();
+      return sync(pool, stream);
+    }
+    synced_epoch_ = pool.change_epoch();
     return {};
   }
   const int slot = next_slot_;
@@ -91,6 +102,9 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
   }
   next_slot_ = 1 - slot;
   pool.clear_dirty();
+  synced_epoch_ = pool.change_epoch();
+  synced_pool_ = pool.tag_base();
+  synced_ = true;
   return {};
 }
 
@@ -110,18 +124,41 @@ Status check_common(const DeviceTagArray* page_tags, std::int32_t batch_size,
   return {};
 }
 
+// A mirror that knows its age: the device tags must carry every change the table saw.
+Status check_table_age(const DeviceTagArray& tags, const TableAge& built_at) {
+  if (built_at.epoch == 0) return {};
+  if (!tags.synced() || tags.synced_pool() != built_at.pool) {
+    return make_status(StatusCode::failed_precondition, "check_page_tags: the table was built ",
+                       "from the pool with tag base ", built_at.pool, "; the device tags ",
+                       tags.synced() ? "were last synced from another pool" : "were never synced",
+                       ": sync them from this pool first; nothing was launched");
+  }
+  if (built_at.epoch > tags.synced_epoch()) {
+    return make_status(StatusCode::failed_precondition, "check_page_tags: the table was built ",
+                       "at pool epoch ", built_at.epoch, ", the device tags were last synced at ",
+                       "epoch ", tags.synced_epoch(), ": changes made since would be checked ",
+                       "against stale device tags; sync before the check; nothing was launched");
+  }
+  return {};
+}
+
 // Shared by both table forms: the launch, after can_implement.
 template <class Rows>
 Status launch_tag_check(const Rows& rows, const DeviceTagArray* page_tags,
                         const WriterId* writers, const std::int32_t* append_indptr,
-                        RequestStatus* statuses, std::int32_t* aborted_count,
+                        bool check_fill, RequestStatus* statuses, std::int32_t* aborted_count,
                         cudaStream_t stream) {
   if (aborted_count != nullptr) {
     SLIMSERVE_RETURN_IF_ERROR(rt::memset_async(aborted_count, 0, sizeof(std::int32_t), stream));
   }
   if (rows.batch_size() == 0) return {};
-  const TagCheckParams<Rows> params{rows,          page_tags->data(), page_tags->num_pages(),
-                                    writers,       append_indptr,     statuses,
+  const TagCheckParams<Rows> params{rows,
+                                    page_tags->data(),
+                                    page_tags->num_pages(),
+                                    writers,
+                                    append_indptr,
+                                    check_fill ? page_tags->fills() : nullptr,
+                                    statuses,
                                     aborted_count};
   // One block per request: the launch shape depends only on the batch size (graph-safe).
   return rt::launch(check_page_tags_kernel<check_block_threads, Rows>,
@@ -148,9 +185,10 @@ Status can_implement(const TagCheckArguments& arguments) {
 
 Status check_page_tags(const TagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
+  SLIMSERVE_RETURN_IF_ERROR(check_table_age(*arguments.page_tags, arguments.built_at));
   return launch_tag_check(CsrRows{arguments.table}, arguments.page_tags, arguments.writers,
-                          arguments.append_indptr, arguments.statuses, arguments.aborted_count,
-                          stream);
+                          arguments.append_indptr, arguments.check_fill, arguments.statuses,
+                          arguments.aborted_count, stream);
 }
 
 Status can_implement(const BlockTagCheckArguments& arguments) {
@@ -169,9 +207,10 @@ Status can_implement(const BlockTagCheckArguments& arguments) {
 
 Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
+  SLIMSERVE_RETURN_IF_ERROR(check_table_age(*arguments.page_tags, arguments.built_at));
   return launch_tag_check(BlockRows{arguments.table}, arguments.page_tags, arguments.writers,
-                          arguments.append_indptr, arguments.statuses, arguments.aborted_count,
-                          stream);
+                          arguments.append_indptr, arguments.check_fill, arguments.statuses,
+                          arguments.aborted_count, stream);
 }
 
 Status copy_statuses_to_host(const RequestStatus* device_statuses, std::span<RequestStatus> host,

@@ -134,6 +134,10 @@ Status check_page_copies(std::span<const PageCopy> copies, const attention::Page
 Status check_page_swaps(std::span<const PageSwap> swaps, SwapDirection direction,
                         const attention::PagedKVCacheView& cache, std::int32_t host_slots) {
   SLIMSERVE_RETURN_IF_ERROR(attention::validate_cache_view(cache));
+  if (!is_valid(direction)) {
+    return make_status(StatusCode::invalid_argument, "swap: unknown direction ",
+                       static_cast<int>(direction));
+  }
   std::vector<std::uint8_t> page_used(static_cast<std::size_t>(cache.num_pages), 0);
   std::vector<std::uint8_t> slot_used(static_cast<std::size_t>(host_slots > 0 ? host_slots : 0), 0);
   for (std::size_t i = 0; i < swaps.size(); ++i) {

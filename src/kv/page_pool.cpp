@@ -5,6 +5,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "host_allocation.hpp"
+
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
@@ -46,8 +48,17 @@ Result<PagePool> PagePool::create(const PagePoolOptions& options) {
     return make_status(StatusCode::invalid_argument, "max_tag must be >= 1, got ",
                        options.max_tag);
   }
+  const auto n = static_cast<std::size_t>(options.num_pages);
+  const std::uint64_t bytes = n * (sizeof(PageMeta) + 2 * sizeof(PageId));
+  SLIMSERVE_RETURN_IF_ERROR(detail::check_host_bytes(bytes, "PagePool"));
   PagePool pool;
-  pool.published_high_ = std::make_unique<std::atomic<PageTag>>(0);
+  Status made = detail::allocate_or_refuse("PagePool", bytes, [&] {
+    pool.meta_.resize(n);
+    pool.free_stack_.resize(n);
+    pool.dirty_.reserve(n);
+    pool.published_high_ = std::make_unique<std::atomic<PageTag>>(0);
+  });
+  if (!made.ok()) return made;
   {
     PoolRegistry& pools = registry();
     std::lock_guard<std::mutex> lock(pools.mutex);
@@ -61,15 +72,17 @@ Result<PagePool> PagePool::create(const PagePoolOptions& options) {
     }
     pool.tag_bound_ = pool.tag_base_;
     pool.published_high_->store(pool.tag_base_, std::memory_order_relaxed);
-    pools.live.push_back(pool.published_high_.get());
+    made = detail::allocate_or_refuse("PagePool", sizeof(void*), [&] {
+      pools.live.push_back(pool.published_high_.get());
+    });
+    if (!made.ok()) {
+      pool.published_high_.reset();  // not registered: nothing to publish
+      return made;
+    }
   }
   pool.max_tag_ = options.max_tag > std::numeric_limits<PageTag>::max() - pool.tag_base_
                       ? std::numeric_limits<PageTag>::max()
                       : pool.tag_base_ + options.max_tag;
-  const auto n = static_cast<std::size_t>(options.num_pages);
-  pool.meta_.resize(n);
-  pool.free_stack_.resize(n);
-  pool.dirty_.reserve(n);
   for (PageMeta& m : pool.meta_) m.tag = pool.tag_base_;
   pool.meta_[guard_page_id].state = PageState::guard;
   pool.meta_[guard_page_id].tag = guard_page_tag;
@@ -119,6 +132,7 @@ PagePool& PagePool::operator=(PagePool&& other) noexcept {
     tag_base_ = other.tag_base_;
     last_writer_ = other.last_writer_;
     listener_ = other.listener_;
+    change_epoch_ = other.change_epoch_;
   }
   return *this;
 }

@@ -116,9 +116,11 @@ Result<PageTableView> build_page_table(std::span<const RequestPages> requests,
     host.last_page_len[b] = last_page_length(static_cast<std::int64_t>(request.pages.size()),
                                              request.num_tokens, shape.page_size);
   }
+  if (host.num_entries != nullptr) *host.num_entries = offset;
   return PageTableView{host.indptr,        host.indices,
                        host.last_page_len, host.expected_tags,
-                       static_cast<std::int32_t>(requests.size()), shape.page_size};
+                       static_cast<std::int32_t>(requests.size()), shape.page_size,
+                       host.num_entries,   host.max_entries};
 }
 
 Result<BlockTableView> build_block_table(std::span<const RequestPages> requests,
@@ -195,6 +197,14 @@ Status validate_page_table(const PageTableView& table, std::int32_t num_pages,
     }
   }
   const std::int64_t entries = table.indptr[table.batch_size];
+  if (table.num_entries != nullptr && entries != *table.num_entries) {
+    return make_status(StatusCode::out_of_range, "indptr[", table.batch_size, "] = ", entries,
+                       " entries, the table was built with ", *table.num_entries);
+  }
+  if (table.entry_capacity > 0 && entries > table.entry_capacity) {
+    return make_status(StatusCode::out_of_range, "indptr[", table.batch_size, "] = ", entries,
+                       " entries, the table's buffers hold ", table.entry_capacity);
+  }
   if (max_entries >= 0 && entries > max_entries) {
     return make_status(StatusCode::out_of_range, "indptr[", table.batch_size, "] = ", entries,
                        " entries, the arrays hold ", max_entries);

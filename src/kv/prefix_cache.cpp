@@ -5,6 +5,8 @@
 #include <bit>
 #include <cstring>
 
+#include "host_allocation.hpp"
+
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
@@ -41,7 +43,15 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(PagePool& pool,
     return make_status(StatusCode::resource_exhausted, "prefix cache would store ", tokens,
                        " tokens (", pool.num_pages(), " pages of ", options.page_size, ")");
   }
-  return std::unique_ptr<PrefixCache>(new PrefixCache(pool, options));
+  const auto pages = static_cast<std::uint64_t>(pool.num_pages());
+  const std::uint64_t bytes = pages * sizeof(Entry) + tokens * sizeof(TokenId) +
+                              std::bit_ceil(std::max<std::uint64_t>(2 * pages, 16)) * sizeof(PageId);
+  SLIMSERVE_RETURN_IF_ERROR(detail::check_host_bytes(bytes, "PrefixCache"));
+  std::unique_ptr<PrefixCache> cache;
+  SLIMSERVE_RETURN_IF_ERROR(detail::allocate_or_refuse("PrefixCache", bytes, [&] {
+    cache.reset(new PrefixCache(pool, options));
+  }));
+  return cache;
 }
 
 PrefixCache::PrefixCache(PagePool& pool, const PrefixCacheOptions& options)

@@ -4,13 +4,32 @@
 #include <algorithm>
 #include <limits>
 
+#include "host_allocation.hpp"
+
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
 namespace {
 // Releases `pages` tail first, so a sequence's leaves reach the LRU list before its parents.
-void release_tail_first(PagePool& pool, std::span<const PageHandle> pages) {
-  for (std::size_t i = pages.size(); i-- > 0;) (void)pool.release(pages[i]);
+// A page the pool refuses (the engine released it behind the page set's back, or it is from
+// another pool) does not stop the others; the first refusal is returned and `errors` counts
+// every one.
+Status release_tail_first(PagePool& pool, std::span<const PageHandle> pages,
+                          std::uint64_t& errors) {
+  Status first;
+  for (std::size_t i = pages.size(); i-- > 0;) {
+    Status released = pool.release(pages[i]);
+    if (!released.ok()) {
+      ++errors;
+      if (first.ok()) first = std::move(released);
+    }
+  }
+  return first;
+}
+// The pool's refusal, said by the call that made it (which completed otherwise).
+Status release_refused(const char* action, const Status& refused) {
+  return make_status(refused.code(), action, ": done, but the pool refused releasing a page ",
+                     "the request held: ", refused.message());
 }
 }  // namespace
 
@@ -33,7 +52,14 @@ Result<std::unique_ptr<RequestPageSets>> RequestPageSets::create(
     return make_status(StatusCode::invalid_argument, "RequestPageSets: page_size ",
                        options.page_size, " differs from the prefix cache's ", cache->page_size());
   }
-  return std::unique_ptr<RequestPageSets>(new RequestPageSets(pool, cache, options));
+  const auto slots = static_cast<std::uint64_t>(options.max_requests);
+  const std::uint64_t bytes = slots * (sizeof(Slot) + sizeof(std::int32_t));
+  SLIMSERVE_RETURN_IF_ERROR(detail::check_host_bytes(bytes, "RequestPageSets"));
+  std::unique_ptr<RequestPageSets> sets;
+  SLIMSERVE_RETURN_IF_ERROR(detail::allocate_or_refuse("RequestPageSets", bytes, [&] {
+    sets.reset(new RequestPageSets(pool, cache, options));
+  }));
+  return sets;
 }
 
 bool RequestPageSets::is_active(RequestRef request) const noexcept {
@@ -55,7 +81,7 @@ std::int64_t RequestPageSets::tokens(RequestRef request) const noexcept {
 }
 
 RequestPageSetsCounts RequestPageSets::counts() const noexcept {
-  return RequestPageSetsCounts{active_, preempted_, refused_};
+  return RequestPageSetsCounts{active_, preempted_, refused_, release_errors_};
 }
 
 Status RequestPageSets::refuse(RequestRef request, const char* action, SlotState wanted) {
@@ -97,8 +123,10 @@ Status RequestPageSets::place(Slot& slot, std::span<const TokenId> tokens,
   const WriterId writer = pool_->new_writer();
   Status fresh = pool_->allocate(std::span(pages).subspan(static_cast<std::size_t>(hits)), writer);
   if (!fresh.ok()) {  // give the hits back: nothing taken
-    release_tail_first(*pool_, std::span<const PageHandle>(pages.data(), static_cast<std::size_t>(hits)));
-    return fresh;
+    Status given_back = release_tail_first(
+        *pool_, std::span<const PageHandle>(pages.data(), static_cast<std::size_t>(hits)),
+        release_errors_);
+    return given_back.ok() ? fresh : release_refused("giving prefix hits back", given_back);
   }
   slot.pages = std::move(pages);
   slot.tokens = count;
@@ -113,6 +141,10 @@ Status RequestPageSets::place(Slot& slot, std::span<const TokenId> tokens,
 
 Result<RequestRef> RequestPageSets::admit(std::span<const TokenId> tokens,
                                           const CacheKeyExtras& extras, PagePlan* plan) {
+  if (tokens.empty()) {
+    return make_status(StatusCode::invalid_argument,
+                       "admit: a request needs at least one token; nothing was taken");
+  }
   if (free_slots_.empty()) {
     return make_status(StatusCode::resource_exhausted, "admit: all ", slots_.size(),
                        " request slots are in use");
@@ -174,7 +206,8 @@ Result<PagePlan> RequestPageSets::append(RequestRef request, std::int32_t new_to
 }
 
 void RequestPageSets::release_copy_sources() {
-  release_tail_first(*pool_, copy_sources_);
+  Status released = release_tail_first(*pool_, copy_sources_, release_errors_);
+  if (!released.ok()) last_release_error_ = std::move(released);
   copy_sources_.clear();
 }
 
@@ -188,8 +221,9 @@ Result<RequestRef> RequestPageSets::fork(RequestRef parent) {
   for (std::size_t i = 0; i < source.pages.size(); ++i) {
     Status shared = pool_->share(source.pages[i]);
     if (!shared.ok()) {
-      release_tail_first(*pool_, std::span<const PageHandle>(source.pages.data(), i));
-      return shared;
+      Status undone = release_tail_first(
+          *pool_, std::span<const PageHandle>(source.pages.data(), i), release_errors_);
+      return undone.ok() ? shared : release_refused("fork: undoing the shares", undone);
     }
   }
   const std::int32_t index = free_slots_.back();
@@ -203,19 +237,20 @@ Result<RequestRef> RequestPageSets::fork(RequestRef parent) {
   return RequestRef{index, child.writer};
 }
 
-void RequestPageSets::release_all(Slot& slot) {
-  release_tail_first(*pool_, slot.pages);
+Status RequestPageSets::release_all(Slot& slot) {
+  Status released = release_tail_first(*pool_, slot.pages, release_errors_);
   slot.pages.clear();
+  return released;
 }
 
 Status RequestPageSets::preempt(RequestRef request) {
   if (!is_active(request)) return refuse(request, "preempt", SlotState::active);
   Slot& slot = slots_[static_cast<std::size_t>(request.slot)];
-  release_all(slot);
+  Status released = release_all(slot);
   slot.state = SlotState::preempted;
   --active_;
   ++preempted_;
-  return {};
+  return released.ok() ? released : release_refused("preempt", released);
 }
 
 Result<RequestRef> RequestPageSets::resume(RequestRef preempted, std::span<const TokenId> tokens,
@@ -252,7 +287,7 @@ Status RequestPageSets::finish(RequestRef request, std::span<const TokenId> toke
     Result<std::int32_t> indexed = cache_->insert(tokens, extras, slot.pages);
     if (!indexed.ok()) return indexed.status();
   }
-  release_all(slot);
+  Status released = release_all(slot);
   if (preempted) {
     --preempted_;
   } else {
@@ -262,7 +297,7 @@ Status RequestPageSets::finish(RequestRef request, std::span<const TokenId> toke
   slot.tokens = 0;
   slot.writer = no_writer;
   free_slots_.push_back(request.slot);
-  return {};
+  return released.ok() ? released : release_refused("finish", released);
 }
 
 Status RequestPageSets::check_invariants() const {

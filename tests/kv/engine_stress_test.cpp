@@ -37,6 +37,7 @@
 #include "slimserve/kv/device_page_table.hpp"
 #include "slimserve/kv/device_tag_array.hpp"
 #include "slimserve/kv/page_access.hpp"
+#include "slimserve/kv/page_fill.cuh"
 #include "slimserve/kv/page_movement.hpp"
 #include "slimserve/kv/prefix_cache.hpp"
 #include "slimserve/kv/request_pages.hpp"
@@ -63,19 +64,24 @@ SLIMSERVE_HOST_DEVICE constexpr std::uint32_t fold(std::uint32_t digest, std::ui
   return (digest ^ value) * 16777619u + static_cast<std::uint32_t>(position);
 }
 
-// Request b writes its last append_indptr[b+1] - append_indptr[b] tokens, unless aborted.
+// Request b writes its last append_indptr[b+1] - append_indptr[b] tokens, unless aborted, and
+// records each page's fill on the device as append_kv does (device-held lengths).
 __global__ void toy_append_kernel(PageTableView table, const RequestStatus* statuses,
                                   const std::int32_t* append_indptr, const std::uint32_t* values,
-                                  std::uint32_t* kv) {  // kv: [num_pages, page_size]
+                                  std::uint32_t* kv,  // kv: [num_pages, page_size]
+                                  PageFillWord* fills) {
   const int b = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (b >= table.batch_size || !may_touch_pages(statuses, b)) return;
   const std::int64_t tokens = request_length(table, b);
   const std::int32_t appended = append_indptr[b + 1] - append_indptr[b];
   for (std::int32_t i = 0; i < appended; ++i) {
     const std::int64_t t = tokens - appended + i;
-    const PageId page = table.indices[table.indptr[b] + t / table.page_size];
+    const std::int64_t entry = table.indptr[b] + t / table.page_size;
+    const PageId page = table.indices[entry];
     kv[static_cast<std::int64_t>(page) * table.page_size + t % table.page_size] =
         values[append_indptr[b] + i];
+    record_page_fill(fills, page, table.expected_tags[entry],
+                     static_cast<std::int32_t>(t % table.page_size) + 1);
   }
 }
 
@@ -100,7 +106,7 @@ __global__ void toy_read_kernel(PageTableView table, const RequestStatus* status
 // Copy-on-write of one word per token under the same gate as kv::copy_pages.
 __global__ void toy_copy_kernel(const PageCopy* copies, std::int32_t count,
                                 const DevicePageTag* page_tags, std::int32_t pages,
-                                std::uint32_t* kv, RequestStatus* statuses) {
+                                std::uint32_t* kv, RequestStatus* statuses, PageFillWord* fills) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= count) return;
   const PageCopy c = copies[i];
@@ -113,6 +119,7 @@ __global__ void toy_copy_kernel(const PageCopy* copies, std::int32_t count,
   for (std::int32_t t = 0; t < c.tokens; ++t) {
     kv[static_cast<std::int64_t>(c.dst) * page_size + t] = kv[static_cast<std::int64_t>(c.src) * page_size + t];
   }
+  record_page_fill(fills, c.dst, c.dst_tag, c.tokens);
 }
 
 template <class T>
@@ -245,6 +252,7 @@ class Engine {
         kv_(device_buffer<std::uint32_t>(static_cast<std::size_t>(num_pages) * page_size)),
         model_(static_cast<std::size_t>(num_pages) * page_size),
         indptr_(device_buffer<std::int32_t>(max_rows + 1)),
+        num_entries_(device_buffer<std::int32_t>(1)),
         last_(device_buffer<std::int32_t>(max_rows)),
         append_indptr_(device_buffer<std::int32_t>(max_rows + 1)),
         indices_(device_buffer<PageId>(max_entries)),
@@ -448,6 +456,8 @@ class Engine {
     bool healthy = false;
     bool check_digest = true;
     std::string label;  // injected rows
+    bool uncaught_is_harmful_read = false;  // it reads slots or entries that are not its own
+    std::int32_t overrun_entries = 0;       // indptr runs this far past the table's entries
     // Where an injected write lands (for harm classification).
     PageId write_page = -1;
     std::int32_t write_slot = 0;
@@ -533,6 +543,64 @@ class Engine {
     return row;
   }
 
+  // Bugs in the lengths of this step's own rows (device-held lengths and bounded rows catch
+  // them): a table one token longer than the request (it reads a slot past its own, the page's
+  // previous owner's token), one token shorter with this step's append (it overwrites the
+  // request's own last token: the -1 replay), and an indptr running past the table's entries
+  // into what an earlier, larger table left in the buffer.
+  void inject_length_bugs(std::vector<Row>& rows) {
+    std::vector<std::size_t> decoding;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i].healthy && rows[i].appended.size() == 1 && rows[i].tokens >= 2) decoding.push_back(i);
+    }
+    if (decoding.empty()) return;
+    if (rows.size() < max_rows && rng_() % 3 == 0) {
+      const Row& h = rows[decoding[rng_() % decoding.size()]];
+      if (h.tokens % page_size != 0) {
+        Row row;
+        row.pages = h.pages;
+        row.tokens = h.tokens + 1;
+        row.writer = h.writer;
+        row.check_digest = false;
+        row.uncaught_is_harmful_read = true;
+        row.label = "table length +1 (a slot past the request) read";
+        rows.push_back(std::move(row));
+      }
+    }
+    if (rows.size() < max_rows && rng_() % 3 == 0) {
+      const Row& h = rows[decoding[rng_() % decoding.size()]];
+      Row row;
+      row.tokens = h.tokens - 1;
+      row.pages.assign(h.pages.begin(), h.pages.begin() + static_cast<std::ptrdiff_t>((row.tokens + page_size - 1) / page_size));
+      row.writer = h.writer;
+      row.check_digest = false;
+      const std::int64_t t = row.tokens - 1;  // a position that holds the request's own token
+      row.write_page = row.pages[static_cast<std::size_t>(t / page_size)].id;
+      row.write_slot = static_cast<std::int32_t>(t % page_size);
+      row.write_value = static_cast<std::uint32_t>(rng_()) | 1u;
+      row.appended = {row.write_value};
+      row.label = "table length -1 (append over the request's own token) write";
+      rows.push_back(std::move(row));
+    }
+    if (rows.size() < max_rows && rng_() % 3 == 0) {
+      std::int64_t entries = 0;
+      for (const Row& row : rows) entries += static_cast<std::int64_t>(row.pages.size());
+      const Row& h = rows[decoding[rng_() % decoding.size()]];
+      entries += static_cast<std::int64_t>(h.pages.size());
+      if (entries < entries_high_water_) {
+        Row row;
+        row.pages = h.pages;
+        row.tokens = h.tokens;
+        row.writer = h.writer;
+        row.check_digest = false;
+        row.uncaught_is_harmful_read = true;
+        row.overrun_entries = 1 + static_cast<std::int32_t>(rng_() % std::min<std::int64_t>(4, entries_high_water_ - entries));
+        row.label = "indptr past the row into leftover entries read";
+        rows.push_back(std::move(row));
+      }
+    }
+  }
+
   void step() {
     ++totals_.steps;
     if (threaded_) (void)shared_->drain_releases();  // refusals are counted by the pool
@@ -607,7 +675,10 @@ class Engine {
         rows.push_back(forged(static_cast<int>(rng_() % 3)));
       }
     }
+    inject_length_bugs(rows);
     std::shuffle(rows.begin(), rows.end(), rng_);
+    // The indptr overrun runs off the end of the table: its row goes last.
+    std::stable_partition(rows.begin(), rows.end(), [](const Row& row) { return row.overrun_entries == 0; });
     run_device(rows, copies);
   }
 
@@ -623,7 +694,7 @@ class Engine {
         ids.push_back(page.id);
         tags.push_back(page.tag);
       }
-      indptr.push_back(static_cast<std::int32_t>(ids.size()));
+      indptr.push_back(static_cast<std::int32_t>(ids.size()) + row.overrun_entries);
       const auto count = static_cast<std::int64_t>(row.pages.size());
       last.push_back(row.last_page_len_override >= 0
                          ? row.last_page_len_override
@@ -633,7 +704,16 @@ class Engine {
       writers.push_back(row.writer);
     }
     REQUIRE(static_cast<std::int64_t>(ids.size()) <= max_entries);
-    locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });
+    entries_high_water_ = std::max<std::int64_t>(entries_high_water_, static_cast<std::int64_t>(ids.size()));
+    const std::int32_t built = static_cast<std::int32_t>(ids.size());
+    REQUIRE(num_entries_.upload(std::span<const std::int32_t>(&built, 1)).ok());
+    const TableAge built_at = locked([&] { return table_age(*pool_); });
+    // Injected: the engine forgets the step's sync. The device tags are then the previous
+    // step's, and stale replays of pages changed since would pass; the table's age refuses
+    // the whole step on the host before anything is launched, and the engine syncs and
+    // checks again.
+    const bool skip_sync = length_checks_ && rng_() % 40 == 0;
+    if (!skip_sync) locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });
     REQUIRE(indptr_.upload(indptr).ok());
     REQUIRE(last_.upload(last).ok());
     REQUIRE(append_indptr_.upload(append_indptr).ok());
@@ -645,27 +725,43 @@ class Engine {
     if (!values.empty()) REQUIRE(values_.upload(values).ok());
     REQUIRE(statuses_.fill_bytes(0x5A).ok());
     REQUIRE(digests_.fill_bytes(0x5A).ok());
-    const PageTableView table{indptr_.data(), indices_.data(), last_.data(), expected_.data(),
-                              batch, page_size};
+    PageTableView table{indptr_.data(), indices_.data(), last_.data(), expected_.data(),
+                        batch, page_size, num_entries_.data(), max_entries};
+    if (!length_checks_) {  // measuring what the length classes do without their checks
+      table.num_entries = nullptr;
+      table.entry_capacity = 0;
+    }
     TagCheckArguments check{table, &tags_, statuses_.data(), nullptr};
     check.writers = writers_.data();
     check.append_indptr = append_indptr_.data();
-    REQUIRE(check_page_tags(check, nullptr).ok());
-    // Copy-on-write copies, then the appends, then the reads (one stream: in order).
+    check.check_fill = length_checks_;
+    if (length_checks_) check.built_at = built_at;
+    if (skip_sync) {
+      const bool changed = locked([&] { return !pool_->dirty_pages().empty(); });
+      const Status refused = check_page_tags(check, nullptr);
+      // Refused exactly when the pool changed since the last sync (and then nothing launched).
+      const bool caught = refused.code() == StatusCode::failed_precondition;
+      CHECK(caught == changed);
+      if (changed) totals_.add("tag array not synced for a step (refused on the host)", caught, false, !caught);
+      locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });
+    }
+    // Copy-on-write copies first (gated by their own verdicts): the check then sees the
+    // copied pages' fills. Then the check, the appends, the reads (one stream: in order).
     if (!copies.empty()) {
       REQUIRE(copies_.upload(copies).ok());
       REQUIRE(rt::launch(toy_copy_kernel, rt::LaunchConfig{dim3(1), dim3(32), 0, nullptr},
                          static_cast<const PageCopy*>(copies_.data()),
                          static_cast<std::int32_t>(copies.size()), tags_.data(), num_pages,
-                         kv_.data(), copy_statuses_.data())
+                         kv_.data(), copy_statuses_.data(), tags_.fills())
                   .ok());
     }
     locked([&] { sets_->release_copy_sources(); });  // the copies are enqueued
+    REQUIRE(check_page_tags(check, nullptr).ok());
     const rt::LaunchConfig rows_config{dim3(1), dim3(max_rows), 0, nullptr};
     REQUIRE(rt::launch(toy_append_kernel, rows_config, table,
                        static_cast<const RequestStatus*>(statuses_.data()),
                        static_cast<const std::int32_t*>(append_indptr_.data()),
-                       static_cast<const std::uint32_t*>(values_.data()), kv_.data())
+                       static_cast<const std::uint32_t*>(values_.data()), kv_.data(), tags_.fills())
                 .ok());
     REQUIRE(rt::launch(toy_read_kernel, rows_config, table,
                        static_cast<const RequestStatus*>(statuses_.data()),
@@ -738,7 +834,8 @@ class Engine {
         const std::size_t at = static_cast<std::size_t>(row.write_page) * page_size + static_cast<std::size_t>(row.write_slot);
         harmful_write = row.write_slot < cared[static_cast<std::size_t>(row.write_page)] && row.write_value != model_[at];
       }
-      const bool harmful_read = !caught && row.check_digest && digests[b] != row.expected_digest;
+      const bool harmful_read = !caught && (row.uncaught_is_harmful_read ||
+                                            (row.check_digest && digests[b] != row.expected_digest));
       totals_.add(row.label, caught, harmful_write, harmful_read);
     }
     totals_.request_steps += totals_.healthy_rows - counted_healthy_;
@@ -772,7 +869,11 @@ class Engine {
   DeviceTagArray tags_;
   rt::DeviceBuffer<std::uint32_t> kv_;
   std::vector<std::uint32_t> model_;
-  rt::DeviceBuffer<std::int32_t> indptr_, last_, append_indptr_;
+  rt::DeviceBuffer<std::int32_t> indptr_, num_entries_, last_, append_indptr_;
+  std::int64_t entries_high_water_ = 0;  // entries any earlier table left in the buffers
+  // SLIMSERVE_KV_STRESS_NO_LENGTH_CHECKS=1 turns off device-held lengths and bounded rows, to
+  // measure the harm of the length classes without them (the run then fails, as it should).
+  bool length_checks_ = std::getenv("SLIMSERVE_KV_STRESS_NO_LENGTH_CHECKS") == nullptr;
   rt::DeviceBuffer<PageId> indices_;
   rt::DeviceBuffer<PageTag> expected_;
   rt::DeviceBuffer<WriterId> writers_;

@@ -297,6 +297,22 @@ TEST_CASE("page movement: swap out and in through pinned host records, byte-exac
     }
     CHECK(got[5].state == RequestState::write_denied);
     cache.require_equal_to_model();
+    // An out-of-range direction (it arrives as an integer from C, Python or a cast) is refused
+    // by the preflight and the launch alike, and moves nothing either way: the cache and the
+    // host records keep their bytes. Before the check, 5 was preflighted as one direction
+    // and launched as the other.
+    for (const int raw : {2, 5, 255}) {
+      const auto bad = static_cast<SwapDirection>(raw);
+      CHECK(check_page_swaps(in, bad, cache.view(), slots).code() == StatusCode::invalid_argument);
+      CHECK(swap_pages(SwapPagesArguments{cache.view(), &world.tags, host->data(), slots, d_swaps.data(),
+                                          static_cast<std::int32_t>(in.size()), bad, statuses.data()},
+                       nullptr)
+                .code() == StatusCode::invalid_argument);
+    }
+    REQUIRE(host->download(host_got).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    REQUIRE(host_got == host_model);
+    cache.require_equal_to_model();
   }
 }
 

@@ -1,9 +1,13 @@
 // PagePool: ownership, generation tags, misuse detection, copy-on-write, tag retirement.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "slimserve/kv/page_pool.hpp"
+#include "support/host_memory.hpp"
 
 using namespace slimserve;
 using namespace slimserve::kv;
@@ -25,6 +29,22 @@ TEST_CASE("page pool: creation rejects bad options", "[kv][pool]") {
   CHECK(PagePool::create(PagePoolOptions{1}).status().code() == StatusCode::invalid_argument);
   CHECK(PagePool::create(PagePoolOptions{-3}).status().code() == StatusCode::invalid_argument);
   CHECK(PagePool::create(PagePoolOptions{8, 0}).status().code() == StatusCode::invalid_argument);
+}
+
+TEST_CASE("page pool: a size the host cannot hold is resource_exhausted, never bad_alloc", "[kv][pool]") {
+  // 2^31 - 1 pages need over 80 GiB of bookkeeping. Before the check the factory threw
+  // std::bad_alloc (terminating an engine built without exception handling).
+  if (slimserve_test::physical_memory_bytes() > (std::uint64_t{1} << 36)) {
+    WARN("not run: this host could hold 2^31 pages' bookkeeping");
+    return;
+  }
+  Result<PagePool> huge = PagePool::create(PagePoolOptions{std::numeric_limits<std::int32_t>::max()});
+  CHECK(huge.status().code() == StatusCode::resource_exhausted);
+  INFO(huge.status().to_string());
+  CHECK(huge.status().to_string().find("host memory") != std::string::npos);
+  // A pool created afterwards is unaffected (the refused one left no trace in the registry).
+  PagePool pool = make_pool(4);
+  CHECK(pool.counts().free == 3);
 }
 
 TEST_CASE("page pool: allocate and release, tags change only with a new owner", "[kv][pool]") {

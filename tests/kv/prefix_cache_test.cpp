@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "slimserve/kv/prefix_cache.hpp"
+#include "support/host_memory.hpp"
 #include "support/random.hpp"
 
 using namespace slimserve;
@@ -155,6 +156,14 @@ TEST_CASE("prefix cache: bad calls are rejected", "[kv][cache]") {
   Fixture f(8);
   CHECK(PrefixCache::create(f.pool, PrefixCacheOptions{0}).status().code() ==
         StatusCode::invalid_argument);
+  // 2^30 tokens per page x 8 pages = 2^33 tokens (32 GiB of stored tokens): more than the
+  // host holds, so resource_exhausted instead of the std::bad_alloc it threw before.
+  if (slimserve_test::physical_memory_bytes() < (std::uint64_t{1} << 35)) {
+    Result<std::unique_ptr<PrefixCache>> huge =
+        PrefixCache::create(f.pool, PrefixCacheOptions{std::int32_t{1} << 30});
+    INFO(huge.status().to_string());
+    CHECK(huge.status().code() == StatusCode::resource_exhausted);
+  }
   std::vector<TokenId> tokens(2 * page_size, 5);
   std::vector<PageHandle> small(1);
   CHECK(f.cache->match_prefix(tokens, {}, small).status().code() == StatusCode::invalid_argument);

@@ -3,10 +3,13 @@
 // refused, counted and changes nothing. Also SharedPagePool::post_finish posted twice.
 #include <catch2/catch.hpp>
 
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "slimserve/kv/request_pages.hpp"
 #include "slimserve/kv/shared_page_pool.hpp"
+#include "support/host_memory.hpp"
 
 using namespace slimserve;
 using namespace slimserve::kv;
@@ -161,4 +164,65 @@ TEST_CASE("request pages: a request posted twice to the completion queue is fini
   for (const PageHandle& page : f.sets->pages(*b)) CHECK(f.pool.is_live(page));  // b kept all of its references
   CHECK(f.sets->counts().refused == 1);
   f.audit();
+}
+
+TEST_CASE("request pages: factory sizes, empty admits and the pool's release errors", "[kv][requests]") {
+  Fixture f(32);
+  // 2^31 - 1 slots need over 80 GiB: resource_exhausted, not the std::bad_alloc it threw.
+  if (slimserve_test::physical_memory_bytes() <= (std::uint64_t{1} << 36)) {
+    auto huge = RequestPageSets::create(
+        f.pool, f.cache.get(), RequestPageSetsOptions{std::numeric_limits<std::int32_t>::max(), page_size});
+    INFO(huge.status().to_string());
+    CHECK(huge.status().code() == StatusCode::resource_exhausted);
+  }
+  // A request of no tokens is refused and takes nothing (it used to get a slot and no pages).
+  const auto free_before = f.pool.counts().free;
+  Result<RequestRef> empty = f.sets->admit(std::span<const TokenId>{}, {});
+  CHECK(empty.status().code() == StatusCode::invalid_argument);
+  CHECK(f.sets->counts().active == 0);
+  CHECK(f.pool.counts().free == free_before);
+  f.audit();
+
+  // The engine releases one of a request's pages behind the sets' back: finish releases the
+  // rest, frees the slot and returns the pool's refusal (it used to return ok).
+  const auto prompt = sequence(10, 300);
+  Result<RequestRef> a = f.sets->admit(prompt, {});
+  REQUIRE(a.ok());
+  const PageHandle middle = f.sets->pages(*a)[1];
+  REQUIRE(f.pool.release(middle).ok());
+  Status finished = f.sets->finish(*a);
+  INFO(finished.to_string());
+  CHECK(finished.code() == StatusCode::failed_precondition);
+  CHECK(finished.to_string().find("finish") != std::string::npos);
+  CHECK(f.sets->counts().release_errors == 1);
+  CHECK(f.sets->counts().active == 0);
+  CHECK_FALSE(f.sets->is_active(*a));
+  CHECK(f.pool.counts().free == free_before);  // every other page came back
+  f.audit();
+
+  // The same through preempt.
+  Result<RequestRef> b = f.sets->admit(prompt, {});
+  REQUIRE(b.ok());
+  REQUIRE(f.pool.release(f.sets->pages(*b)[0]).ok());
+  CHECK(f.sets->preempt(*b).code() == StatusCode::failed_precondition);
+  CHECK(f.sets->counts().release_errors == 2);
+  CHECK(f.sets->counts().preempted == 1);
+  CHECK(f.pool.counts().free == free_before);
+  f.audit();
+
+  // A copy-on-write source released behind the sets' back: counted and kept.
+  Result<RequestRef> c = f.sets->admit(sequence(6, 500), {});
+  REQUIRE(c.ok());
+  Result<RequestRef> child = f.sets->fork(*c);
+  REQUIRE(child.ok());
+  Result<PagePlan> plan = f.sets->append(*child, 1);
+  REQUIRE(plan.ok());
+  REQUIRE(plan->needs_copy);
+  REQUIRE(f.sets->pending_copy_sources().size() == 1);
+  const PageHandle source = f.sets->pending_copy_sources()[0];
+  REQUIRE(f.pool.release(source).ok());  // the sets' extra reference, taken by someone else
+  REQUIRE(f.pool.release(source).ok());  // and the parent's
+  f.sets->release_copy_sources();
+  CHECK(f.sets->counts().release_errors == 3);
+  CHECK_FALSE(f.sets->last_release_error().ok());
 }

@@ -423,3 +423,137 @@ TEST_CASE("tag check: write ownership gates appends and reads of another request
   CHECK(block_statuses[0].state == RequestState::ok);
   CHECK(block_statuses[1].state == RequestState::write_denied);
 }
+
+TEST_CASE("tag check: a row whose indptr leaves the entries built for it is refused", "[kv][tagcheck]") {
+  auto rng = slimserve_test::make_rng(35);
+  constexpr std::int32_t num_pages = 128;
+  PagePool pool = std::move(PagePool::create(PagePoolOptions{num_pages})).value();
+  DeviceTagArray device_tags = std::move(DeviceTagArray::create(num_pages)).value();
+  PageTableStorage storage = std::move(PageTableStorage::create(8, 64)).value();
+  // Step 1: a wide batch of read-only pages (other requests'), leaving its entries in the
+  // buffers. Step 2: a smaller batch; its last row's end is then corrupted on the device to
+  // run into step 1's leftovers, whose tags still match and whose pages are read-only:
+  // without bounds the row passes and reads other requests' pages.
+  std::vector<std::vector<PageHandle>> wide(6);
+  std::vector<RequestPages> step1;
+  for (auto& pages : wide) {
+    pages.resize(static_cast<std::size_t>(3 + rng() % 6));
+    REQUIRE(pool.allocate(pages).ok());
+    step1.push_back({pages, static_cast<std::int64_t>(pages.size()) * page_size});
+  }
+  Result<PageTableView> host1 = build_page_table(step1, {page_size, num_pages}, storage.host());
+  REQUIRE(host1.ok());
+  REQUIRE(device_tags.sync(pool, nullptr).ok());
+  REQUIRE(upload_page_table(*host1, num_pages, storage.device(), nullptr).ok());
+  std::vector<RequestPages> step2{step1[0], step1[1]};
+  step2[1].num_tokens -= page_size - 1 - static_cast<std::int64_t>(rng() % (page_size - 1));
+  Result<PageTableView> host2 = build_page_table(step2, {page_size, num_pages}, storage.host());
+  REQUIRE(host2.ok());
+  const std::int32_t built = host2->indptr[2];
+  REQUIRE(*storage.host().num_entries == built);
+  Result<PageTableView> device2 = upload_page_table(*host2, num_pages, storage.device(), nullptr);
+  REQUIRE(device2.ok());
+  CHECK(device2->entry_capacity == 64);
+  REQUIRE(device2->num_entries == storage.device().num_entries);
+  auto statuses = device_buffer<RequestStatus>(2);
+  auto run = [&] {
+    REQUIRE(statuses.fill_bytes(0x5A).ok());
+    REQUIRE(check_page_tags(TagCheckArguments{*device2, &device_tags, statuses.data(), nullptr}, nullptr).ok());
+    std::vector<RequestStatus> got(2);
+    REQUIRE(copy_statuses_to_host(statuses.data(), got, nullptr).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    return got;
+  };
+  std::vector<RequestStatus> got = run();
+  CHECK(got[0].state == RequestState::ok);
+  CHECK(got[1].state == RequestState::ok);
+  const auto poke = [&](std::int32_t at, std::int32_t value) {
+    REQUIRE(rt::copy_async(storage.device().indptr + at, &value, sizeof value,
+                           rt::CopyDirection::host_to_device, nullptr)
+                .ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+  };
+  // Past the built entries into the leftovers (still inside the buffer).
+  const std::int32_t into_leftovers = built + 1 + static_cast<std::int32_t>(rng() % 4);
+  REQUIRE(into_leftovers <= host1->indptr[6]);
+  poke(2, into_leftovers);
+  got = run();
+  CHECK(got[0].state == RequestState::ok);
+  CHECK(got[1].state == RequestState::bad_page_table);
+  // Past the buffer itself: refused before a single entry is read.
+  poke(2, 64 + 5);
+  got = run();
+  CHECK(got[1].state == RequestState::bad_page_table);
+  // A negative start.
+  poke(2, built);
+  poke(1, -2);
+  got = run();
+  CHECK(got[0].state == RequestState::bad_page_table);
+  CHECK(got[1].state == RequestState::bad_page_table);
+  // On the host, a table whose indptr disagrees with its own count is refused too.
+  storage.host().indptr[2] = into_leftovers;
+  CHECK(validate_page_table(*host2, num_pages).code() == StatusCode::out_of_range);
+  storage.host().indptr[2] = built;
+  CHECK(validate_page_table(*host2, num_pages).ok());
+}
+
+TEST_CASE("tag check: a table built after changes that were never synced is refused", "[kv][tagcheck]") {
+  constexpr std::int32_t num_pages = 64;
+  PagePool pool = std::move(PagePool::create(PagePoolOptions{num_pages})).value();
+  DeviceTagArray device_tags = std::move(DeviceTagArray::create(num_pages)).value();
+  PageTableStorage storage = std::move(PageTableStorage::create(4, 32)).value();
+  auto statuses = device_buffer<RequestStatus>(2);
+  std::vector<PageHandle> a(3), b(2);
+  REQUIRE(pool.allocate(a).ok());
+  REQUIRE(pool.allocate(b).ok());
+  const auto check = [&](const std::vector<RequestPages>& requests, bool sync_first) {
+    Result<PageTableView> host = build_page_table(requests, {page_size, num_pages}, storage.host());
+    REQUIRE(host.ok());
+    const TableAge built_at = table_age(pool);
+    CHECK(built_at.epoch == pool.change_epoch());
+    if (sync_first) REQUIRE(device_tags.sync(pool, nullptr).ok());
+    Result<PageTableView> device = upload_page_table(*host, num_pages, storage.device(), nullptr);
+    REQUIRE(device.ok());
+    REQUIRE(statuses.fill_bytes(0x5A).ok());
+    TagCheckArguments arguments{*device, &device_tags, statuses.data(), nullptr};
+    arguments.built_at = built_at;
+    return check_page_tags(arguments, nullptr);
+  };
+  const std::vector<RequestPages> batch{{a, 3 * page_size}, {b, page_size + 3}};
+  // Never synced: refused on the host, nothing launched.
+  Status never = check(batch, false);
+  INFO(never.to_string());
+  CHECK(never.code() == StatusCode::failed_precondition);
+  CHECK(check(batch, true).ok());
+  // The pool changes after the sync (b's last page freed and reused by another request):
+  // a table built now is refused until the next sync. Without the epoch, the device would
+  // still hold b's old tag and a replay of b's table would pass.
+  REQUIRE(pool.release(b[1]).ok());
+  const PageHandle reused = *pool.allocate();
+  REQUIRE(reused.id == b[1].id);
+  Status stale = check(batch, false);
+  INFO(stale.to_string());
+  CHECK(stale.code() == StatusCode::failed_precondition);
+  CHECK(stale.to_string().find("epoch") != std::string::npos);
+  // Built first, synced after (the documented order): accepted, and the device catches b.
+  REQUIRE(check(batch, true).ok());
+  std::vector<RequestStatus> got(2);
+  REQUIRE(copy_statuses_to_host(statuses.data(), got, nullptr).ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  CHECK(got[0].state == RequestState::ok);
+  CHECK(got[1].state == RequestState::stale_tag);
+  // A table of another pool against tags synced from this one: refused.
+  PagePool other = std::move(PagePool::create(PagePoolOptions{num_pages})).value();
+  std::vector<PageHandle> c(1);
+  REQUIRE(other.allocate(c).ok());
+  Result<PageTableView> foreign = build_page_table(std::vector<RequestPages>{{c, 4}}, {page_size, num_pages}, storage.host());
+  REQUIRE(foreign.ok());
+  Result<PageTableView> foreign_device = upload_page_table(*foreign, num_pages, storage.device(), nullptr);
+  REQUIRE(foreign_device.ok());
+  TagCheckArguments foreign_check{*foreign_device, &device_tags, statuses.data(), nullptr};
+  foreign_check.built_at = table_age(other);
+  CHECK(check_page_tags(foreign_check, nullptr).code() == StatusCode::failed_precondition);
+  // Without an age the check runs as before (engines that do not record it).
+  foreign_check.built_at = {};
+  CHECK(check_page_tags(foreign_check, nullptr).ok());
+}

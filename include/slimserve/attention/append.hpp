@@ -21,6 +21,7 @@
 #include "slimserve/attention/detail/stream.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/config.hpp"
+#include "slimserve/kv/page_access.hpp"
 #include "slimserve/kv/page_table_view.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/status.hpp"
@@ -43,6 +44,10 @@ struct AppendArguments {
   /// page_size, slot slot_mapping[t] % page_size; -1 (any negative) or a page past num_pages
   /// skips it. No page table is read (table may be empty) and no tag verdict applies.
   const std::int64_t* slot_mapping = nullptr;
+  /// Device-held lengths (kv::DeviceTagArray::fills()), optional: each written token records
+  /// its slot in its page's fill under the table's expected tag (table.expected_tags is then
+  /// required), which the tag check's `check_fill` compares later rows with.
+  kv::PageFillWord* page_fills = nullptr;
 };
 
 /// Preflight only (shapes, enum ranges, types, pointers, alignment); nothing is launched.

@@ -27,6 +27,9 @@ struct PageTableDeviceBuffers {
   PageTag* expected_tags = nullptr;       ///< [max_entries]
   std::int32_t max_batch = 0;
   std::int64_t max_entries = 0;
+  /// [1], optional: receives the entry count, so the tag check bounds every row by it
+  /// (PageTableView::num_entries) and by max_entries.
+  std::int32_t* num_entries = nullptr;
 };
 
 /// Caller-owned device arrays for the 2-D form.
@@ -71,24 +74,26 @@ class PageTableStorage {
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_last_, rows));
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_indices_, entries));
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_tags_, entries));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_count_, 1));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_count_, 1));
     return Result<PageTableStorage>(std::move(storage));
   }
   PageTableHostBuffers host() const noexcept {
     return {h_indptr_.data(), h_indices_.data(), h_last_.data(), h_tags_.data(), max_batch_,
-            max_entries_};
+            max_entries_,     h_count_.data()};
   }
   PageTableDeviceBuffers device() const noexcept {
     return {d_indptr_.data(), d_indices_.data(), d_last_.data(), d_tags_.data(), max_batch_,
-            max_entries_};
+            max_entries_,     d_count_.data()};
   }
 
  private:
   std::int32_t max_batch_ = 0;
   std::int64_t max_entries_ = 0;
-  detail::PinnedArray<std::int32_t> h_indptr_, h_last_;
+  detail::PinnedArray<std::int32_t> h_indptr_, h_last_, h_count_;
   detail::PinnedArray<PageId> h_indices_;
   detail::PinnedArray<PageTag> h_tags_;
-  rt::DeviceBuffer<std::int32_t> d_indptr_, d_last_;
+  rt::DeviceBuffer<std::int32_t> d_indptr_, d_last_, d_count_;
   rt::DeviceBuffer<PageId> d_indices_;
   rt::DeviceBuffer<PageTag> d_tags_;
 };
@@ -168,8 +173,16 @@ inline Result<PageTableView> upload_page_table(const PageTableView& host_table,
   SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.expected_tags, host_table.expected_tags,
                                            page_count * sizeof(PageTag),
                                            CopyDirection::host_to_device, stream));
+  if (device.num_entries != nullptr) {
+    // The count validated above, from its own word (the builder's) when the table has one.
+    const std::int32_t* count =
+        host_table.num_entries != nullptr ? host_table.num_entries : host_table.indptr + batch;
+    SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.num_entries, count, ints,
+                                             CopyDirection::host_to_device, stream));
+  }
   return PageTableView{device.indptr,        device.indices, device.last_page_len,
-                       device.expected_tags, batch,          host_table.page_size};
+                       device.expected_tags, batch,          host_table.page_size,
+                       device.num_entries,   device.max_entries};
 }
 
 inline Result<BlockTableView> upload_block_table(const BlockTableView& host_table,

@@ -24,6 +24,18 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
+/// The age of a step's tables: the pool's epoch (PagePool::change_epoch) and identity
+/// (tag_base) when they were built. The tag check refuses tables built at a later epoch than
+/// the device tags were synced at (changes the device has not seen), or for another pool.
+struct TableAge {
+  std::uint64_t epoch = 0;  ///< 0: not recorded (no refusal)
+  PageTag pool = 0;
+};
+/// What to record when building a step's tables from `pool`.
+inline TableAge table_age(const PagePool& pool) noexcept {
+  return TableAge{pool.change_epoch(), pool.tag_base()};
+}
+
 class DeviceTagArray {
  public:
   /// Device and staging memory for a pool of `num_pages` pages (guard page included).
@@ -34,9 +46,18 @@ class DeviceTagArray {
 
   /// Device tags and write owners, [num_pages].
   const DevicePageTag* data() const noexcept { return tags_.data(); }
+  /// Device-held fill of every page, [num_pages] (page_access.hpp): written by the kernels
+  /// that write pages, never by sync. All zero (nothing written) at creation.
+  PageFillWord* fills() const noexcept { return fills_.data(); }
   std::int32_t num_pages() const noexcept { return num_pages_; }
   /// Above this many changed entries, sync uploads the whole array.
   std::int32_t scatter_capacity() const noexcept { return scatter_capacity_; }
+
+  /// The pool epoch (PagePool::change_epoch) the device tags reflect, and which pool
+  /// (tag_base); synced() is false before the first sync.
+  std::uint64_t synced_epoch() const noexcept { return synced_epoch_; }
+  PageTag synced_pool() const noexcept { return synced_pool_; }
+  bool synced() const noexcept { return synced_; }
 
   /// For tests: how the last sync travelled.
   enum class LastSync { nothing, scatter, whole_array };
@@ -44,12 +65,16 @@ class DeviceTagArray {
 
  private:
   rt::DeviceBuffer<DevicePageTag> tags_;        // [num_pages]
+  rt::DeviceBuffer<PageFillWord> fills_;        // [num_pages], device-written only
   rt::DeviceBuffer<TagUpdate> updates_;         // [2, 1 + scatter_capacity]: header, entries
   detail::PinnedArray<TagUpdate> staging_;      // [2, 1 + scatter_capacity]: header, entries
   detail::PinnedArray<DevicePageTag> mirror_;   // [2, num_pages]
   std::int32_t num_pages_ = 0;
   std::int32_t scatter_capacity_ = 0;
   int next_slot_ = 0;
+  std::uint64_t synced_epoch_ = 0;
+  PageTag synced_pool_ = 0;
+  bool synced_ = false;
   LastSync last_sync_ = LastSync::nothing;
 };
 

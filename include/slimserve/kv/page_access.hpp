@@ -42,6 +42,22 @@ static_assert(sizeof(DevicePageTag) == 8, "one 8-byte load per page-table entry"
 
 enum class PageAccess : std::uint8_t { read, write };
 
+/// Device-held fill: how many slots of a page are written, and in which generation (the tag
+/// the writer's table expected). Written only by device kernels (append, copy_pages,
+/// import_request, swap-in: page_fill.cuh), never by the host, so a table cannot claim more
+/// than was written: a slot count is only believed under the page's current tag, and a page
+/// with a new owner (a new tag) starts with nothing written. One 8-byte word per page (the
+/// tag in the low half, the count in the high half), updated with a compare-and-swap.
+using PageFillWord = unsigned long long;
+SLIMSERVE_HOST_DEVICE constexpr PageFillWord pack_page_fill(PageTag tag, std::int32_t filled) {
+  return static_cast<PageFillWord>(static_cast<std::uint32_t>(filled)) << 32 | tag;
+}
+/// Slots of the page written under generation `expected` (0 when the page's fill belongs to
+/// another generation).
+SLIMSERVE_HOST_DEVICE constexpr std::int32_t written_slots(PageFillWord fill, PageTag expected) {
+  return static_cast<PageTag>(fill) == expected ? static_cast<std::int32_t>(fill >> 32) : 0;
+}
+
 /// The access rule above. `page_tags` is the device tag array ([num_pages]); the page's entry
 /// is read only when `page` is in range.
 SLIMSERVE_HOST_DEVICE constexpr RequestState page_access_verdict(const DevicePageTag* page_tags,

@@ -10,6 +10,7 @@
 
 #include "slimserve/config.hpp"
 #include "slimserve/kv/page_access.hpp"
+#include "slimserve/kv/page_fill.cuh"
 #include "slimserve/kv/page_movement.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
@@ -36,6 +37,7 @@ enum class MoveKind : std::uint8_t { copy, swap_out, swap_in, export_request, im
 struct PageMoveParams {
   PageGeometry geometry;
   const DevicePageTag* page_tags;  // [num_pages]
+  PageFillWord* page_fills;        // [num_pages]: what each written page now holds
   std::int32_t num_pages;
   std::int32_t count;              // blocks: copies, swaps, or the request's pages
   // copy / swap lists
@@ -205,6 +207,31 @@ __global__ void __launch_bounds__(BlockThreads) move_pages_kernel(PageMoveParams
       dst = Kind == MoveKind::export_request ? record : page;
     }
     detail::copy_page_slots(dst, src, g, a, tokens, thread, BlockThreads);
+  }
+}
+
+/// Device-held lengths of the pages a move wrote, one thread per move (per page for an
+/// import), after move_pages_kernel on the same stream: a move its verdict let through
+/// records what its destination now holds. A kernel of its own, so the copy loops above stay
+/// as they were.
+template <int BlockThreads, MoveKind Kind>
+__global__ void __launch_bounds__(BlockThreads) record_move_fills_kernel(PageMoveParams p) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= p.count) return;
+  if constexpr (Kind == MoveKind::copy) {
+    if (!request_ok(p.statuses[i])) return;
+    const PageCopy c = p.copies[i];
+    record_page_fill(p.page_fills, c.dst, c.dst_tag, c.tokens);
+  } else if constexpr (Kind == MoveKind::swap_in) {
+    if (!request_ok(p.statuses[i])) return;
+    // A swap record carries no length: the page reads as full (see docs/kv.md).
+    const PageSwap sw = p.swaps[i];
+    record_page_fill(p.page_fills, sw.page, sw.tag, p.geometry.page_size);
+  } else if constexpr (Kind == MoveKind::import_request) {
+    if (!request_ok(p.statuses[0])) return;  // all or nothing
+    const std::int64_t left = p.request_tokens - static_cast<std::int64_t>(i) * p.geometry.page_size;
+    record_page_fill(p.page_fills, p.request_pages[i], p.request_tags[i],
+                     static_cast<std::int32_t>(left < p.geometry.page_size ? left : p.geometry.page_size));
   }
 }
 

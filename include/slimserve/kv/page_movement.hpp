@@ -60,6 +60,10 @@ struct PageSwap {
 };
 
 enum class SwapDirection : std::uint8_t { device_to_host, host_to_device };
+/// Directions arrive as integers too (C ABI, casts): every call checks before using one.
+constexpr bool is_valid(SwapDirection direction) noexcept {
+  return direction == SwapDirection::device_to_host || direction == SwapDirection::host_to_device;
+}
 
 struct SwapPagesArguments {
   attention::PagedKVCacheView cache;

@@ -179,6 +179,11 @@ class PagePool {
   void clear_dirty() noexcept;
   /// Marks every page dirty (for example after the device array was lost).
   void mark_all_dirty();
+  /// The pool's epoch: every change of a tag or write owner advances it (never 0 once the pool
+  /// exists). DeviceTagArray::sync records the epoch it uploaded; a table built at a later
+  /// epoch (PageTableShape::pool) was built against changes the device has not seen, and the
+  /// tag check refuses it.
+  std::uint64_t change_epoch() const noexcept { return change_epoch_; }
 
   // --- Prefix-cache support (used by PrefixCache) --------------------------------------------
   void set_eviction_listener(EvictionListener* listener) noexcept { listener_ = listener; }
@@ -227,6 +232,7 @@ class PagePool {
   void lru_push_back(PageId page) noexcept;
   void lru_remove(PageId page) noexcept;
   void mark_dirty(PageId page) {
+    ++change_epoch_;
     if (!meta_[page].dirty) {
       meta_[page].dirty = true;
       dirty_.push_back(page);  // capacity num_pages reserved: never reallocates
@@ -252,6 +258,7 @@ class PagePool {
   std::unique_ptr<std::atomic<PageTag>> published_high_;
   WriterId last_writer_ = no_writer;
   EvictionListener* listener_ = nullptr;
+  std::uint64_t change_epoch_ = 0;
 };
 
 // --- Hot paths, inline ---------------------------------------------------------------------

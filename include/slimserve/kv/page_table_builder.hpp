@@ -32,6 +32,9 @@ struct PageTableHostBuffers {
   PageTag* expected_tags = nullptr;       ///< [max_entries]
   std::int32_t max_batch = 0;
   std::int64_t max_entries = 0;
+  /// [1], optional: the builder writes the entry count here too, so the table carries it
+  /// apart from indptr (PageTableView::num_entries).
+  std::int32_t* num_entries = nullptr;
 };
 
 /// Caller-owned host arrays for the 2-D form; unused entries of a row get the guard page.
@@ -65,6 +68,7 @@ Result<BlockTableView> build_block_table(std::span<const RequestPages> requests,
 /// with no pages), page ids in [0, num_pages), no guard page (page 0) inside a request's pages
 /// and no page carrying never_owned_tag. The row structure is checked before any entry is read;
 /// give `max_entries` (the length of indices / expected_tags) to also bound indptr[batch_size].
+/// A table that carries its bounds (num_entries, entry_capacity) is also checked against them.
 Status validate_page_table(const PageTableView& host_table, std::int32_t num_pages,
                            std::int64_t max_entries = -1);
 

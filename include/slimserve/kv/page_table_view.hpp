@@ -33,6 +33,14 @@ struct PageTableView {
   const PageTag* expected_tags = nullptr;       ///< [indptr[batch_size]], parallel to indices
   std::int32_t batch_size = 0;
   std::int32_t page_size = 0;  ///< tokens per page
+  /// Bounded rows. The entries built for this table (one int32, [1], next to the arrays: the
+  /// builder writes it and the upload copies it, separately from indptr) and the capacity of
+  /// the indices / expected_tags buffers. The tag check refuses (bad_page_table) a request
+  /// whose indptr range leaves [0, *num_entries) or [0, entry_capacity), so a corrupted indptr
+  /// cannot reach entries left in the buffer by an earlier, larger table. Null / 0: unbounded
+  /// (tables assembled by hand, the C ABI).
+  const std::int32_t* num_entries = nullptr;
+  std::int64_t entry_capacity = 0;
 };
 
 /// 2-D block-table form ([batch_size, max_pages_per_request], row-major) for engines that use it.

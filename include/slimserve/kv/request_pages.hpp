@@ -61,6 +61,8 @@ struct RequestPageSetsCounts {
   std::int32_t active = 0;     ///< requests holding pages
   std::int32_t preempted = 0;  ///< requests waiting for resume (holding no pages)
   std::uint64_t refused = 0;   ///< calls refused for a reference that was not active
+  /// Pages the pool refused to release (released behind the sets' back, or from another pool).
+  std::uint64_t release_errors = 0;
 };
 
 class RequestPageSets {
@@ -70,23 +72,28 @@ class RequestPageSets {
   static Result<std::unique_ptr<RequestPageSets>> create(PagePool& pool, PrefixCache* cache,
                                                          const RequestPageSetsOptions& options);
 
-  /// A new request for `tokens` (its prompt): prefix hits for all but the last token, fresh
-  /// writable pages for the rest. All or nothing (resource_exhausted: nothing taken).
+  /// A new request for `tokens` (its prompt, at least one token): prefix hits for all but the
+  /// last token, fresh writable pages for the rest. All or nothing (resource_exhausted:
+  /// nothing taken).
   Result<RequestRef> admit(std::span<const TokenId> tokens, const CacheKeyExtras& extras,
                            PagePlan* plan = nullptr);
   /// Room for `new_tokens` more tokens: copy-on-write of a shared or cached last page (see
   /// the plan), then fresh pages, all writable by the request. All or nothing.
   Result<PagePlan> append(RequestRef request, std::int32_t new_tokens);
   /// Drops the references that kept copy-on-write sources read-only: call it once the step's
-  /// copies are enqueued (stream order puts them before any later write).
+  /// copies are enqueued (stream order puts them before any later write). A page the pool
+  /// refuses is counted (`counts().release_errors`) and kept in last_release_error().
   void release_copy_sources();
+  /// The pool's most recent refusal in release_copy_sources (ok when none).
+  const Status& last_release_error() const noexcept { return last_release_error_; }
   /// Copy-on-write sources still held.
   std::span<const PageHandle> pending_copy_sources() const noexcept { return copy_sources_; }
   /// A child sharing every page of `parent` (all read-only now; each side copies on its next
   /// append). All or nothing.
   Result<RequestRef> fork(RequestRef parent);
   /// Releases every page (tail first) and keeps the token count for `resume`; the reference
-  /// stops being active.
+  /// stops being active. Preempt and finish complete even when the pool refuses a page (it was
+  /// released behind the sets' back): they release the rest and return the pool's error.
   Status preempt(RequestRef request);
   /// Pages again for a preempted request's `tokens` (prefix hits, then fresh pages), under a
   /// new identity: tables of the preempted incarnation no longer match. All or nothing.
@@ -122,7 +129,7 @@ class RequestPageSets {
   Status refuse(RequestRef request, const char* action, SlotState wanted);
   Status place(Slot& slot, std::span<const TokenId> tokens, const CacheKeyExtras& extras,
                PagePlan* plan);
-  void release_all(Slot& slot);
+  Status release_all(Slot& slot);
   std::int32_t pages_for(std::int64_t tokens) const noexcept {
     return static_cast<std::int32_t>((tokens + page_size_ - 1) / page_size_);
   }
@@ -136,6 +143,8 @@ class RequestPageSets {
   std::int32_t active_ = 0;
   std::int32_t preempted_ = 0;
   std::uint64_t refused_ = 0;
+  std::uint64_t release_errors_ = 0;
+  Status last_release_error_;
 };
 
 }  // namespace kv

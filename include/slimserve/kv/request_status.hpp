@@ -23,6 +23,10 @@ enum class RequestState : std::int32_t {
   write_denied = 5,       ///< a page this step writes is not exclusively the request's (shared,
                           ///< cached, free, or writable by another request)
   read_denied = 6,        ///< a page another request holds write rights to
+  unwritten_slots = 7,    ///< the row claims more tokens in a page than the device recorded
+                          ///< written in its generation (a length past the request: +1)
+  append_not_next = 8,    ///< an append that does not start at the page's next unwritten slot
+                          ///< (a shortened or replayed table would overwrite written tokens)
 };
 
 struct RequestStatus {

@@ -41,8 +41,13 @@ struct CsrRows {
     begin = first;
     count = end - first;
     tokens = count <= 0 ? 0 : static_cast<std::int64_t>(count - 1) * table.page_size + last_len;
-    return end == first ? last_len == 0
-                        : end > first && last_len >= 1 && last_len <= table.page_size;
+    // Bounded rows: [first, end) stays inside the entries built for this table (its own
+    // count, not indptr[batch_size]) and inside the buffer.
+    std::int64_t bound = table.entry_capacity > 0 ? table.entry_capacity : 0x7FFFFFFF;
+    if (table.num_entries != nullptr && *table.num_entries < bound) bound = *table.num_entries;
+    const bool inside = first >= 0 && end <= bound;
+    return inside && (end == first ? last_len == 0
+                                   : end > first && last_len >= 1 && last_len <= table.page_size);
   }
   SLIMSERVE_DEVICE PageId page(std::int64_t entry) const { return table.indices[entry]; }
   SLIMSERVE_DEVICE PageTag expected(std::int64_t entry) const { return table.expected_tags[entry]; }
@@ -75,6 +80,7 @@ struct TagCheckParams {
   std::int32_t num_pages;
   const WriterId* writers;            // [rows.batch_size()] or null: nobody (reads only)
   const std::int32_t* append_indptr;  // [rows.batch_size() + 1] or null: no request writes
+  const PageFillWord* page_fills;     // [num_pages] or null: lengths are not checked
   RequestStatus* statuses;            // [rows.batch_size()]
   std::int32_t* aborted_count;        // [1] or null; incremented once per failing request
 };
@@ -117,9 +123,9 @@ __global__ void __launch_bounds__(BlockThreads)
   bool shape_ok = params.rows.row(request, begin, count, tokens);
   // Slots at and after first_write receive this step's appended tokens.
   std::int32_t first_write = count;
+  std::int64_t appended = 0;
   if (shape_ok && params.append_indptr != nullptr) {
-    const std::int64_t appended =
-        params.append_indptr[request + 1] - params.append_indptr[request];
+    appended = params.append_indptr[request + 1] - params.append_indptr[request];
     shape_ok = appended >= 0 && appended <= tokens;
     if (shape_ok && appended > 0) {
       first_write = static_cast<std::int32_t>((tokens - appended) / params.rows.page_size());
@@ -137,11 +143,33 @@ __global__ void __launch_bounds__(BlockThreads)
   __syncthreads();
   RequestState my_state = RequestState::ok;
   std::int32_t my_slot = none;
+  const std::int64_t committed = tokens - appended;  // tokens already in the pages
+  const std::int32_t page_size = params.rows.page_size();
   for (std::int32_t slot = thread; slot < count; slot += BlockThreads) {
-    const RequestState verdict = page_access_verdict(
-        params.page_tags, params.num_pages, params.rows.page(begin + slot),
-        params.rows.expected(begin + slot), me,
+    const PageId page = params.rows.page(begin + slot);
+    const PageTag expected = params.rows.expected(begin + slot);
+    // The fill is loaded beside the tag (both depend only on the entry), so device-held
+    // lengths add a load per entry but no step to the chain of dependent loads.
+    const bool fill_checked =
+        params.page_fills != nullptr && page >= 0 && page < params.num_pages;
+    const PageFillWord fill = fill_checked ? params.page_fills[page] : PageFillWord{0};
+    RequestState verdict = page_access_verdict(
+        params.page_tags, params.num_pages, page, expected, me,
         slot >= first_write ? PageAccess::write : PageAccess::read);
+    if (verdict == RequestState::ok && fill_checked) {
+      // Device-held lengths: what this generation of the page holds.
+      const std::int32_t written = written_slots(fill, expected);
+      const std::int64_t before = committed - static_cast<std::int64_t>(slot) * page_size;
+      if (slot < first_write) {  // read: every slot the row claims must have been written
+        const std::int64_t claimed = before < page_size ? before : page_size;
+        if (written < claimed) verdict = RequestState::unwritten_slots;
+      } else {  // write: the append starts exactly at the next unwritten slot
+        const std::int64_t next = before > 0 ? before : 0;
+        if (written != next) {
+          verdict = written > next ? RequestState::append_not_next : RequestState::unwritten_slots;
+        }
+      }
+    }
     if (verdict != RequestState::ok) {  // later slots of this thread cannot be first
       my_state = verdict;
       my_slot = slot;

@@ -37,6 +37,17 @@ struct TagCheckArguments {
   std::int32_t* aborted_count = nullptr;    ///< device, [1], optional: number of failing requests
   const WriterId* writers = nullptr;        ///< device, [table.batch_size], optional
   const std::int32_t* append_indptr = nullptr;  ///< device, [table.batch_size + 1], optional
+  /// Device-held lengths: also compare each row with the fill the device recorded for its
+  /// pages (DeviceTagArray::fills(), written by append_kv / copy_pages / import_request /
+  /// swap-in when they are given it): a read of a slot never written in the page's current
+  /// generation fails (unwritten_slots), and so does an append that does not start at the
+  /// page's next unwritten slot (append_not_next). Only for engines whose page-writing kernels
+  /// all record fills.
+  bool check_fill = false;
+  /// A mirror that knows its age: table_age(pool) taken when the table was built. The check
+  /// refuses on the host (failed_precondition, nothing launched) a table built after changes
+  /// the last sync did not carry, or from another pool than the one synced.
+  TableAge built_at{};
 };
 
 /// The same for the 2-D block-table form.
@@ -47,6 +58,8 @@ struct BlockTagCheckArguments {
   std::int32_t* aborted_count = nullptr;    ///< device, [1], optional: number of failing requests
   const WriterId* writers = nullptr;        ///< device, [table.batch_size], optional
   const std::int32_t* append_indptr = nullptr;  ///< device, [table.batch_size + 1], optional
+  bool check_fill = false;                  ///< as TagCheckArguments::check_fill
+  TableAge built_at{};                      ///< as TagCheckArguments::built_at
 };
 
 /// Preflight only (pointers, sizes); nothing is launched. check_page_tags runs it first.
@@ -72,6 +85,8 @@ constexpr std::string_view to_string(RequestState state) noexcept {
     case RequestState::guard_page: return "guard page inside the request's pages";
     case RequestState::write_denied: return "write to a page the request does not own";
     case RequestState::read_denied: return "read of a page another request is writing";
+    case RequestState::unwritten_slots: return "length past the slots written in the page";
+    case RequestState::append_not_next: return "append not at the page's next unwritten slot";
   }
   return "unknown";
 }

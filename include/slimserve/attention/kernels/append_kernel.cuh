@@ -14,6 +14,7 @@
 #include "slimserve/attention/kernels/kv_store.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/kv/page_fill.cuh"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
 
@@ -47,6 +48,9 @@ struct AppendParams {
   const std::int64_t* slot_mapping;    // [num_tokens] (slot mode: page * page_size + offset, -1 skips) or null
   std::int32_t num_tokens;
   std::int64_t page_stride;            // elements between pages of k_pages / v_pages; 0: packed
+  // Device-held lengths (or null): the written slot is recorded under the entry's tag.
+  const kv::PageTag* expected_tags;   // [indptr[batch_size]]
+  kv::PageFillWord* page_fills;       // [num_pages] or null
 };
 
 /// Where token t goes: request and position, or request = -1 when it must be skipped.
@@ -54,6 +58,7 @@ struct TokenDestination {
   std::int32_t request = -1;
   std::int32_t page = -1;
   std::int32_t slot = 0;
+  std::int64_t entry = 0;  // the page's index in the table's indices / expected_tags
 };
 
 SLIMSERVE_DEVICE inline TokenDestination find_destination(const AppendParams& p, std::int32_t t) {
@@ -99,8 +104,10 @@ SLIMSERVE_DEVICE inline TokenDestination find_destination(const AppendParams& p,
   if (p.status != nullptr && !kv::request_ok(p.status[b])) return dest;
   if (position < 0 || position >= length) return dest;
   const std::int32_t page_index = static_cast<std::int32_t>(position / p.page_size);
-  const std::int32_t page = p.indices[p.indptr[b] + page_index];
+  const std::int64_t entry = static_cast<std::int64_t>(p.indptr[b]) + page_index;
+  const std::int32_t page = p.indices[entry];
   if (page < 0 || page >= p.num_pages) return dest;
+  dest.entry = entry;
   dest.request = b;
   dest.page = page;
   dest.slot = static_cast<std::int32_t>(position % p.page_size);
@@ -127,6 +134,19 @@ __global__ void append_kernel(const AppendParams p) {
   store_head_vectors<KvT, InT, HeadDim>(target, static_cast<const InT*>(p.k_new) + row,
                                         static_cast<const InT*>(p.v_new) + row, lane, head_valid, dest.page,
                                         dest.slot, head);
+}
+
+/// Device-held lengths, after append_kernel on the same stream: one thread per token records
+/// the slot it was written to in its page's fill, under the table's expected tag (within one
+/// launch every token of a page carries the same tag, so only the largest slot stays). A kernel
+/// of its own, so the append kernel's code is unchanged when fills are not tracked.
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads) record_append_fills_kernel(const AppendParams p) {
+  const std::int32_t t = static_cast<std::int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (t >= p.num_tokens) return;
+  const TokenDestination dest = find_destination(p, t);  // the append's own verdict
+  if (dest.request < 0) return;                           // skipped: nothing was written
+  kv::record_page_fill(p.page_fills, dest.page, p.expected_tags[dest.entry], dest.slot + 1);
 }
 
 }  // namespace attention::kernels
