@@ -426,10 +426,13 @@ class BuiltTable:
 
     @property
     def stale(self) -> bool:
+        """True once its PageTable was built again: the device arrays hold the newer table."""
         return self._owner is not None and self._owner._generation != self._generation
 
     @property
     def device(self) -> _capi.PageTableView:
+        """The C page-table view over the device arrays; raises SlimserveError
+        (failed_precondition) when the table is stale."""
         if self.stale:
             raise SlimserveError("this BuiltTable is stale: its PageTable was built again since, and "
                                  "the device arrays now hold the newer table", "failed_precondition")
@@ -480,6 +483,7 @@ class RequestStatuses:
         return self.buffer.ptr
 
     def require(self, batch_size: int, what: str) -> None:
+        """Raises SlimserveValueError unless these statuses hold a verdict per request of `what`."""
         if batch_size > self.capacity:
             raise value_error(f"slimserve: statuses hold {self.capacity} verdicts, {what} has "
                               f"{batch_size} requests")
@@ -708,9 +712,12 @@ class PagedKVCache:
 
     @property
     def num_pages(self) -> int:
+        """Pages in the cache (K and V each)."""
         return self.view.num_pages
 
     def require_packed(self, what: str) -> None:
+        """Raises SlimserveValueError (unsupported) when `what` cannot read this cache's pages
+        because they are further apart than their size (a combined K/V allocation)."""
         if self.page_stride != 0:
             raise SlimserveValueError(
                 f"slimserve: {what} takes packed K and V page arrays; this cache's pages are "

@@ -33,10 +33,12 @@ class SlimserveTypeError(SlimserveError, TypeError):
 
 
 def value_error(message: str, code: str = "invalid_argument") -> SlimserveValueError:
+    """A SlimserveValueError (also a ValueError) with `message` and status name `code`."""
     return SlimserveValueError(message, code)
 
 
 def type_error(message: str) -> SlimserveTypeError:
+    """A SlimserveTypeError (also a TypeError) with `message`, status invalid_argument."""
     return SlimserveTypeError(message, "invalid_argument")
 
 

@@ -192,6 +192,7 @@ class PagedAttentionWrapper:
 
     @property
     def workspace(self) -> Optional[DeviceArray]:
+        """The plan's persistent device workspace (None before the first plan)."""
         return self._workspace
 
     def check_tags(self, tags, statuses: RequestStatuses, *, writers=None, stream=None) -> None:

@@ -125,4 +125,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Every result is on disk. The multiprocess engine's teardown at interpreter exit aborted
+    # once in two runs on the 2-core CI machine ("terminate called without an active
+    # exception", a C++ thread object destroyed while joinable, after the JSON was written);
+    # leave without running it so that the test judges the tokens, not vLLM's shutdown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
