@@ -855,6 +855,19 @@ def _check_csr(indptr: np.ndarray, indices: np.ndarray, last: np.ndarray, page_s
                           f"(1..{page_size} with pages, 0 without)")
 
 
+def _check_cache_matches_plan(kv_cache, problem) -> None:
+    """Raises unless kv_cache is a PagedKVCache of the plan's heads, head_dim, page size and dtype
+    (a run reads the cache with the plan's geometry)."""
+    if not isinstance(kv_cache, PagedKVCache):
+        raise type_error(f"slimserve: kv_cache must be a PagedKVCache, got {type(kv_cache).__name__}")
+    c, p = kv_cache.view, problem
+    if (c.num_kv_heads, c.head_dim, c.page_size, c.dtype) != (p.num_kv_heads, p.head_dim, p.page_size, p.kv_dtype):
+        raise value_error(f"slimserve: kv_cache (heads {c.num_kv_heads}, head_dim {c.head_dim}, page_size "
+                          f"{c.page_size}, {_KV_CODE_NAMES[c.dtype]}) does not match the plan (heads "
+                          f"{p.num_kv_heads}, head_dim {p.head_dim}, page_size {p.page_size}, "
+                          f"{_KV_CODE_NAMES[p.kv_dtype]})")
+
+
 class DecodeWrapper:
     """Paged decode attention (the CUDA-core kernel), FlashInfer-style: `plan` once per batch
     (host: checks the table, schedules, uploads into buffers it keeps: a later plan that fits
@@ -904,15 +917,9 @@ class DecodeWrapper:
         if not self._plan:
             raise SlimserveError("DecodeWrapper.run before plan", "failed_precondition")
         p = self.problem
-        if not isinstance(kv_cache, PagedKVCache):
-            raise type_error(f"slimserve: kv_cache must be a PagedKVCache, got {type(kv_cache).__name__}")
+        _check_cache_matches_plan(kv_cache, p)
         kv_cache.require_packed("DecodeWrapper")
         c = kv_cache.view
-        if (c.num_kv_heads, c.head_dim, c.page_size, c.dtype) != (p.num_kv_heads, p.head_dim, p.page_size, p.kv_dtype):
-            raise value_error(f"slimserve: kv_cache (heads {c.num_kv_heads}, head_dim {c.head_dim}, page_size "
-                              f"{c.page_size}, {_KV_CODE_NAMES[c.dtype]}) does not match the plan (heads "
-                              f"{p.num_kv_heads}, head_dim {p.head_dim}, page_size {p.page_size}, "
-                              f"{_KV_CODE_NAMES[p.kv_dtype]})")
         rows = p.batch_size * p.query_tokens
         qr = _tensor(q, name="q", shape=(rows, p.num_qo_heads, p.head_dim))
         q_dtype = _activation(qr, "q", dtype)

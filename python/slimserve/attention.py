@@ -238,16 +238,10 @@ class PagedAttentionWrapper:
         Launches only; synchronize (default: when stream is None) waits before returning."""
         if not self._plan:
             raise SlimserveError("PagedAttentionWrapper.run before plan", "failed_precondition")
-        from . import _statuses_ptr, _KV_CODE_NAMES
+        from . import _check_cache_matches_plan, _statuses_ptr
         p = self.problem
-        if not isinstance(kv_cache, PagedKVCache):
-            raise type_error(f"slimserve: kv_cache must be a PagedKVCache, got {type(kv_cache).__name__}")
+        _check_cache_matches_plan(kv_cache, p)
         c = kv_cache.view
-        if (c.num_kv_heads, c.head_dim, c.page_size, c.dtype) != (p.num_kv_heads, p.head_dim, p.page_size, p.kv_dtype):
-            raise value_error(f"slimserve: kv_cache (heads {c.num_kv_heads}, head_dim {c.head_dim}, page_size "
-                              f"{c.page_size}, {_KV_CODE_NAMES[c.dtype]}) does not match the plan (heads "
-                              f"{p.num_kv_heads}, head_dim {p.head_dim}, page_size {p.page_size}, "
-                              f"{_KV_CODE_NAMES[p.kv_dtype]})")
         if self._max_page_id >= c.num_pages:
             raise value_error(f"slimserve: the planned table holds page id {self._max_page_id}; the cache has "
                               f"{c.num_pages} pages", "out_of_range")
