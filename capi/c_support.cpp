@@ -40,4 +40,22 @@ Status to_cache(const slimserve_kv_cache* c, attention::PagedKVCacheView& out,
   return attention::can_implement(out);
 }
 
+Status to_mla_scale_mode(std::int32_t value, attention::MlaScaleMode& out) {
+  SLIMSERVE_RETURN_IF_ERROR(to_enum(value, "MLA scale mode", out));
+  if (out > attention::MlaScaleMode::per_token_group) {
+    return make_status(StatusCode::invalid_argument, "unknown MLA scale mode ", value);
+  }
+  return {};
+}
+
+Status to_mla_cache(const slimserve_mla_cache& c, attention::MlaCacheView& out) {
+  out.pages = c.pages;
+  out.latent_scale = c.latent_scale;
+  out.num_pages = c.num_pages;
+  out.page_size = c.page_size;
+  SLIMSERVE_RETURN_IF_ERROR(to_kv_dtype(c.dtype, out.dtype));
+  SLIMSERVE_RETURN_IF_ERROR(to_mla_scale_mode(c.scale_mode, out.scale_mode));
+  return attention::validate_mla_cache_view(out);
+}
+
 }  // namespace slimserve_capi

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/attention/mla_cache_view.hpp"
 #include "slimserve/activation_dtype.hpp"
 #include "slimserve/c/slimserve.h"
 #include "slimserve/kv/device_tag_array.hpp"
@@ -98,9 +99,18 @@ inline Status to_activation(std::int32_t value, const char* name, ss::Activation
 }
 inline Status to_kv_dtype(std::int32_t value, attention::KvDtype& out) {
   SLIMSERVE_RETURN_IF_ERROR(to_enum(value, "KV dtype", out));
-  if (!attention::is_valid(out)) return make_status(StatusCode::invalid_argument, "unknown KV dtype ", value);
+  if (!attention::is_valid(out)) {
+    return make_status(StatusCode::invalid_argument, "unknown KV dtype ", value, " (one of ",
+                       attention::kv_format_names(), ")");
+  }
   return {};
 }
+
+/// An MLA scale mode that arrives as int32, refused unless the library names it.
+Status to_mla_scale_mode(std::int32_t value, attention::MlaScaleMode& out);
+/// The C MLA cache struct as the C++ view, validated (the MLA entry points and the cache
+/// layout description take the same conversion).
+Status to_mla_cache(const slimserve_mla_cache& c, attention::MlaCacheView& out);
 
 /// A host array of `count` entries, or none when the pointer is null.
 inline std::span<const std::int32_t> host_span(const std::int32_t* data, std::size_t count) {

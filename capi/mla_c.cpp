@@ -21,24 +21,6 @@ using namespace slimserve_capi;
 
 static_assert(SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP == static_cast<int>(attention::MlaScaleMode::per_token_group));
 
-Status to_mla_scale_mode(slimserve_mla_scale_mode scale_mode, attention::MlaScaleMode& out) {
-  SLIMSERVE_RETURN_IF_ERROR(to_enum(scale_mode, "MLA scale mode", out));
-  if (out > attention::MlaScaleMode::per_token_group) {
-    return make_status(StatusCode::invalid_argument, "unknown MLA scale mode ", scale_mode);
-  }
-  return {};
-}
-
-Status to_mla_cache(const slimserve_mla_cache& c, attention::MlaCacheView& out) {
-  out.pages = c.pages;
-  out.latent_scale = c.latent_scale;
-  out.num_pages = c.num_pages;
-  out.page_size = c.page_size;
-  SLIMSERVE_RETURN_IF_ERROR(to_kv_dtype(c.dtype, out.dtype));
-  SLIMSERVE_RETURN_IF_ERROR(to_mla_scale_mode(c.scale_mode, out.scale_mode));
-  return attention::validate_mla_cache_view(out);
-}
-
 Status to_mla_problem(const slimserve_mla_problem& p, attention::MlaDecodeProblem& out) {
   out.batch_size = p.batch_size;
   out.num_heads = p.num_heads;

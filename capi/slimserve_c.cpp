@@ -84,6 +84,10 @@ static_assert(SLIMSERVE_STALE_HANDLE == static_cast<int>(StatusCode::stale_handl
 static_assert(SLIMSERVE_INTERNAL == static_cast<int>(StatusCode::internal));
 static_assert(SLIMSERVE_REQUEST_BAD_PAGE_TABLE == static_cast<int>(kv::RequestState::bad_page_table));
 static_assert(SLIMSERVE_REQUEST_READ_DENIED == static_cast<int>(kv::RequestState::read_denied));
+static_assert(SLIMSERVE_REQUEST_UNWRITTEN_SLOTS == static_cast<int>(kv::RequestState::unwritten_slots));
+static_assert(SLIMSERVE_REQUEST_APPEND_NOT_NEXT == static_cast<int>(kv::RequestState::append_not_next));
+static_assert(SLIMSERVE_REQUEST_RECORD_MISMATCH == static_cast<int>(kv::RequestState::record_mismatch));
+static_assert(SLIMSERVE_REQUEST_TAGS_NOT_SYNCED == static_cast<int>(kv::RequestState::tags_not_synced));
 // Device arrays of statuses are shared by C callers and the kernels.
 static_assert(sizeof(slimserve_request_status) == sizeof(kv::RequestStatus));
 static_assert(offsetof(slimserve_request_status, failed_slot) == offsetof(kv::RequestStatus, failed_slot));
@@ -97,6 +101,11 @@ static_assert(sizeof(slimserve_page_swap) == sizeof(kv::PageSwap));
 static_assert(offsetof(slimserve_page_swap, writer) == offsetof(kv::PageSwap, writer));
 static_assert(offsetof(slimserve_page_swap, host_slot) == offsetof(kv::PageSwap, host_slot));
 static_assert(std::is_same_v<kv::WriterId, std::uint32_t>);
+// Device arrays of swap identities are read by the kernels as kv::RecordIdentity.
+static_assert(sizeof(slimserve_record_identity) == sizeof(kv::RecordIdentity));
+static_assert(offsetof(slimserve_record_identity, pool) == offsetof(kv::RecordIdentity, pool));
+static_assert(offsetof(slimserve_record_identity, writer) == offsetof(kv::RecordIdentity, writer));
+static_assert(offsetof(slimserve_record_identity, sequence) == offsetof(kv::RecordIdentity, sequence));
 
 kv::PageHandle to_handle(slimserve_page page) { return {page.id, page.tag}; }
 slimserve_page to_c(kv::PageHandle page) { return {page.id, page.tag}; }
@@ -164,6 +173,9 @@ Status to_request_view(const slimserve_request_pages_view* r, kv::RequestPagesVi
   out.num_tokens = r->num_tokens;
   out.writer = r->writer;
   return {};
+}
+kv::RecordIdentity to_identity(const slimserve_record_identity& i) {
+  return {i.pool, i.writer, i.sequence};
 }
 
 template <class Handle, class Made>
@@ -307,6 +319,27 @@ slimserve_status slimserve_page_pool_validate(const slimserve_page_pool* pool,
     return pool->pool.validate(to_handle(page));
   });
 }
+slimserve_status slimserve_page_pool_new_writer(slimserve_page_pool* pool, uint32_t* out) {
+  return guarded([&]() -> Status {
+    if (pool == nullptr) return null_argument("pool");
+    if (out == nullptr) return null_argument("out");
+    *out = pool->pool.new_writer();
+    return {};
+  });
+}
+slimserve_status slimserve_page_pool_grant_write(slimserve_page_pool* pool, slimserve_page page,
+                                                 uint32_t writer) {
+  return guarded([&]() -> Status {
+    if (pool == nullptr) return null_argument("pool");
+    return pool->pool.grant_write(to_handle(page), writer);
+  });
+}
+slimserve_status slimserve_page_pool_revoke_write(slimserve_page_pool* pool, slimserve_page page) {
+  return guarded([&]() -> Status {
+    if (pool == nullptr) return null_argument("pool");
+    return pool->pool.revoke_write(to_handle(page));
+  });
+}
 int32_t slimserve_page_pool_available(const slimserve_page_pool* pool) {
   return pool == nullptr ? 0 : pool->pool.available_pages();
 }
@@ -323,6 +356,13 @@ slimserve_status slimserve_page_pool_prepare_append(slimserve_page_pool* pool,
     out->needs_copy = target->needs_copy ? 1 : 0;
     return {};
   });
+}
+
+// ABI 3 (SLIMSERVE_C_3): a page's writer, for pages the caller manages itself (a transfer's
+// reservation, published once its bytes are verified).
+uint32_t slimserve_page_pool_writer(const slimserve_page_pool* pool, int32_t page) {
+  if (pool == nullptr || page < 0 || page >= pool->pool.num_pages()) return 0u;
+  return pool->pool.writer(page);
 }
 
 // ---- Prefix cache ----------------------------------------------------------------------------
@@ -479,6 +519,55 @@ slimserve_status slimserve_check_page_tags_owned(const slimserve_page_table_view
   });
 }
 
+slimserve_status slimserve_check_page_tags_with(const slimserve_tag_check_args* args,
+                                               slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    slimserve_tag_check_args a{};
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a));
+    if (a.table == nullptr) return null_argument("args->table");
+    if (a.tags == nullptr) return null_argument("args->tags");
+    if (a.check_fill != 0 && a.check_fill != 1) {
+      return make_status(StatusCode::invalid_argument, "args->check_fill is ", a.check_fill,
+                         ", must be 0 or 1");
+    }
+    if (a.entry_capacity < 0) {
+      return make_status(StatusCode::invalid_argument, "args->entry_capacity is ", a.entry_capacity);
+    }
+    kv::TagCheckArguments arguments{to_view(*a.table), &a.tags->tags,
+                                    reinterpret_cast<kv::RequestStatus*>(a.statuses), a.aborted_count};
+    arguments.table.num_entries = a.num_entries;
+    arguments.table.entry_capacity = a.entry_capacity;
+    arguments.table.built_at = static_cast<const kv::TableAge*>(a.device_built_at);
+    arguments.writers = a.writers;
+    arguments.append_indptr = a.append_indptr;
+    arguments.check_fill = a.check_fill == 1;
+    arguments.built_at = kv::TableAge{a.built_at_epoch, a.built_at_pool};
+    return kv::check_page_tags(arguments, stream);
+  });
+}
+
+slimserve_status slimserve_page_pool_table_age(const slimserve_page_pool* pool, uint64_t* epoch,
+                                               uint32_t* pool_id) {
+  return guarded([&]() -> Status {
+    if (pool == nullptr) return null_argument("pool");
+    if (epoch == nullptr) return null_argument("epoch");
+    if (pool_id == nullptr) return null_argument("pool_id");
+    const kv::TableAge age = kv::table_age(pool->pool);
+    *epoch = age.epoch;
+    *pool_id = age.pool;
+    return {};
+  });
+}
+
+slimserve_status slimserve_device_tags_fills(const slimserve_device_tags* tags, void** fills) {
+  return guarded([&]() -> Status {
+    if (tags == nullptr) return null_argument("tags");
+    if (fills == nullptr) return null_argument("fills");
+    *fills = tags->tags.fills();
+    return {};
+  });
+}
+
 slimserve_status slimserve_check_page_tags(const slimserve_page_table_view* device_table,
                                            const slimserve_device_tags* tags,
                                            slimserve_request_status* statuses,
@@ -605,6 +694,20 @@ slimserve_status slimserve_request_sets_pages(const slimserve_request_sets* sets
     return {};
   });
 }
+slimserve_status slimserve_request_sets_adopt(slimserve_request_sets* sets, const slimserve_page* pages,
+                                              size_t count, int64_t num_tokens, slimserve_request_ref* out) {
+  return guarded([&]() -> Status {
+    if (sets == nullptr) return null_argument("sets");
+    if (out == nullptr) return null_argument("out");
+    if (count > 0 && pages == nullptr) return null_argument("pages");
+    std::vector<kv::PageHandle> handles(count);
+    for (std::size_t i = 0; i < count; ++i) handles[i] = to_handle(pages[i]);
+    auto ref = sets->sets->adopt(handles, num_tokens);
+    if (!ref.ok()) return ref.status();
+    *out = to_c(*ref);
+    return {};
+  });
+}
 int64_t slimserve_request_sets_tokens(const slimserve_request_sets* sets,
                                       slimserve_request_ref request) {
   return sets == nullptr ? 0 : sets->sets->tokens(to_ref(request));
@@ -646,7 +749,8 @@ slimserve_status slimserve_copy_pages(const slimserve_kv_cache* cache,
 }
 int64_t slimserve_page_record_bytes(const slimserve_kv_cache* cache) {
   attention::PagedKVCacheView view;
-  return to_cache(cache, view).ok() ? kv::page_record_bytes(view) : 0;
+  // A host slot: the record and the identity header in front of it.
+  return to_cache(cache, view).ok() ? kv::swap_slot_bytes(view) : 0;
 }
 slimserve_status slimserve_check_page_swaps(const slimserve_kv_cache* cache,
                                             const slimserve_page_swap* host_swaps,
@@ -734,8 +838,97 @@ slimserve_status slimserve_import_request(const slimserve_kv_cache* cache,
     arguments.buffer = buffer;
     arguments.buffer_bytes = buffer_bytes;
     arguments.descriptor = *descriptor;
+    // This entry point has no expected identity: it takes the one the header claims, so the
+    // device still verifies every record's integrity (checksum, index, length) against it.
+    auto claimed = kv::read_buffer_identity(
+        std::span<const std::byte>(static_cast<const std::byte*>(header), header_bytes));
+    if (!claimed.ok()) return claimed.status();
+    arguments.expected = *claimed;
     arguments.status = reinterpret_cast<kv::RequestStatus*>(status);
     return kv::import_request(arguments, stream);
+  });
+}
+
+slimserve_status slimserve_swap_pages_with(const slimserve_swap_args* args, slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    slimserve_swap_args a{};
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a));
+    if (a.tags == nullptr) return null_argument("args->tags");
+    if (a.direction != SLIMSERVE_SWAP_OUT && a.direction != SLIMSERVE_SWAP_IN) {
+      return make_status(StatusCode::invalid_argument, "args->direction: unknown swap direction ",
+                         a.direction);
+    }
+    kv::SwapPagesArguments arguments;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(&a.cache, arguments.cache));
+    arguments.page_tags = &a.tags->tags;
+    arguments.host_records = a.host_records;
+    arguments.host_slots = a.host_slots;
+    arguments.swaps = reinterpret_cast<const kv::PageSwap*>(a.swaps);
+    arguments.num_swaps = a.num_swaps;
+    arguments.direction = static_cast<kv::SwapDirection>(a.direction);
+    arguments.statuses = reinterpret_cast<kv::RequestStatus*>(a.statuses);
+    arguments.identities = reinterpret_cast<const kv::RecordIdentity*>(a.identities);
+    return kv::swap_pages(arguments, stream);
+  });
+}
+
+slimserve_status slimserve_export_request_with(const slimserve_export_args* args,
+                                               slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    slimserve_export_args a{};
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a));
+    if (a.tags == nullptr) return null_argument("args->tags");
+    kv::ExportRequestArguments arguments;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(&a.cache, arguments.cache));
+    SLIMSERVE_RETURN_IF_ERROR(to_request_view(&a.request, arguments.request));
+    arguments.page_tags = &a.tags->tags;
+    arguments.buffer = a.buffer;
+    arguments.buffer_bytes = a.buffer_bytes;
+    arguments.status = reinterpret_cast<kv::RequestStatus*>(a.status);
+    arguments.identity = to_identity(a.identity);
+    return kv::export_request(arguments, stream);
+  });
+}
+
+slimserve_status slimserve_import_request_with(const slimserve_import_args* args,
+                                               slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    slimserve_import_args a{};
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a));
+    if (a.tags == nullptr) return null_argument("args->tags");
+    if (a.header == nullptr) return null_argument("args->header");
+    if (a.expected.writer == kv::no_writer) {
+      return make_status(StatusCode::invalid_argument,
+                         "args->expected.writer is 0: whose export the buffer must be (the "
+                         "exporter's identity, from the transfer's metadata)");
+    }
+    kv::ImportRequestArguments arguments;
+    SLIMSERVE_RETURN_IF_ERROR(to_cache(&a.cache, arguments.cache));
+    SLIMSERVE_RETURN_IF_ERROR(to_request_view(&a.request, arguments.request));
+    auto descriptor = kv::read_buffer_descriptor(
+        std::span<const std::byte>(static_cast<const std::byte*>(a.header), a.header_bytes));
+    if (!descriptor.ok()) return descriptor.status();
+    SLIMSERVE_RETURN_IF_ERROR(kv::check_import_compatible(*descriptor, arguments.cache));
+    arguments.page_tags = &a.tags->tags;
+    arguments.buffer = a.buffer;
+    arguments.buffer_bytes = a.buffer_bytes;
+    arguments.descriptor = *descriptor;
+    arguments.expected = to_identity(a.expected);
+    arguments.status = reinterpret_cast<kv::RequestStatus*>(a.status);
+    return kv::import_request(arguments, stream);
+  });
+}
+
+slimserve_status slimserve_read_buffer_identity(const void* header, size_t header_bytes,
+                                                slimserve_record_identity* out) {
+  return guarded([&]() -> Status {
+    if (header == nullptr) return null_argument("header");
+    if (out == nullptr) return null_argument("out");
+    auto claimed = kv::read_buffer_identity(
+        std::span<const std::byte>(static_cast<const std::byte*>(header), header_bytes));
+    if (!claimed.ok()) return claimed.status();
+    *out = slimserve_record_identity{claimed->pool, claimed->writer, claimed->sequence};
+    return {};
   });
 }
 

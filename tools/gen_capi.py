@@ -19,8 +19,8 @@ How C types become ctypes types:
     (slimserve_status, slimserve_kv_dtype, ...) are int32_t;
   * a struct by value: its Structure; a pointer to a struct: POINTER(Structure), so passing the
     wrong struct is a TypeError; except the records kept in device memory (DEVICE_RECORDS: the
-    tag check's verdicts, page copy and swap lists, the MoE status word), whose pointers are
-    device addresses like any tensor's and so c_void_p;
+    tag check's verdicts, page copy and swap lists, swap identities, the MoE status word),
+    whose pointers are device addresses like any tensor's and so c_void_p;
   * `const char*`: c_char_p; an opaque handle (`slimserve_page_pool*`) or a stream: c_void_p;
     a pointer to a pointer (`void**`, `slimserve_page_pool**`): POINTER(c_void_p);
   * any other data pointer (`const int32_t*`, `void*`, ...): c_void_p, which takes an address as
@@ -54,7 +54,7 @@ SCALARS = {
 # Structs that live in device arrays (their pointers are device addresses, passed as ints). A
 # struct missing here that Python passes by address fails loudly: ctypes raises TypeError.
 DEVICE_RECORDS = {"slimserve_request_status", "slimserve_page_copy", "slimserve_page_swap",
-                  "slimserve_moe_routing_status"}
+                  "slimserve_record_identity", "slimserve_moe_routing_status"}
 
 
 class HeaderError(Exception):

@@ -10,7 +10,8 @@ heading; its text is appended to the docstring under "Shapes and dtypes"), or bo
 naming something that is not public is an error too (the reference would silently lose it), and
 so is an entry taking tensors (TENSOR_PARAMETERS) whose documentation gives no shape ("[...]").
 
-Public: the names `slimserve`, `slimserve.attention` and `slimserve.moe` export (their
+Public: the names `slimserve`, `slimserve.attention`, `slimserve.moe`, `slimserve.kv_transfer` and
+`slimserve.nixl` export (their
 `__all__`, or for `slimserve` every name without a leading underscore that it defines or
 re-exports from its own submodules), the `torch.library` ops of `slimserve.torch_ops`, and every
 public method and property of the public classes. Runs with the interpreter that has the
@@ -27,7 +28,8 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 NOTES = os.path.join(ROOT, "docs", "python-api.md")
-MODULES = ["slimserve", "slimserve.attention", "slimserve.moe", "slimserve.torch_ops"]
+MODULES = ["slimserve", "slimserve.attention", "slimserve.moe", "slimserve.torch_ops", "slimserve.kv_transfer",
+           "slimserve.nixl"]
 
 
 def read_notes(path: str = NOTES) -> dict:

@@ -169,6 +169,19 @@ void BM_Phased(benchmark::State& state) {
   });
 }
 
+void BM_PingPongPhased(benchmark::State& state) {
+  const int sms = sm_count();
+  Buffers b;
+  if (sms == 0 || !b.ok()) return state.SkipWithError("no GPU");
+  const unsigned ctas = static_cast<unsigned>(sms);
+  // two warpgroups per CTA, each with phased_kernel's work
+  const double fmas = 2.0 * ctas * calibration_trips * 64 * 64.0 * 64 * 16;
+  time_kernel(state, static_cast<double>(ctas) * 256 * 32 * 4, fmas, [&] {
+    cal::pingpong_phased_kernel<<<ctas, 256>>>(static_cast<float*>(b.dst), calibration_trips, 0.999f,
+                                               0.001f);
+  });
+}
+
 }  // namespace
 
 BENCHMARK(BM_Copy16OneWarp)->UseManualTime()->Unit(benchmark::kMillisecond);
@@ -178,6 +191,7 @@ BENCHMARK(BM_SsWgmma<16>)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SsWgmma<32>)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SsWgmma<64>)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Phased)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PingPongPhased)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Copy16)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AluCopy16)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MmaLoop)->UseManualTime()->Unit(benchmark::kMillisecond);

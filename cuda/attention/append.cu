@@ -34,7 +34,7 @@ Status launch_append(const kernels::AppendParams& params, dim3 grid, dim3 block,
 /// Every (stored type, input type) pair at every head_dim of the paged cache.
 const auto& append_table() {
   static const auto table = [] {
-    std::array<AppendKernelEntry, 8 * PagedHeadDims::size> entries{};
+    std::array<AppendKernelEntry, 2 * kv_format_count * PagedHeadDims::size> entries{};
     std::size_t count = 0;
     auto add_inputs = [&]<class KvT>() {
       PagedHeadDims::for_each([&]<int HeadDim>() {
@@ -42,10 +42,7 @@ const auto& append_table() {
         entries[count++] = {detail::kv_dtype_of<KvT>::value, ActivationDtype::fp16, HeadDim, &launch_append<KvT, fp16, HeadDim>};
       });
     };
-    add_inputs.operator()<bf16>();
-    add_inputs.operator()<fp16>();
-    add_inputs.operator()<fp8_e4m3>();
-    add_inputs.operator()<fp8_e5m2>();
+    for_each_kv_format(add_inputs);
     return entries;
   }();
   return table;
@@ -66,17 +63,14 @@ Status launch_dequantize(const kernels::DequantizeParams& params, dim3 grid, cud
 /// Every stored type at every head_dim of the paged cache.
 const auto& dequantize_table() {
   static const auto table = [] {
-    std::array<DequantizeKernelEntry, 4 * PagedHeadDims::size> entries{};
+    std::array<DequantizeKernelEntry, kv_format_count * PagedHeadDims::size> entries{};
     std::size_t count = 0;
     auto add = [&]<class KvT>() {
       PagedHeadDims::for_each([&]<int HeadDim>() {
         entries[count++] = {detail::kv_dtype_of<KvT>::value, HeadDim, &launch_dequantize<KvT, HeadDim>};
       });
     };
-    add.operator()<bf16>();
-    add.operator()<fp16>();
-    add.operator()<fp8_e4m3>();
-    add.operator()<fp8_e5m2>();
+    for_each_kv_format(add);
     return entries;
   }();
   return table;

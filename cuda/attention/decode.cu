@@ -13,15 +13,7 @@ namespace {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 
-std::span<const detail::DecodeKernelEntry> decode_table(KvDtype dtype) {
-  switch (dtype) {
-    case KvDtype::bf16: return detail::decode_kernels<bf16>();
-    case KvDtype::fp16: return detail::decode_kernels<fp16>();
-    case KvDtype::fp8_e4m3: return detail::decode_kernels<fp8_e4m3>();
-    case KvDtype::fp8_e5m2: return detail::decode_kernels<fp8_e5m2>();
-  }
-  return {};
-}
+using detail::decode_table;
 
 std::int32_t log2_exact(std::int32_t x) {
   std::int32_t shift = 0;

@@ -1,7 +1,8 @@
 #pragma once
 // Typed dispatch tables of the attention kernels: one entry per (stored type, activation type,
 // head_dim) instantiation, looked up at run time by the façade. Each decode table lives in its
-// own translation unit (decode_<type>.cu) so the instantiations compile in parallel.
+// own translation unit (decode_<type>.cu, made for every format of SLIMSERVE_KV_FORMAT_LIST by
+// tools/gen_kv_formats.py) so the instantiations compile in parallel.
 
 #include <cstdint>
 #include <span>
@@ -9,7 +10,8 @@
 #include "slimserve/attention/kernels/append_kernel.cuh"
 #include "slimserve/attention/kernels/decode_kernel.cuh"
 #include "slimserve/attention/kernels/dequantize_kernel.cuh"
-#include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/kv/kv_cache_view.hpp"
+#include "slimserve/kv/kv_format.hpp"
 #include "slimserve/kv/page_table_view.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/formats/float_formats.hpp"
@@ -18,11 +20,8 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::detail {
 
-template <class T> struct kv_dtype_of;
-template <> struct kv_dtype_of<bf16> { static constexpr KvDtype value = KvDtype::bf16; };
-template <> struct kv_dtype_of<fp16> { static constexpr KvDtype value = KvDtype::fp16; };
-template <> struct kv_dtype_of<fp8_e4m3> { static constexpr KvDtype value = KvDtype::fp8_e4m3; };
-template <> struct kv_dtype_of<fp8_e5m2> { static constexpr KvDtype value = KvDtype::fp8_e5m2; };
+/// The KvDtype of a stored type: its KvFormat trait's.
+template <class T> struct kv_dtype_of { static constexpr KvDtype value = KvFormat<T>::dtype; };
 
 template <class T> struct activation_dtype_of;
 template <> struct activation_dtype_of<bf16> { static constexpr ActivationDtype value = ActivationDtype::bf16; };
@@ -81,10 +80,20 @@ std::span<const DecodeKernelEntry> decode_kernels() {
   };
   return table;
 }
-extern template std::span<const DecodeKernelEntry> decode_kernels<bf16>();
-extern template std::span<const DecodeKernelEntry> decode_kernels<fp16>();
-extern template std::span<const DecodeKernelEntry> decode_kernels<fp8_e4m3>();
-extern template std::span<const DecodeKernelEntry> decode_kernels<fp8_e5m2>();
+// Instantiated once per format, in decode_<format>.cu.
+#define SLIMSERVE_DECODE_EXTERN(name, ...) \
+  extern template std::span<const DecodeKernelEntry> decode_kernels<::slimserve::name>();
+SLIMSERVE_KV_FORMAT_LIST(SLIMSERVE_DECODE_EXTERN)
+#undef SLIMSERVE_DECODE_EXTERN
+
+/// The decode table of a cache's format (empty for a value outside the list).
+inline std::span<const DecodeKernelEntry> decode_table(KvDtype dtype) {
+  std::span<const DecodeKernelEntry> table;
+  for_each_kv_format([&]<class KvT>() {
+    if (kv_dtype_of<KvT>::value == dtype) table = decode_kernels<KvT>();
+  });
+  return table;
+}
 
 }  // namespace attention::detail
 SLIMSERVE_NAMESPACE_END

@@ -4,6 +4,7 @@
 // `for_each_mla_latent` and `for_each_mla_warps_m`; every table is generated from them.
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -13,6 +14,7 @@
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
 #include "slimserve/attention/kernels/mla_wgmma_decode_kernel.cuh"
 #include "kernel_tables.cuh"
+#include "slimserve/attention/mla.hpp"
 #include "slimserve/runtime/launch.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
@@ -39,9 +41,18 @@ struct MlaDecodeKernelEntry {
   MlaDecodeLauncher launch;
 };
 
+/// Shared memory of one SM (cc 9.0), of which each resident CTA also takes 1 KiB.
+inline constexpr std::size_t mla_sm_shared_bytes = 228 * 1024;
+inline constexpr std::size_t mla_cta_reserved_shared_bytes = 1024;
+
 template <class KvT, int WarpsM>
 Status launch_mla_decode(const kernels::MlaDecodeParams& params, dim3 grid, cudaStream_t stream) {
   using Tile = kernels::MlaDecodeTile<KvT, WarpsM>;
+  // The plan fills mla_decode_resident_ctas CTA slots per SM: the kernel must hold that many.
+  static_assert(Tile::min_ctas_per_sm == mla_decode_resident_ctas(kv_dtype_of<KvT>::value, WarpsM));
+  static_assert(Tile::min_ctas_per_sm * (sizeof(kernels::MlaDecodeSharedStorage<KvT, WarpsM>) +
+                                         mla_cta_reserved_shared_bytes) <=
+                mla_sm_shared_bytes);
   return rt::launch(kernels::mla_decode_kernel<KvT, bf16, WarpsM>,
                     rt::LaunchConfig{grid, dim3(Tile::threads), sizeof(kernels::MlaDecodeSharedStorage<KvT, WarpsM>),
                                      stream},
@@ -53,6 +64,7 @@ inline constexpr std::int32_t mla_wgmma_warps_m = 4;
 template <class KvT>
 Status launch_mla_wgmma_decode(const kernels::MlaDecodeParams& params, dim3 grid, cudaStream_t stream) {
   using Tile = kernels::MlaWgmmaTile<KvT>;
+  static_assert(mla_decode_resident_ctas(kv_dtype_of<KvT>::value, mla_wgmma_warps_m) == 1);
   return rt::launch(kernels::mla_wgmma_decode_kernel<KvT>,
                     rt::LaunchConfig{grid, dim3(Tile::threads), Tile::shared_bytes, stream}, params);
 }

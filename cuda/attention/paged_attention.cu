@@ -15,13 +15,7 @@ namespace {
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 
 std::span<const detail::PagedAttentionKernelEntry> paged_table(KvDtype dtype) {
-  switch (dtype) {
-    case KvDtype::bf16: return detail::paged_attention_kernels<bf16>();
-    case KvDtype::fp16: return detail::paged_attention_kernels<fp16>();
-    case KvDtype::fp8_e4m3: return detail::paged_attention_kernels<fp8_e4m3>();
-    case KvDtype::fp8_e5m2: return detail::paged_attention_kernels<fp8_e5m2>();
-  }
-  return {};
+  return detail::paged_attention_table(dtype);
 }
 
 std::int32_t device_sm_count() {
@@ -280,7 +274,9 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
 
   const dim3 grid(static_cast<unsigned>(plan.num_work_items), static_cast<unsigned>(p.num_kv_heads));
   const bool wgmma = runs_warpgroup_mma(a, plan) && entry->launch_wgmma != nullptr;
-  SLIMSERVE_RETURN_IF_ERROR((fused ? entry->launch_fused : wgmma ? entry->launch_wgmma : entry->launch)(params, grid, stream));
+  const detail::PagedAttentionLauncher wgmma_launch =
+      plan.wgmma_kernel == PrefillWgmmaKernel::ping_pong ? entry->launch_wgmma_ping_pong : entry->launch_wgmma;
+  SLIMSERVE_RETURN_IF_ERROR((fused ? entry->launch_fused : wgmma ? wgmma_launch : entry->launch)(params, grid, stream));
   if (!plan.split_kv) return {};
 
   kernels::PagedMergeParams merge{};

@@ -1,8 +1,9 @@
 #pragma once
 // Typed dispatch table of the tensor-core paged attention kernel: one entry per (stored type,
-// activation type, head_dim) instantiation. The supported combinations are listed once, in
-// `paged_attention_instantiations` below; each stored type's entries compile in their own
-// translation unit (paged_attention_<type>.cu) so they build in parallel.
+// activation type, head_dim) instantiation: every format of SLIMSERVE_KV_FORMAT_LIST x
+// for_each_activation x PagedHeadDims. Each stored type's entries compile in their own
+// translation unit (paged_attention_<type>.cu, made by tools/gen_kv_formats.py) so they build
+// in parallel.
 
 #include <array>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "kernel_tables.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/kernels/paged_prefill_wgmma_kernel.cuh"
+#include "paged_prefill_pingpong_launch.cuh"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::detail {
@@ -29,6 +31,7 @@ struct PagedAttentionKernelEntry {
   /// The wgmma prefill kernel (64-row schedules), or null where PagedWgmmaHeadDims lacks the
   /// head_dim.
   PagedAttentionLauncher launch_wgmma;
+  PagedAttentionLauncher launch_wgmma_ping_pong;  ///< the same, warp-specialized (paged_prefill_pingpong_launch.cuh)
 };
 
 template <class KvT, class QT, int HeadDim>
@@ -70,13 +73,13 @@ constexpr PagedAttentionKernelEntry paged_attention_entry() {
   return {kv_dtype_of<KvT>::value, activation_dtype_of<QT>::value, HeadDim,
           sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>),
           &launch_paged_attention<KvT, QT, HeadDim>, &launch_paged_prefill_fused<KvT, QT, HeadDim>,
-          paged_wgmma_launcher<KvT, QT, HeadDim>()};
+          paged_wgmma_launcher<KvT, QT, HeadDim>(), paged_pingpong_launcher<KvT, QT, HeadDim>()};
 }
 
 /// Activation types a cache computes with: 16-bit caches their own type, FP8 caches either.
 template <class KvT, class F>
 constexpr void for_each_activation(F&& f) {
-  if constexpr (std::is_same_v<KvT, bf16> || std::is_same_v<KvT, fp16>) {
+  if constexpr (KvFormat<KvT>::computes_in_storage_type) {
     f.template operator()<KvT>();
   } else {
     f.template operator()<bf16>();
@@ -99,10 +102,20 @@ std::span<const PagedAttentionKernelEntry> paged_attention_kernels() {
   }();
   return {table.first.data(), table.second};
 }
-extern template std::span<const PagedAttentionKernelEntry> paged_attention_kernels<bf16>();
-extern template std::span<const PagedAttentionKernelEntry> paged_attention_kernels<fp16>();
-extern template std::span<const PagedAttentionKernelEntry> paged_attention_kernels<fp8_e4m3>();
-extern template std::span<const PagedAttentionKernelEntry> paged_attention_kernels<fp8_e5m2>();
+// Instantiated once per format, in paged_attention_<format>.cu.
+#define SLIMSERVE_PAGED_ATTENTION_EXTERN(name, ...) \
+  extern template std::span<const PagedAttentionKernelEntry> paged_attention_kernels<::slimserve::name>();
+SLIMSERVE_KV_FORMAT_LIST(SLIMSERVE_PAGED_ATTENTION_EXTERN)
+#undef SLIMSERVE_PAGED_ATTENTION_EXTERN
+
+/// The paged attention table of a cache's format (empty for a value outside the list).
+inline std::span<const PagedAttentionKernelEntry> paged_attention_table(KvDtype dtype) {
+  std::span<const PagedAttentionKernelEntry> table;
+  for_each_kv_format([&]<class KvT>() {
+    if (kv_dtype_of<KvT>::value == dtype) table = paged_attention_kernels<KvT>();
+  });
+  return table;
+}
 
 }  // namespace attention::detail
 SLIMSERVE_NAMESPACE_END

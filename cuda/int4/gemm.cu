@@ -23,6 +23,16 @@ using WideTile = GemmTileConfig<64, 128, 2, 2, 4, false>;   // GemmTile::m64_n12
 // Groups spanning whole stages: 256 columns per block, 64 per warp, so a warp's fixed costs
 // per stage (loop, barrier, A fragments, group start) are spread over twice the weights.
 using DecodeStageTile = GemmTileConfig<16, 256, 1, 4, 4, true>;  // GemmTile::m16_n128
+// Stream-K runs the decode tiles with 8 stages (6 in flight after each wait: 49 KB of
+// weights for 256 columns, 25 KB for 128, against ~33 KB per SM that Little's law asks at
+// 1 us and 4.3 TB/s): one block per SM, so its own copies are all the SM has in flight. The
+// split-K grid has several blocks per SM and keeps 4 (with 8 its blocks per SM halve by shared
+// memory and the 256-column m = 1 rows lose 2 points of the model).
+template <class Config, int Stages>
+using WithStages = GemmTileConfig<Config::block_m, Config::block_n, Config::warps_m,
+                                  Config::warps_n, Stages, Config::evict_first_b>;
+using DecodeTileStreamK = WithStages<DecodeTile, 8>;
+using DecodeStageTileStreamK = WithStages<DecodeStageTile, 8>;
 constexpr int block_k = DecodeTile::block_k;
 static_assert(WideTile::block_k == block_k, "split-K slices are sized by one block_k");
 
@@ -41,7 +51,8 @@ struct FusedKernel {
   GroupSpan span;
   int block_m;
   int block_n;
-  std::size_t shared_memory_bytes;
+  std::size_t shared_memory_bytes;            ///< split-K kernel
+  std::size_t stream_k_shared_memory_bytes;   ///< stream-K kernel (deeper pipeline)
   Status (*launch)(const GemmParams& params, dim3 grid, cudaStream_t stream);
   /// Stream-K: the persistent kernel (shared tiles are reduced in place by their last block).
   Status (*launch_stream_k)(const GemmParams& params, const StreamKSchedule& schedule,
@@ -59,6 +70,14 @@ Status launch_fused(const GemmParams& params, dim3 grid, cudaStream_t stream) {
 template <class T, class Config, GroupSpan Span>
 Status launch_stream_k(const GemmParams& params, const StreamKSchedule& schedule,
                        const StreamKWorkspace& workspace, cudaStream_t stream) {
+  if constexpr (Config::m16_per_warp == 1) {
+    // The decode tile's persistent pipeline moves from tile to tile along one row of tiles
+    // (StreamKLoader); the plan picks it for m <= 16 only.
+    if (params.m > Config::block_m) {
+      return make_status(StatusCode::invalid_argument, "the decode tile's stream-K kernel takes m <= ",
+                         Config::block_m, ", not m = ", params.m);
+    }
+  }
   return rt::launch(
       w4a16_gemm_stream_k_kernel<T, Config, Span>,
       rt::LaunchConfig{dim3(static_cast<unsigned>(schedule.blocks)), dim3(Config::threads),
@@ -71,12 +90,18 @@ constexpr ActivationType activation_of() {
   return std::is_same_v<T, bf16> ? ActivationType::bf16 : ActivationType::fp16;
 }
 
-/// The rows of one (type, tile): one per group span.
-template <class T, class Config, GemmTile Tile, GroupSpan... Spans>
+/// The rows of one (type, tile): one per group span. `StreamKConfig`: the same tile with the
+/// stream-K kernel's pipeline depth.
+template <class T, class Config, class StreamKConfig, GemmTile Tile, GroupSpan... Spans>
 constexpr std::array<FusedKernel, sizeof...(Spans)> fused_rows() {
+  static_assert(StreamKConfig::block_m == Config::block_m && StreamKConfig::block_n == Config::block_n &&
+                    StreamKConfig::threads == Config::threads,
+                "one tile, two pipeline depths");
   return {{FusedKernel{activation_of<T>(), Tile, Spans, Config::block_m, Config::block_n,
-                       sizeof(GemmSharedStorage<Config, Spans>), &launch_fused<T, Config, Spans>,
-                       &launch_stream_k<T, Config, Spans>}...}};
+                       sizeof(GemmSharedStorage<Config, Spans>),
+                       sizeof(GemmSharedStorage<StreamKConfig, Spans>),
+                       &launch_fused<T, Config, Spans>,
+                       &launch_stream_k<T, StreamKConfig, Spans>}...}};
 }
 
 template <class T, std::size_t A, std::size_t B>
@@ -101,9 +126,12 @@ constexpr std::array<T, A + B> concat(const std::array<T, A>& a, const std::arra
 template <class T>
 constexpr auto fused_rows_for_type() {
   return concat(
-      concat(fused_rows<T, DecodeTile, GemmTile::m16_n128, GroupSpan::k16, GroupSpan::k32>(),
-             fused_rows<T, DecodeStageTile, GemmTile::m16_n128, GroupSpan::stage>()),
-      fused_rows<T, WideTile, GemmTile::m64_n128, GroupSpan::k16, GroupSpan::k32, GroupSpan::stage>());
+      concat(fused_rows<T, DecodeTile, DecodeTileStreamK, GemmTile::m16_n128, GroupSpan::k16,
+                        GroupSpan::k32>(),
+             fused_rows<T, DecodeStageTile, DecodeStageTileStreamK, GemmTile::m16_n128,
+                        GroupSpan::stage>()),
+      fused_rows<T, WideTile, WideTile, GemmTile::m64_n128, GroupSpan::k16, GroupSpan::k32,
+                 GroupSpan::stage>());
 }
 const auto fused_kernels = concat(fused_rows_for_type<bf16>(), fused_rows_for_type<fp16>());
 
@@ -466,7 +494,7 @@ std::size_t gemm_shared_memory_bytes(ActivationType activation, GemmTile tile) {
   std::size_t most = 0;  // the largest over the group spans
   for (const FusedKernel& kernel : fused_kernels) {
     if (kernel.activation == activation && kernel.tile == tile) {
-      most = std::max(most, kernel.shared_memory_bytes);
+      most = std::max({most, kernel.shared_memory_bytes, kernel.stream_k_shared_memory_bytes});
     }
   }
   return most;

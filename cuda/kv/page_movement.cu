@@ -42,7 +42,7 @@ PageMoveParams base_params(const attention::PagedKVCacheView& cache, const Devic
   g.page_size = cache.page_size;
   g.num_kv_heads = cache.num_kv_heads;
   g.hnd = cache.layout == attention::KvLayout::hnd;
-  const std::int32_t data_unit = cache.head_dim * attention::element_bytes(cache.dtype);
+  const auto data_unit = static_cast<std::int32_t>(attention::head_vector_bytes(cache.dtype, cache.head_dim));
   unsigned char* arrays[4] = {static_cast<unsigned char*>(cache.k_pages),
                               static_cast<unsigned char*>(cache.v_pages),
                               reinterpret_cast<unsigned char*>(cache.k_token_scales),
@@ -58,6 +58,8 @@ PageMoveParams base_params(const attention::PagedKVCacheView& cache, const Devic
     offset += g.array_bytes[a];
   }
   g.record_bytes = offset;
+  p.slot_bytes = kv_record_header_bytes + offset;
+  p.pool = tags.synced_pool();
   p.page_tags = tags.data();
   p.page_fills = tags.fills();
   p.num_pages = tags.num_pages();
@@ -66,6 +68,22 @@ PageMoveParams base_params(const attention::PagedKVCacheView& cache, const Devic
 
 template <MoveKind Kind>
 Status launch_moves(const PageMoveParams& params, cudaStream_t stream) {
+  if constexpr (Kind == MoveKind::import_request) {
+    // The request's status starts as "no record failed" (state ok, slot no_failed_record).
+    RequestStatus* status = params.statuses;
+    SLIMSERVE_RETURN_IF_ERROR(rt::memset_async(&status->state, 0, sizeof status->state, stream));
+    SLIMSERVE_RETURN_IF_ERROR(
+        rt::memset_async(&status->failed_slot, 0x7F, sizeof status->failed_slot, stream));
+  }
+  if constexpr (Kind == MoveKind::swap_in || Kind == MoveKind::import_request) {
+    // Every record's header and checksum before any byte lands.
+    SLIMSERVE_RETURN_IF_ERROR(rt::launch(
+        verify_records_kernel<move_block_threads, Kind>,
+        rt::LaunchConfig{dim3(static_cast<unsigned>(params.count)), dim3(move_block_threads),
+                         sizeof(RecordVerifySharedStorage), stream},
+        params));
+  }
+  // Swap-out and export write each record's header from the copy itself (one read per byte).
   SLIMSERVE_RETURN_IF_ERROR(
       rt::launch(move_pages_kernel<move_block_threads, Kind>,
                  rt::LaunchConfig{dim3(static_cast<unsigned>(params.count)),
@@ -141,6 +159,7 @@ Status swap_pages(const SwapPagesArguments& a, cudaStream_t stream) {
   p.swaps = a.swaps;
   p.records = static_cast<unsigned char*>(a.host_records);
   p.host_slots = a.host_slots;
+  p.identities = a.identities;
   p.statuses = a.statuses;
   switch (a.direction) {
     case SwapDirection::device_to_host: return launch_moves<MoveKind::swap_out>(p, stream);
@@ -163,6 +182,10 @@ Status export_request(const ExportRequestArguments& a, cudaStream_t stream) {
   p.header = static_cast<unsigned char*>(a.buffer);
   p.records = static_cast<unsigned char*>(a.buffer) + kv_buffer_header_bytes;
   p.descriptor = describe_export(a.cache, a.request.num_pages, a.request.num_tokens);
+  // Without an identity the records name the exporting request (the mover) in this pool.
+  p.identity = a.identity.writer != no_writer
+                   ? a.identity
+                   : RecordIdentity{a.page_tags->synced_pool(), a.request.writer, 0};
   p.statuses = a.status;
   return launch_moves<MoveKind::export_request>(p, stream);
 }
@@ -181,6 +204,10 @@ Status import_request(const ImportRequestArguments& a, cudaStream_t stream) {
     return make_status(StatusCode::invalid_argument,
                        "import_request: no writer identity (imported pages must be writable by it)");
   }
+  if (a.expected.writer == no_writer) {
+    return make_status(StatusCode::invalid_argument, "import_request: no expected identity ",
+                       "(expected.writer: whose export this must be)");
+  }
   SLIMSERVE_RETURN_IF_ERROR(check_request(a.request, a.cache.page_size, a.buffer, a.buffer_bytes,
                                           export_buffer_bytes(a.cache, a.request.num_pages),
                                           a.status, "import_request"));
@@ -194,6 +221,7 @@ Status import_request(const ImportRequestArguments& a, cudaStream_t stream) {
   p.header = static_cast<unsigned char*>(const_cast<void*>(a.buffer));
   p.records = p.header + kv_buffer_header_bytes;
   p.descriptor = a.descriptor;
+  p.identity = a.expected;
   p.statuses = a.status;
   return launch_moves<MoveKind::import_request>(p, stream);
 }

@@ -46,11 +46,18 @@ Result<DeviceTagArray> DeviceTagArray::create(std::int32_t num_pages) {
   if (!staging.ok()) return staging.status();
   auto mirror = detail::PinnedArray<DevicePageTag>::create(2 * static_cast<std::size_t>(num_pages));
   if (!mirror.ok()) return mirror.status();
+  auto age = rt::DeviceBuffer<TableAge>::create(1);
+  if (!age.ok()) return age.status();
+  SLIMSERVE_RETURN_IF_ERROR(age->fill_bytes(0));  // never synced: every recorded age is newer
+  auto age_staging = detail::PinnedArray<TableAge>::create(2);
+  if (!age_staging.ok()) return age_staging.status();
   array.tags_ = std::move(tags).value();
   array.fills_ = std::move(fills).value();
   array.updates_ = std::move(updates).value();
   array.staging_ = std::move(staging).value();
   array.mirror_ = std::move(mirror).value();
+  array.age_ = std::move(age).value();
+  array.age_staging_ = std::move(age_staging).value();
   return Result<DeviceTagArray>(std::move(array));
 }
 
@@ -69,7 +76,7 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
       return sync(pool, stream);
     }
     synced_epoch_ = pool.change_epoch();
-    return {};
+    return upload_age(pool, stream);
   }
   const int slot = next_slot_;
   if (count > static_cast<std::size_t>(scatter_capacity_)) {
@@ -100,12 +107,22 @@ Status DeviceTagArray::sync(PagePool& pool, cudaStream_t stream) {
         params));
     last_sync_ = LastSync::scatter;
   }
-  next_slot_ = 1 - slot;
   pool.clear_dirty();
   synced_epoch_ = pool.change_epoch();
   synced_pool_ = pool.tag_base();
   synced_ = true;
-  return {};
+  return upload_age(pool, stream);  // switches the staging slot
+}
+
+// The device's record of what it holds, after the tags on the same stream: a table built at
+// this epoch (or earlier) passes the device-side age check from here on.
+Status DeviceTagArray::upload_age(const PagePool& pool, cudaStream_t stream) {
+  const int slot = next_slot_;
+  TableAge* staged = age_staging_.data() + slot;
+  *staged = TableAge{synced_epoch_, pool.tag_base()};
+  next_slot_ = 1 - slot;
+  return rt::copy_async(age_.data(), staged, sizeof(TableAge), rt::CopyDirection::host_to_device,
+                        stream);
 }
 
 // --- Tag check -----------------------------------------------------------------------------
@@ -158,6 +175,7 @@ Status launch_tag_check(const Rows& rows, const DeviceTagArray* page_tags,
                                     writers,
                                     append_indptr,
                                     check_fill ? page_tags->fills() : nullptr,
+                                    page_tags->synced_age(),
                                     statuses,
                                     aborted_count};
   // One block per request: the launch shape depends only on the batch size (graph-safe).
@@ -208,7 +226,7 @@ Status can_implement(const BlockTagCheckArguments& arguments) {
 Status check_page_tags(const BlockTagCheckArguments& arguments, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(arguments));
   SLIMSERVE_RETURN_IF_ERROR(check_table_age(*arguments.page_tags, arguments.built_at));
-  return launch_tag_check(BlockRows{arguments.table}, arguments.page_tags, arguments.writers,
+  return launch_tag_check(BlockRows{arguments.table, arguments.device_built_at}, arguments.page_tags, arguments.writers,
                           arguments.append_indptr, arguments.check_fill, arguments.statuses,
                           arguments.aborted_count, stream);
 }

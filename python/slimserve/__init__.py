@@ -19,11 +19,12 @@ import ctypes
 import math
 import weakref
 from ctypes import byref, c_int32, c_size_t, c_void_p
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _capi
+from . import _kv_formats_generated as _kv_formats
 from ._capi import Page
 from ._dlpack import ref as _ref
 from ._errors import SlimserveError, SlimserveTypeError, SlimserveValueError, type_error, value_error
@@ -35,18 +36,18 @@ _v = _lib.slimserve_version()
 __version__ = f"{_v // 10000}.{_v // 100 % 100}.{_v % 100}"
 
 # Names of the KV cache's element type, vLLM's and FlashInfer's included ("fp8" is vLLM's
-# name for e4m3). "auto" means the cache tensor's own dtype (kv_dtype_name resolves it).
-KV_DTYPES = {"bfloat16": 0, "bf16": 0, "float16": 1, "fp16": 1, "half": 1, "fp8": 2, "fp8_e4m3": 2,
-             "float8_e4m3fn": 2, "fp8_e5m2": 3, "float8_e5m2": 3}
+# name for e4m3), from the library's one list of KV formats (_kv_formats_generated). "auto"
+# means the cache tensor's own dtype (kv_dtype_name resolves it).
+KV_DTYPES = dict(_kv_formats.KV_DTYPES)
 ACTIVATION_DTYPES = {"bfloat16": 0, "bf16": 0, "float16": 1, "fp16": 1, "half": 1}
-_KV_CODE_NAMES = {0: "bfloat16", 1: "float16", 2: "fp8_e4m3", 3: "fp8_e5m2"}
+_KV_CODE_NAMES = dict(_kv_formats.KV_CODE_NAMES)
 # Tensor dtypes (DLPack names) that may hold pages of each KV element type.
-_KV_TENSOR_DTYPES = {0: {"bfloat16", "uint16"}, 1: {"float16"}, 2: {"uint8", "int8", "float8_e4m3fn"},
-                     3: {"uint8", "int8", "float8_e5m2"}}
+_KV_TENSOR_DTYPES = dict(_kv_formats.KV_TENSOR_DTYPES)
 LAYOUTS = {"NHD": 0, "HND": 1}
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)  # tokens per page the kernels take (see PagedKVCache)
 REQUEST_STATES = {0: "ok", 1: "stale_tag", 2: "page_out_of_range", 3: "bad_page_table",
-                  4: "guard_page", 5: "write_denied", 6: "read_denied"}
+                  4: "guard_page", 5: "write_denied", 6: "read_denied", 7: "unwritten_slots",
+                  8: "append_not_next", 9: "record_mismatch", 10: "tags_not_synced"}
 
 PageHandle = Tuple[int, int]  # (page id, tag)
 
@@ -185,6 +186,15 @@ class PagePool:
         _check(_lib.slimserve_page_pool_create(num_pages, byref(self._handle)))
         self.num_pages = num_pages
 
+    def table_age(self) -> Tuple[int, int]:
+        """The pool's age now, (epoch, pool id): record it when building a step's table and pass
+        it to check_page_tags(built_at=...), which refuses the table (SlimserveError,
+        failed_precondition, nothing launched) when the device tags were last synced before
+        changes the table saw, or from another pool."""
+        epoch, pool_id = ctypes.c_uint64(), ctypes.c_uint32()
+        _check(_lib.slimserve_page_pool_table_age(self._handle, byref(epoch), byref(pool_id)))
+        return int(epoch.value), int(pool_id.value)
+
     def allocate(self, count: int) -> List[PageHandle]:
         """`count` pages, all or nothing (SlimserveError resource_exhausted takes none)."""
         if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
@@ -202,6 +212,22 @@ class PagePool:
 
     def share(self, page: PageHandle) -> None:
         _check(_lib.slimserve_page_pool_share(self._handle, Page(*page)))
+
+    def new_writer(self) -> int:
+        """A new request identity (never 0, not reused within 2^32 - 1): what the tag check
+        takes in `writers` and grant_write grants."""
+        out = ctypes.c_uint32(0)
+        _check(_lib.slimserve_page_pool_new_writer(self._handle, byref(out)))
+        return out.value
+
+    def grant_write(self, page: PageHandle, writer: int) -> None:
+        """Makes `writer` the only request that may write `page` (a sole holder's page the
+        prefix cache does not index; else SlimserveError failed_precondition, nothing changed)."""
+        _check(_lib.slimserve_page_pool_grant_write(self._handle, Page(*page), int(writer)))
+
+    def revoke_write(self, page: PageHandle) -> None:
+        """Makes `page` read-only (shared, or its writer is gone)."""
+        _check(_lib.slimserve_page_pool_revoke_write(self._handle, Page(*page)))
 
     def validate(self, page: PageHandle) -> None:
         """Raises SlimserveError (stale_handle, ...) unless `page` is live under its tag."""
@@ -374,6 +400,19 @@ class RequestSets:
     def tokens(self, request) -> int:
         return _lib.slimserve_request_sets_tokens(self._handle, _capi.RequestRef(*request))
 
+    def adopt(self, pages: Sequence[PageHandle], num_tokens: int):
+        """A request for pages filled elsewhere (a transfer engine moved another engine's KV
+        into them): takes over the caller's reference to each (id, tag) handle (sequence order;
+        each live, held by the caller alone, not cached, read-only) for num_tokens tokens;
+        returns the request, whose identity may write them. All or nothing: refused (the
+        caller keeps its pages) for a wrong page count, a stale, shared, cached or writable
+        page, a page listed twice or no free slot. Device fills: DeviceTags.record_fills."""
+        pages = [(int(p), int(t)) for p, t in pages]
+        ref = _capi.RequestRef()
+        _check(_lib.slimserve_request_sets_adopt(self._handle, _pages_array(pages), len(pages), int(num_tokens),
+                                                 byref(ref)))
+        return (ref.slot, ref.writer)
+
     def close(self) -> None:
         if getattr(self, "_handle", None):
             _lib.slimserve_request_sets_destroy(self._handle)
@@ -391,13 +430,62 @@ class DeviceTags:
     def __init__(self, num_pages: int):
         self._handle = c_void_p()
         _check(_lib.slimserve_device_tags_create(num_pages, byref(self._handle)))
+        self.num_pages = int(num_pages)
 
     def sync(self, pool: PagePool, stream=None) -> None:
         _check(_lib.slimserve_device_tags_sync(self._handle, pool._handle, _stream(stream)))
 
-    def __del__(self):
+    def _fills_ptr(self) -> int:
+        ptr = c_void_p()
+        _check(_lib.slimserve_device_tags_fills(self._handle, byref(ptr)))
+        return int(ptr.value or 0)
+
+    def record_fills(self, pages: Sequence[PageHandle], num_tokens: int, page_size: int, stream=None) -> None:
+        """Records on the device that `pages` (a request's (id, tag) handles in sequence order)
+        hold its first num_tokens tokens: page i has min(page_size, num_tokens - i * page_size)
+        slots written under its tag. For pages written outside the library's kernels (a
+        transfer engine's READ), so a check with check_fill sees their lengths; every other
+        page's fill is left as it is. Synchronizes `stream` (the staged words are freed on
+        return)."""
+        pages = [(int(p), int(t)) for p, t in pages]
+        count = len(pages)
+        page_size, num_tokens = int(page_size), int(num_tokens)
+        if page_size < 1 or not (count - 1) * page_size < num_tokens <= count * page_size:
+            raise value_error(f"slimserve: {num_tokens} tokens do not fill {count} pages of {page_size} tokens "
+                              "(every page but the last full, the last holding at least one)", "invalid_argument")
+        ids = np.array([p for p, _ in pages], np.int64)
+        tags = np.array([t for _, t in pages], np.uint64)
+        if ids.size and (ids.min() < 1 or ids.max() >= self.num_pages):
+            bad = int(ids.min() if ids.min() < 1 else ids.max())
+            raise value_error(f"slimserve: pages holds page {bad}; the tags cover pages 1..{self.num_pages - 1}",
+                              "out_of_range")
+        if np.unique(ids).size != ids.size:
+            raise value_error("slimserve: pages lists a page twice")
+        filled = np.minimum(page_size, num_tokens - page_size * np.arange(count)).astype(np.uint64)
+        words = np.empty(count, np.uint64)
+        order = np.argsort(ids, kind="stable")
+        words[:] = (filled[order] << np.uint64(32)) | tags[order]
+        ids = ids[order]
+        base = self._fills_ptr()
+        breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+        for start, end in zip(np.concatenate(([0], breaks)).tolist(), np.concatenate((breaks, [count])).tolist()):
+            _check(_lib.slimserve_memcpy_async(base + 8 * int(ids[start]), words.ctypes.data + 8 * start,
+                                               8 * (end - start), 0, _stream(stream)))  # one copy per run of ids
+        _check(_lib.slimserve_stream_synchronize(_stream(stream)))
+
+    def read_fills(self, num_pages: int, stream=None) -> np.ndarray:
+        """The device-held fill words of pages 0..num_pages - 1 (uint64: written slots << 32 |
+        the tag of the generation that wrote them), copied to the host."""
+        if not 0 <= int(num_pages) <= self.num_pages:
+            raise value_error(f"slimserve: num_pages {num_pages}: the tags cover {self.num_pages} pages", "out_of_range")
+        out = np.empty(int(num_pages), np.uint64)
+        _check(_lib.slimserve_memcpy_async(out.ctypes.data, self._fills_ptr(), out.nbytes, 1, _stream(stream)))
+        _check(_lib.slimserve_stream_synchronize(_stream(stream)))
+        return out
+
+    def __del__(self, _destroy=_lib.slimserve_device_tags_destroy):  # bound now: globals go first at exit
         if getattr(self, "_handle", None):
-            _lib.slimserve_device_tags_destroy(self._handle)
+            _destroy(self._handle)
             self._handle = None
 
 
@@ -530,13 +618,87 @@ def _host_ints(values, name: str, dtype=np.int32, length: Optional[int] = None) 
     return np.ascontiguousarray(array, dtype)
 
 
+def _is_table_age(value) -> bool:
+    return (isinstance(value, (tuple, list)) and len(value) == 2 and
+            all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0 for x in value))
+
+
+def table_age_word(age: Tuple[int, int]) -> np.ndarray:
+    """The 16 bytes of a table's age as the device compares them (uint64 epoch, uint32 pool
+    id, uint32 0): upload it into a persistent DeviceArray each step and pass that array as
+    check_page_tags(device_built_at=...)."""
+    if not _is_table_age(age):
+        raise type_error(f"slimserve: a table age is PagePool.table_age()'s (epoch, pool id), got {age!r}")
+    word = np.zeros(2, np.uint64)
+    word[0] = int(age[0])
+    word[1] = int(age[1])  # the pool id in the low half, then the reserved zero
+    return word.view(np.uint8)
+
+
 def check_page_tags(table: BuiltTable, tags: DeviceTags, statuses: RequestStatuses, *,
-                    writers: Optional[Sequence[int]] = None, append_indptr=None, stream=None) -> None:
+                    writers: Optional[Sequence[int]] = None, append_indptr=None, stream=None,
+                    check_fill: bool = False, built_at: Optional[Tuple[int, int]] = None,
+                    num_entries=None, entry_capacity: int = 0, device_built_at=None) -> None:
     """Compares every page-table entry with the device tags; one verdict per request. With
     `writers` (the requests' identities from RequestSets) and the step's `append_indptr`, also
-    checks write ownership: pages a step writes must be the request's own."""
+    checks write ownership: pages a step writes must be the request's own. `check_fill=True`
+    also compares each row with the device-held fills (unwritten_slots, append_not_next; only
+    when every kernel that writes pages records them). `built_at` (PagePool.table_age() when
+    the table was built) refuses a table newer than the last sync (SlimserveError,
+    failed_precondition, nothing launched).
+
+    Bounded rows: `num_entries` (the entries built for this table: an int, uploaded for this
+    call, or a DeviceArray holding one int32 that the engine rewrites each step) and
+    `entry_capacity` (the length of the indices buffer; 0: not bounded by it) refuse a request
+    whose indptr range leaves them (bad_page_table), so a corrupted indptr cannot reach
+    entries an earlier, larger table left in the buffer.
+
+    `device_built_at`: the table's age compared on the device with the age of the last sync
+    (every request tags_not_synced when the table is newer, or of another pool), for replays
+    of captured steps: PagePool.table_age()'s (epoch, pool id), uploaded for this call, or a
+    DeviceArray of at least 16 bytes holding table_age_word(...)."""
     _statuses_ptr(statuses, table.batch_size, "the table")
     device = table.device
+    if built_at is not None and not _is_table_age(built_at):
+        raise type_error(f"slimserve: built_at must be PagePool.table_age()'s (epoch, pool id), got {built_at!r}")
+    if num_entries is not None and not isinstance(num_entries, DeviceArray) and (
+            not isinstance(num_entries, (int, np.integer)) or isinstance(num_entries, bool) or num_entries < 0):
+        raise type_error(f"slimserve: num_entries must be an entry count >= 0 or a DeviceArray of one "
+                         f"int32, got {num_entries!r}")
+    if isinstance(num_entries, DeviceArray) and num_entries.nbytes < 4:
+        raise value_error(f"slimserve: num_entries: a DeviceArray of {num_entries.nbytes} bytes, need 4")
+    if not isinstance(entry_capacity, (int, np.integer)) or isinstance(entry_capacity, bool) or entry_capacity < 0:
+        raise type_error(f"slimserve: entry_capacity must be an int >= 0 (0: unbounded), got {entry_capacity!r}")
+    if device_built_at is not None and not isinstance(device_built_at, DeviceArray) and not _is_table_age(device_built_at):
+        raise type_error(f"slimserve: device_built_at must be PagePool.table_age()'s (epoch, pool id) or a "
+                         f"DeviceArray holding table_age_word(...), got {device_built_at!r}")
+    if isinstance(device_built_at, DeviceArray) and device_built_at.nbytes < 16:
+        raise value_error(f"slimserve: device_built_at: a DeviceArray of {device_built_at.nbytes} bytes, need 16")
+    bounded = num_entries is not None or entry_capacity != 0 or device_built_at is not None
+    if check_fill or built_at is not None or bounded:
+        keep = [DeviceArray(_host_ints(writers, "writers", np.uint32, table.batch_size), stream)
+                if writers is not None else None,
+                DeviceArray(_host_ints(append_indptr, "append_indptr", np.int32, table.batch_size + 1), stream)
+                if append_indptr is not None else None]
+        if num_entries is not None and not isinstance(num_entries, DeviceArray):
+            num_entries = DeviceArray(np.array([num_entries], np.int32), stream)
+        if device_built_at is not None and not isinstance(device_built_at, DeviceArray):
+            device_built_at = DeviceArray(table_age_word(device_built_at), stream)
+        args = _capi.versioned(_capi.TagCheckArgs)
+        args.table = ctypes.pointer(device)
+        args.tags = tags._handle
+        args.writers = keep[0].ptr if keep[0] else None
+        args.append_indptr = keep[1].ptr if keep[1] else None
+        args.statuses = statuses.ptr
+        args.check_fill = 1 if check_fill else 0
+        if built_at is not None:
+            args.built_at_epoch, args.built_at_pool = int(built_at[0]), int(built_at[1])
+        args.num_entries = num_entries.ptr if num_entries is not None else None
+        args.entry_capacity = int(entry_capacity)
+        args.device_built_at = device_built_at.ptr if device_built_at is not None else None
+        _check(_lib.slimserve_check_page_tags_with(byref(args), _stream(stream)))
+        _check(_lib.slimserve_stream_synchronize(_stream(stream)))  # the uploads are freed on return
+        return
     if writers is None and append_indptr is None:
         _check(_lib.slimserve_check_page_tags(byref(device), tags._handle, statuses.ptr, None,
                                               _stream(stream)))
@@ -835,6 +997,207 @@ def copy_pages(cache: PagedKVCache, tags: DeviceTags, copies: Sequence[dict], st
                                      statuses.ptr, _stream(stream)))
     return statuses.to_host(len(copies), stream)
 
+
+
+# ---- Records that leave the cache: swap slots and export buffers, with their identity ----------
+
+class RecordIdentity(NamedTuple):
+    """Whose a record is, in every swap slot's and export record's header: the pool it left
+    (PagePool.table_age()'s pool id), the request identity that wrote it (the swap-out or
+    export mover) and the engine's number for this record set (e.g. the request's preemption
+    count, so that a stale record of the same request is refused too)."""
+    pool: int
+    writer: int
+    sequence: int = 0
+
+
+def _identity(value, name: str) -> "_capi.RecordIdentity":
+    if not isinstance(value, tuple) or len(value) != 3 or not all(
+            isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value):
+        raise type_error(f"slimserve: {name} must be a RecordIdentity(pool, writer, sequence), got {value!r}")
+    if not all(0 <= int(x) <= 0xFFFFFFFF for x in value):
+        raise value_error(f"slimserve: {name} {tuple(value)} has a field outside uint32")
+    return _capi.RecordIdentity(int(value[0]), int(value[1]), int(value[2]))
+
+
+def swap_slot_bytes(cache: PagedKVCache) -> int:
+    """Bytes of one swap slot (and of one export record): a 32-byte identity header and the
+    page's K, V and per-token scale bytes."""
+    return int(_lib.slimserve_page_record_bytes(byref(cache.view)))
+
+
+def export_buffer_bytes(cache: PagedKVCache, num_pages: int) -> int:
+    """Bytes an export of `num_pages` pages needs (a 64-byte header, then the records)."""
+    return int(_lib.slimserve_export_buffer_bytes(byref(cache.view), int(num_pages)))
+
+
+class HostSlots:
+    """Pinned host memory of `slots` swap slots of `cache`'s size, for swap_pages. `array` is
+    a NumPy view [slots, slot_bytes] of it (valid while this object lives)."""
+
+    def __init__(self, cache: PagedKVCache, slots: int):
+        if not isinstance(slots, (int, np.integer)) or slots < 1:
+            raise value_error(f"slimserve: HostSlots slots {slots!r} (>= 1)")
+        self.slots, self.slot_bytes = int(slots), swap_slot_bytes(cache)
+        self.ptr = c_void_p()
+        _check(_lib.slimserve_host_alloc(self.slots * self.slot_bytes, byref(self.ptr)))
+        self.array = np.ctypeslib.as_array(ctypes.cast(self.ptr, ctypes.POINTER(ctypes.c_uint8)),
+                                           shape=(self.slots, self.slot_bytes))
+
+    def __del__(self, _free=_lib.slimserve_host_free):  # bound now: module globals go first at exit
+        if getattr(self, "ptr", None) is not None and self.ptr.value:
+            self.array = None
+            _free(self.ptr)
+            self.ptr = None
+
+
+SWAP_DIRECTIONS = {"out": 0, "in": 1}
+
+
+def swap_pages(cache: PagedKVCache, tags: DeviceTags, slots: HostSlots, swaps: Sequence[dict],
+               direction: str, *, identities=None, stream=None) -> List[Tuple[str, int]]:
+    """Moves pages between the cache and pinned host slots (preemption, offload), each checked
+    on the device: swaps are dicts {page (handle), writer (the mover), slot}; direction "out"
+    (cache to slots) or "in". Returns each swap's verdict.
+
+    identities: one RecordIdentity for every swap, or a list of one per swap. Swap-out writes
+    it into the slot's header; swap-in refuses a slot whose header says otherwise
+    (record_mismatch: another request's slot, a stale one or a corrupted one; the page keeps
+    every byte). None: RecordIdentity(the synced pool, the swap's writer, 0), so only the
+    identity that swapped a record out can swap it back in (a request resumed under a new
+    identity passes the one it swapped out with)."""
+    if direction not in SWAP_DIRECTIONS:
+        raise value_error(f"slimserve: swap direction {direction!r} (\"out\" or \"in\")")
+    if not isinstance(slots, HostSlots):
+        raise type_error(f"slimserve: slots must be HostSlots, got {type(slots).__name__}")
+    code = SWAP_DIRECTIONS[direction]
+    array = (_capi.PageSwap * max(len(swaps), 1))()
+    for i, w in enumerate(swaps):
+        array[i] = _capi.PageSwap(int(w["page"][0]), int(w["page"][1]), int(w["writer"]), int(w["slot"]))
+    _check(_lib.slimserve_check_page_swaps(byref(cache.view), array, len(swaps), code, slots.slots))
+    count = len(swaps)
+    device = DeviceArray(np.frombuffer(bytes(array), np.uint8)[: count * ctypes.sizeof(_capi.PageSwap)], stream)
+    keep = None
+    if identities is not None:
+        if isinstance(identities, tuple) and len(identities) == 3 and not isinstance(identities[0], tuple):
+            identities = [identities] * count
+        identities = list(identities)
+        if len(identities) != count:
+            raise value_error(f"slimserve: identities has {len(identities)} entries for {count} swaps")
+        ids = (_capi.RecordIdentity * max(count, 1))(*[_identity(x, f"identities[{i}]")
+                                                       for i, x in enumerate(identities)])
+        keep = DeviceArray(np.frombuffer(bytes(ids), np.uint8)[: count * ctypes.sizeof(_capi.RecordIdentity)], stream)
+    statuses = RequestStatuses(max(count, 1))
+    args = _capi.versioned(_capi.SwapArgs)
+    args.cache = cache.view
+    args.tags = tags._handle
+    args.host_records = slots.ptr
+    args.host_slots = slots.slots
+    args.swaps = device.ptr
+    args.num_swaps = count
+    args.direction = code
+    args.statuses = statuses.ptr
+    args.identities = keep.ptr if keep is not None else None
+    _check(_lib.slimserve_swap_pages_with(byref(args), _stream(stream)))
+    return statuses.to_host(count, stream)
+
+
+def _request_view(pages: Sequence[PageHandle], num_tokens: int, writer: int, stream):
+    ids = DeviceArray(_host_ints([p[0] for p in pages], "pages", np.int32), stream)
+    page_tags = DeviceArray(_host_ints([p[1] for p in pages], "pages", np.uint32), stream)
+    view = _capi.RequestPagesView(ids.ptr, page_tags.ptr, len(pages), int(num_tokens), int(writer))
+    return view, (ids, page_tags)
+
+
+def _buffer(buffer, name: str):
+    if isinstance(buffer, DeviceArray):
+        return buffer.ptr.value, buffer.nbytes
+    r = _tensor(buffer, name=name, dtypes={"uint8"}, ndim=1)
+    return r.ptr, r.shape[0]
+
+
+def export_request(cache: PagedKVCache, tags: DeviceTags, pages: Sequence[PageHandle], num_tokens: int,
+                   writer: int, buffer, *, identity: Optional[RecordIdentity] = None,
+                   stream=None) -> Tuple[str, int]:
+    """Writes one request's pages (page handles in order, [num_pages] (id, tag); read by
+    `writer`, each checked on the device) into `buffer` (a DeviceArray or a uint8 tensor
+    [>= export_buffer_bytes]): a self-describing header, then one record per page. Returns the
+    verdict.
+
+    identity: the RecordIdentity written into the header and every record (what the
+    transfer's metadata should carry to the importer). None: RecordIdentity(the synced pool,
+    writer, 0)."""
+    view, keep = _request_view(pages, num_tokens, writer, stream)
+    ptr, nbytes = _buffer(buffer, "buffer")
+    statuses = RequestStatuses(1)
+    args = _capi.versioned(_capi.ExportArgs)
+    args.cache = cache.view
+    args.tags = tags._handle
+    args.request = view
+    args.buffer, args.buffer_bytes = ptr, nbytes
+    args.status = statuses.ptr
+    if identity is not None:
+        args.identity = _identity(identity, "identity")
+    _check(_lib.slimserve_export_request_with(byref(args), _stream(stream)))
+    return statuses.to_host(1, stream)[0]
+
+
+def buffer_header(buffer, stream=None) -> bytes:
+    """A host copy of an export buffer's first 64 bytes (what import_request and
+    read_buffer_identity read; synchronizes)."""
+    ptr, nbytes = _buffer(buffer, "buffer")
+    if nbytes < 64:
+        raise value_error(f"slimserve: buffer has {nbytes} bytes, an export header 64")
+    out = np.empty(64, np.uint8)
+    _check(_lib.slimserve_memcpy_async(out.ctypes.data, ptr, 64, 1, _stream(stream)))
+    _check(_lib.slimserve_stream_synchronize(_stream(stream)))
+    return out.tobytes()
+
+
+def read_buffer_identity(header: bytes) -> RecordIdentity:
+    """The exporter's RecordIdentity an export buffer's header (buffer_header) claims: for
+    the sending side's transfer metadata and for messages. An importer expects what its own
+    metadata says, not this claim."""
+    if not isinstance(header, (bytes, bytearray)):
+        raise type_error(f"slimserve: header must be bytes (buffer_header), got {type(header).__name__}")
+    out = _capi.RecordIdentity()
+    copy = ctypes.create_string_buffer(bytes(header), len(header))
+    _check(_lib.slimserve_read_buffer_identity(copy, len(header), byref(out)))
+    return RecordIdentity(out.pool, out.writer, out.sequence)
+
+
+def import_request(cache: PagedKVCache, tags: DeviceTags, pages: Sequence[PageHandle], num_tokens: int,
+                   writer: int, buffer, *, expected: RecordIdentity, header: Optional[bytes] = None,
+                   stream=None) -> Tuple[str, int]:
+    """Imports an export buffer into a request's pages (page handles in order, [num_pages]
+    (id, tag), writable by `writer`). Returns the verdict.
+
+    expected: the exporter's RecordIdentity as the transfer's own metadata says (not the
+    buffer's claim): every record must carry it, its page index, its token count and a
+    matching checksum, else the request is refused (record_mismatch) and no page is written.
+    header: the buffer's first 64 bytes if the caller has them (else they are copied here);
+    an incompatible shape raises SlimserveError before any launch."""
+    ptr, nbytes = _buffer(buffer, "buffer")
+    if header is None:
+        header = buffer_header(buffer, stream)
+    if not isinstance(header, (bytes, bytearray)):
+        raise type_error(f"slimserve: header must be bytes (buffer_header), got {type(header).__name__}")
+    expected_c = _identity(expected, "expected")
+    if expected_c.writer == 0:
+        raise value_error("slimserve: expected.writer is 0: expected names whose export this must be")
+    view, keep = _request_view(pages, num_tokens, writer, stream)
+    header_copy = ctypes.create_string_buffer(bytes(header), len(header))
+    statuses = RequestStatuses(1)
+    args = _capi.versioned(_capi.ImportArgs)
+    args.cache = cache.view
+    args.tags = tags._handle
+    args.request = view
+    args.buffer, args.buffer_bytes = ptr, nbytes
+    args.header, args.header_bytes = ctypes.addressof(header_copy), len(header)
+    args.status = statuses.ptr
+    args.expected = expected_c
+    _check(_lib.slimserve_import_request_with(byref(args), _stream(stream)))
+    return statuses.to_host(1, stream)[0]
 
 def _check_csr(indptr: np.ndarray, indices: np.ndarray, last: np.ndarray, page_size: int) -> None:
     batch = last.shape[0]

@@ -4,7 +4,7 @@ by tools/gen_capi.py: do not edit; run `python3 tools/gen_capi.py` after changin
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int8, c_int16,
                     c_int32, c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # ---- Enum constants -------------------------------------------------------------
 
@@ -29,6 +29,10 @@ SLIMSERVE_REQUEST_BAD_PAGE_TABLE = 3
 SLIMSERVE_REQUEST_GUARD_PAGE = 4
 SLIMSERVE_REQUEST_WRITE_DENIED = 5
 SLIMSERVE_REQUEST_READ_DENIED = 6
+SLIMSERVE_REQUEST_UNWRITTEN_SLOTS = 7
+SLIMSERVE_REQUEST_APPEND_NOT_NEXT = 8
+SLIMSERVE_REQUEST_RECORD_MISMATCH = 9
+SLIMSERVE_REQUEST_TAGS_NOT_SYNCED = 10
 SLIMSERVE_KV_BF16 = 0
 SLIMSERVE_KV_FP16 = 1
 SLIMSERVE_KV_FP8_E4M3 = 2
@@ -61,6 +65,8 @@ SLIMSERVE_MOE_ALIGN_SERIAL = 1
 SLIMSERVE_MOE_ALIGN_DEVICE = 2
 SLIMSERVE_SCALING_PER_WEIGHT = 0
 SLIMSERVE_SCALING_PER_GROUP_SUM = 1
+SLIMSERVE_CACHE_PAGED_KV = 0
+SLIMSERVE_CACHE_MLA_LATENT = 1
 
 # ---- Structs (header order) ------------------------------------------------------
 
@@ -127,6 +133,25 @@ class RequestStatus(Structure):
     _fields_ = [
         ("state", c_int32),
         ("failed_slot", c_int32),
+    ]
+
+
+class TagCheckArgs(Structure):
+    """slimserve_tag_check_args"""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("table", POINTER(PageTableView)),
+        ("tags", c_void_p),
+        ("writers", c_void_p),
+        ("append_indptr", c_void_p),
+        ("statuses", c_void_p),
+        ("aborted_count", c_void_p),
+        ("num_entries", c_void_p),
+        ("entry_capacity", c_int64),
+        ("check_fill", c_int32),
+        ("built_at_pool", c_uint32),
+        ("built_at_epoch", c_uint64),
+        ("device_built_at", c_void_p),
     ]
 
 
@@ -216,6 +241,61 @@ class RequestPagesView(Structure):
         ("num_pages", c_int32),
         ("num_tokens", c_int64),
         ("writer", c_uint32),
+    ]
+
+
+class RecordIdentity(Structure):
+    """slimserve_record_identity"""
+    _fields_ = [
+        ("pool", c_uint32),
+        ("writer", c_uint32),
+        ("sequence", c_uint32),
+    ]
+
+
+class SwapArgs(Structure):
+    """slimserve_swap_args"""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("cache", KvCache),
+        ("tags", c_void_p),
+        ("host_records", c_void_p),
+        ("host_slots", c_int32),
+        ("num_swaps", c_int32),
+        ("swaps", c_void_p),
+        ("direction", c_int32),
+        ("statuses", c_void_p),
+        ("identities", c_void_p),
+    ]
+
+
+class ExportArgs(Structure):
+    """slimserve_export_args"""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("cache", KvCache),
+        ("tags", c_void_p),
+        ("request", RequestPagesView),
+        ("buffer", c_void_p),
+        ("buffer_bytes", c_int64),
+        ("status", c_void_p),
+        ("identity", RecordIdentity),
+    ]
+
+
+class ImportArgs(Structure):
+    """slimserve_import_args"""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("cache", KvCache),
+        ("tags", c_void_p),
+        ("request", RequestPagesView),
+        ("buffer", c_void_p),
+        ("buffer_bytes", c_int64),
+        ("header", c_void_p),
+        ("header_bytes", c_size_t),
+        ("status", c_void_p),
+        ("expected", RecordIdentity),
     ]
 
 
@@ -580,6 +660,47 @@ class MoeGemmPlanInfo(Structure):
     ]
 
 
+class CacheArray(Structure):
+    """slimserve_cache_array"""
+    _fields_ = [
+        ("address", c_uint64),
+        ("page_stride", c_int64),
+        ("bytes", c_int64),
+    ]
+
+
+class CacheLayout(Structure):
+    """slimserve_cache_layout"""
+    _fields_ = [
+        ("magic", c_uint32),
+        ("version", c_uint32),
+        ("kind", c_uint8),
+        ("dtype", c_uint8),
+        ("layout", c_uint8),
+        ("scale_mode", c_uint8),
+        ("num_pages", c_int32),
+        ("page_size", c_int32),
+        ("num_kv_heads", c_int32),
+        ("head_dim", c_int32),
+        ("token_bytes", c_int32),
+        ("num_arrays", c_int32),
+        ("reserved", c_int32),
+        ("k", CacheArray),
+        ("v", CacheArray),
+        ("k_scales", CacheArray),
+        ("v_scales", CacheArray),
+    ]
+
+
+class TransferEntry(Structure):
+    """slimserve_transfer_entry"""
+    _fields_ = [
+        ("src", c_uint64),
+        ("dst", c_uint64),
+        ("bytes", c_int64),
+    ]
+
+
 # ---- Functions: name -> (restype, argtypes), header order ---------------------
 
 SIGNATURES = {
@@ -619,6 +740,7 @@ SIGNATURES = {
     "slimserve_request_sets_is_active": (c_int32, [c_void_p, RequestRef]),
     "slimserve_request_sets_pages": (c_int32, [c_void_p, RequestRef, POINTER(Page), c_size_t, c_void_p]),
     "slimserve_request_sets_tokens": (c_int64, [c_void_p, RequestRef]),
+    "slimserve_request_sets_adopt": (c_int32, [c_void_p, POINTER(Page), c_size_t, c_int64, POINTER(RequestRef)]),
     "slimserve_page_table_create": (c_int32, [c_int32, c_int64, c_int32, c_int32, POINTER(c_void_p)]),
     "slimserve_page_table_destroy": (None, [c_void_p]),
     "slimserve_page_table_build": (c_int32, [c_void_p, POINTER(RequestPages), c_int32, c_void_p, POINTER(PageTableView), POINTER(PageTableView)]),
@@ -627,6 +749,9 @@ SIGNATURES = {
     "slimserve_device_tags_sync": (c_int32, [c_void_p, c_void_p, c_void_p]),
     "slimserve_check_page_tags": (c_int32, [POINTER(PageTableView), c_void_p, c_void_p, c_void_p, c_void_p]),
     "slimserve_check_page_tags_owned": (c_int32, [POINTER(PageTableView), c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
+    "slimserve_check_page_tags_with": (c_int32, [POINTER(TagCheckArgs), c_void_p]),
+    "slimserve_page_pool_table_age": (c_int32, [c_void_p, c_void_p, c_void_p]),
+    "slimserve_device_tags_fills": (c_int32, [c_void_p, POINTER(c_void_p)]),
     "slimserve_append_kv": (c_int32, [POINTER(KvCache), POINTER(PageTableView), c_void_p, POINTER(AppendArgs), c_void_p]),
     "slimserve_decode_workspace_size": (c_int32, [POINTER(DecodeProblem), c_void_p, c_void_p, c_void_p]),
     "slimserve_decode_plan_create": (c_int32, [POINTER(DecodeProblem), c_void_p, c_void_p, c_void_p, c_size_t, c_void_p, POINTER(c_void_p)]),
@@ -640,6 +765,10 @@ SIGNATURES = {
     "slimserve_export_buffer_bytes": (c_int64, [POINTER(KvCache), c_int32]),
     "slimserve_export_request": (c_int32, [POINTER(KvCache), c_void_p, POINTER(RequestPagesView), c_void_p, c_int64, c_void_p, c_void_p]),
     "slimserve_import_request": (c_int32, [POINTER(KvCache), c_void_p, POINTER(RequestPagesView), c_void_p, c_int64, c_void_p, c_size_t, c_void_p, c_void_p]),
+    "slimserve_swap_pages_with": (c_int32, [POINTER(SwapArgs), c_void_p]),
+    "slimserve_export_request_with": (c_int32, [POINTER(ExportArgs), c_void_p]),
+    "slimserve_import_request_with": (c_int32, [POINTER(ImportArgs), c_void_p]),
+    "slimserve_read_buffer_identity": (c_int32, [c_void_p, c_size_t, c_void_p]),
     "slimserve_int4_quantize": (c_int32, [c_void_p, c_int32, c_int32, c_int64, c_int64, POINTER(QuantizeOptions), POINTER(c_void_p)]),
     "slimserve_int4_weights_destroy": (None, [c_void_p]),
     "slimserve_int4_weights_get_info": (c_int32, [c_void_p, POINTER(Int4WeightsInfo)]),
@@ -660,6 +789,9 @@ SIGNATURES = {
     "slimserve_dequantize_pages": (c_int32, [POINTER(KvCache), c_void_p, c_int32, c_void_p, c_void_p, c_void_p]),
     "slimserve_kv_append": (c_int32, [POINTER(KvAppendArgs), c_void_p]),
     "slimserve_get_runtime_counters": (c_int32, [POINTER(RuntimeCounters)]),
+    "slimserve_page_pool_new_writer": (c_int32, [c_void_p, c_void_p]),
+    "slimserve_page_pool_grant_write": (c_int32, [c_void_p, Page, c_uint32]),
+    "slimserve_page_pool_revoke_write": (c_int32, [c_void_p, Page]),
     "slimserve_mla_record_bytes": (c_int64, [c_int32, c_int32]),
     "slimserve_mla_append": (c_int32, [POINTER(MlaAppendArgs), c_void_p]),
     "slimserve_mla_workspace_size": (c_int32, [POINTER(MlaPlanArgs), c_void_p]),
@@ -679,6 +811,15 @@ SIGNATURES = {
     "slimserve_moe_gemm_plan_destroy": (None, [c_void_p]),
     "slimserve_moe_gemm_plan_get_info": (c_int32, [c_void_p, POINTER(MoeGemmPlanInfo)]),
     "slimserve_moe_gemm_run": (c_int32, [c_void_p, POINTER(MoeGemmArgs), POINTER(MoeRouting), c_void_p, c_size_t, c_void_p]),
+    "slimserve_describe_kv_cache": (c_int32, [POINTER(KvCache), c_int64, POINTER(CacheLayout)]),
+    "slimserve_describe_mla_cache": (c_int32, [POINTER(MlaCache), POINTER(CacheLayout)]),
+    "slimserve_cache_layout_parse": (c_int32, [c_void_p, c_size_t, POINTER(CacheLayout)]),
+    "slimserve_cache_layout_check_compatible": (c_int32, [POINTER(CacheLayout), POINTER(CacheLayout)]),
+    "slimserve_transfer_list_capacity": (c_int64, [POINTER(CacheLayout), c_int32]),
+    "slimserve_build_transfer_list": (c_int32, [POINTER(CacheLayout), c_void_p, POINTER(CacheLayout), c_void_p, c_int32, c_int64, POINTER(TransferEntry), c_size_t, c_void_p]),
+    "slimserve_coalesce_transfer_list": (c_int32, [POINTER(TransferEntry), c_size_t, c_void_p]),
+    "slimserve_page_pool_writer": (c_uint32, [c_void_p, c_int32]),
+    "slimserve_cache_registration_regions": (c_int32, [POINTER(CacheLayout), POINTER(CacheArray)]),
 }
 
 STRUCTS = (
@@ -689,6 +830,7 @@ STRUCTS = (
     PageTableView,
     RequestPages,
     RequestStatus,
+    TagCheckArgs,
     KvCache,
     AppendArgs,
     DecodeProblem,
@@ -696,6 +838,10 @@ STRUCTS = (
     PageCopy,
     PageSwap,
     RequestPagesView,
+    RecordIdentity,
+    SwapArgs,
+    ExportArgs,
+    ImportArgs,
     QuantizeOptions,
     Int4WeightsInfo,
     GemmArgs,
@@ -720,6 +866,9 @@ STRUCTS = (
     MoeRouting,
     MoeGemmArgs,
     MoeGemmPlanInfo,
+    CacheArray,
+    CacheLayout,
+    TransferEntry,
 )
 
 __all__ = [
@@ -730,6 +879,7 @@ __all__ = [
     "PageTableView",
     "RequestPages",
     "RequestStatus",
+    "TagCheckArgs",
     "KvCache",
     "AppendArgs",
     "DecodeProblem",
@@ -737,6 +887,10 @@ __all__ = [
     "PageCopy",
     "PageSwap",
     "RequestPagesView",
+    "RecordIdentity",
+    "SwapArgs",
+    "ExportArgs",
+    "ImportArgs",
     "QuantizeOptions",
     "Int4WeightsInfo",
     "GemmArgs",
@@ -761,6 +915,9 @@ __all__ = [
     "MoeRouting",
     "MoeGemmArgs",
     "MoeGemmPlanInfo",
+    "CacheArray",
+    "CacheLayout",
+    "TransferEntry",
     "SLIMSERVE_OK",
     "SLIMSERVE_INVALID_ARGUMENT",
     "SLIMSERVE_OUT_OF_RANGE",
@@ -782,6 +939,10 @@ __all__ = [
     "SLIMSERVE_REQUEST_GUARD_PAGE",
     "SLIMSERVE_REQUEST_WRITE_DENIED",
     "SLIMSERVE_REQUEST_READ_DENIED",
+    "SLIMSERVE_REQUEST_UNWRITTEN_SLOTS",
+    "SLIMSERVE_REQUEST_APPEND_NOT_NEXT",
+    "SLIMSERVE_REQUEST_RECORD_MISMATCH",
+    "SLIMSERVE_REQUEST_TAGS_NOT_SYNCED",
     "SLIMSERVE_KV_BF16",
     "SLIMSERVE_KV_FP16",
     "SLIMSERVE_KV_FP8_E4M3",
@@ -814,4 +975,6 @@ __all__ = [
     "SLIMSERVE_MOE_ALIGN_DEVICE",
     "SLIMSERVE_SCALING_PER_WEIGHT",
     "SLIMSERVE_SCALING_PER_GROUP_SUM",
+    "SLIMSERVE_CACHE_PAGED_KV",
+    "SLIMSERVE_CACHE_MLA_LATENT",
 ]

@@ -66,7 +66,7 @@ Status validate_host_page_table(const DecodePlanArguments& args) {
 
 DecodeBlockShape decode_block_shape(const DecodeProblem& problem) {
   DecodeBlockShape shape;
-  const std::int32_t vector_elements = 16 / element_bytes(problem.kv_dtype);
+  const std::int32_t vector_elements = 128 / bits_per_element(problem.kv_dtype);  // 16 B
   shape.lanes = problem.head_dim / vector_elements;
   shape.rows = problem.num_kv_heads > 0
                    ? problem.query_tokens * (problem.num_qo_heads / problem.num_kv_heads)
@@ -81,7 +81,7 @@ DecodeBlockShape decode_block_shape(const DecodeProblem& problem) {
 Status validate_decode_problem(const DecodeProblem& p) {
   if (!is_valid(p.kv_dtype)) {
     return make_status(StatusCode::invalid_argument, "unknown KV dtype ",
-                       static_cast<int>(p.kv_dtype));
+                       static_cast<int>(p.kv_dtype), " (one of ", kv_format_names(), ")");
   }
   if (p.batch_size < 0) {
     return make_status(StatusCode::invalid_argument, "batch_size ", p.batch_size, " < 0");

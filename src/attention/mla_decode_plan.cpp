@@ -24,6 +24,11 @@ std::int32_t warps_m_for(const MlaDecodeProblem& p) {
   return rows <= 16 ? 1 : 2;
 }
 
+/// CTA slots per SM the split fills: the caller's, or (0) the chosen kernel's residency.
+std::int32_t ctas_per_sm_for(const MlaDecodeProblem& p, std::int32_t requested) {
+  return requested != 0 ? requested : mla_decode_resident_ctas(p.kv_dtype, warps_m_for(p));
+}
+
 MlaDecodeWorkspaceLayout layout_for(std::size_t items, std::size_t units, std::size_t batch, bool split,
                                     std::int32_t cta_rows) {
   constexpr std::size_t i32 = sizeof(std::int32_t);
@@ -174,9 +179,10 @@ Status validate_mla_decode_problem(const MlaDecodeProblem& p) {
 Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {
   const MlaDecodeProblem& p = args.problem;
   SLIMSERVE_RETURN_IF_ERROR(validate_mla_decode_problem(p));
-  if (args.num_sms < 1 || args.ctas_per_sm < 1 || args.min_chunk_tokens < 1) {
-    return make_status(StatusCode::invalid_argument, "num_sms (", args.num_sms, "), ctas_per_sm (",
-                       args.ctas_per_sm, ") and min_chunk_tokens (", args.min_chunk_tokens, ") must be >= 1");
+  if (args.num_sms < 1 || args.ctas_per_sm < 0 || args.min_chunk_tokens < 1) {
+    return make_status(StatusCode::invalid_argument, "num_sms (", args.num_sms, ") and min_chunk_tokens (",
+                       args.min_chunk_tokens, ") must be >= 1, ctas_per_sm (", args.ctas_per_sm,
+                       ") >= 0 (0: the kernel's)");
   }
   std::vector<std::int64_t> kv_len;
   SLIMSERVE_RETURN_IF_ERROR(host_lengths(args, kv_len));
@@ -203,7 +209,9 @@ Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {
   };
   // Unsplit when the batch fills the device; else the smallest chunk whose CTAs fit one wave.
   std::int64_t granules = std::max<std::int64_t>(1, ceil_div(max_kv, chunk_granule));
-  const std::int64_t max_ctas = static_cast<std::int64_t>(args.num_sms) * args.ctas_per_sm;
+  // The split fills the CTA slots the chosen kernel has (two per SM for the 16-row FP8
+  // kernel: a one-per-SM split would leave it with half the bytes in flight).
+  const std::int64_t max_ctas = static_cast<std::int64_t>(args.num_sms) * ctas_per_sm_for(p, args.ctas_per_sm);
   if (args.allow_split && units < max_ctas && max_kv > 0) {
     granules = detail::smallest_fitting_chunk(ceil_div(args.min_chunk_tokens, chunk_granule), granules,
                                               [&](std::int64_t g) { return items_for(g * chunk_granule) <= max_ctas; });
@@ -265,9 +273,10 @@ Result<std::size_t> mla_decode_workspace_bound(const MlaDecodeWorkspaceBound& re
   SLIMSERVE_RETURN_IF_ERROR(detail::resolve_num_sms(bound.num_sms));  // 0: the current device
   const MlaDecodeProblem& p = bound.problem;
   SLIMSERVE_RETURN_IF_ERROR(validate_mla_decode_problem(p));
-  if (bound.num_sms < 1 || bound.ctas_per_sm < 1) {
+  if (bound.num_sms < 1 || bound.ctas_per_sm < 0) {
     return make_status(StatusCode::invalid_argument,
-                       "workspace bound needs num_sms >= 0 (0: the current device) and ctas_per_sm >= 1");
+                       "workspace bound needs num_sms >= 0 (0: the current device) and ctas_per_sm >= 0 (0: the "
+                       "kernel's)");
   }
   const std::int32_t cta_rows = 16 * warps_m_for(p);
   const std::int64_t row_tiles = ceil_div(static_cast<std::int64_t>(p.num_heads) * p.query_tokens, cta_rows);
@@ -276,7 +285,7 @@ Result<std::size_t> mla_decode_workspace_bound(const MlaDecodeWorkspaceBound& re
   // max_ctas: items <= max(units, max_ctas). A smaller batch may split even when the largest
   // does not, so the partials are sized for max_ctas items whenever one request's row tiles
   // leave room to split.
-  const std::int64_t max_ctas = static_cast<std::int64_t>(bound.num_sms) * bound.ctas_per_sm;
+  const std::int64_t max_ctas = static_cast<std::int64_t>(bound.num_sms) * ctas_per_sm_for(p, bound.ctas_per_sm);
   const std::int64_t items = std::max(units, max_ctas);
   const bool may_split = row_tiles < max_ctas;
   return layout_for(static_cast<std::size_t>(items), static_cast<std::size_t>(units),

@@ -20,7 +20,7 @@ constexpr std::int32_t cta_warps = 4;
 /// Tokens per pipeline stage of the kernel (kernels/paged_attention_kernel.cuh: ~32 KiB of
 /// K + V, clamped to 64..128, whole multiples of 64).
 std::int32_t stage_tokens_for(KvDtype dtype, std::int32_t head_dim) {
-  const std::int32_t raw = 32768 / (2 * head_dim * element_bytes(dtype));
+  const auto raw = static_cast<std::int32_t>(32768 / (2 * head_vector_bytes(dtype, head_dim)));
   return std::clamp(raw, 64, 128) / 64 * 64;
 }
 
@@ -114,12 +114,29 @@ Schedule make_schedule(const PagedAttentionPlanArguments& args, const std::vecto
   // split the KV tile instead of padding rows); long prefill chunks use 4 x 1.
   s.warps_m = max_rows <= 16 ? 1 : (max_rows <= 32 ? 2 : 4);
   s.cta_rows = 16 * s.warps_m;
+  // Units longest first (LPT): a causal row tile reads K/V up to its last query token, so the
+  // last tiles of a long request cost the most. The GPU hands CTAs to free slots roughly in
+  // launch order, and the kernels launch the work items in this order (each item's KV heads
+  // next to each other), so the long tiles start first and the short ones fill the tail.
+  struct Unit {
+    std::int64_t visible_tokens;
+    std::int32_t request, row_tile;
+  };
+  std::vector<Unit> units_by_cost;
   for (std::size_t b = 0; b < kv_len.size(); ++b) {
-    const std::int64_t rows = static_cast<std::int64_t>(args.qo_indptr_host[b + 1] - args.qo_indptr_host[b]) * group;
+    const std::int64_t qo_len = args.qo_indptr_host[b + 1] - args.qo_indptr_host[b];
+    const std::int64_t rows = qo_len * group;
     for (std::int64_t tile = 0; tile < ceil_div(rows, s.cta_rows); ++tile) {
-      s.unit_request.push_back(static_cast<std::int32_t>(b));
-      s.unit_row_tile.push_back(static_cast<std::int32_t>(tile));
+      const std::int64_t last_token = (std::min(rows, (tile + 1) * s.cta_rows) - 1) / group;
+      const std::int64_t visible = p.causal ? kv_len[b] - qo_len + last_token + 1 : kv_len[b];
+      units_by_cost.push_back({visible, static_cast<std::int32_t>(b), static_cast<std::int32_t>(tile)});
     }
+  }
+  std::stable_sort(units_by_cost.begin(), units_by_cost.end(),
+                   [](const Unit& a, const Unit& b) { return a.visible_tokens > b.visible_tokens; });
+  for (const Unit& unit : units_by_cost) {
+    s.unit_request.push_back(unit.request);
+    s.unit_row_tile.push_back(unit.row_tile);
   }
   const auto items_for = [&](std::int64_t chunk) {
     std::int64_t items = 0;
@@ -172,7 +189,8 @@ PagedAttentionWorkspaceLayout layout_for(std::size_t items, std::size_t units, b
 AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& p, std::int32_t max_qo_len) {
   const std::int32_t group = p.num_kv_heads > 0 ? p.num_qo_heads / p.num_kv_heads : 0;
   const std::int32_t rows = group * max_qo_len;
-  if (max_qo_len <= 8 && rows <= 2 && !is_fp8(p.kv_dtype) && VectorKernelHeadDims::contains(p.head_dim)) {
+  if (max_qo_len <= 8 && rows <= 2 && !is_fp8(p.kv_dtype) && kv_format_info(p.kv_dtype).computes_in_storage_type &&
+      VectorKernelHeadDims::contains(p.head_dim)) {
     return {AttentionKernel::cuda_core,
             "decode with " + std::to_string(rows) + " query row(s) per KV head on a 16-bit cache: "
             "the CUDA-core kernel converts nothing and multiplies each K/V element once per row "
@@ -207,8 +225,8 @@ Status validate_paged_attention_problem(const PagedAttentionProblem& p) {
     return make_status(StatusCode::unsupported, "num_qo_heads ", p.num_qo_heads,
                        " must be a positive multiple of num_kv_heads ", p.num_kv_heads);
   }
-  if ((p.kv_dtype == KvDtype::bf16 && p.q_dtype != ActivationDtype::bf16) ||
-      (p.kv_dtype == KvDtype::fp16 && p.q_dtype != ActivationDtype::fp16)) {
+  if (is_valid(p.kv_dtype) && kv_format_info(p.kv_dtype).computes_in_storage_type &&
+      p.q_dtype != kv_format_info(p.kv_dtype).storage_activation) {
     return make_status(StatusCode::unsupported, "a ", to_string(p.kv_dtype),
                        " cache computes in its own type; queries must be ", to_string(p.kv_dtype),
                        " too");
@@ -265,8 +283,15 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
                             " rows per CTA would pad its 64-row M";
     } else {
       plan.warpgroup_mma = true;
-      plan.choice.reason += "; on the sm_90a wgmma kernel (one warpgroup per 64 rows: Q.K^T and P.V "
-                            "at the warpgroup MMA rate, FP8 widened once per tile in shared memory)";
+      plan.wgmma_kernel = args.wgmma_kernel;
+      if (plan.wgmma_kernel == PrefillWgmmaKernel::automatic) {  // see PrefillWgmmaKernel
+        plan.wgmma_kernel = is_fp8(p.kv_dtype) ? PrefillWgmmaKernel::one_warpgroup : PrefillWgmmaKernel::ping_pong;
+      }
+      plan.choice.reason += plan.wgmma_kernel == PrefillWgmmaKernel::ping_pong
+                                ? "; on the sm_90a ping-pong wgmma kernel (a producer warpgroup and two consumer "
+                                  "warpgroups over the 64 rows, one's softmax under the other's Q.K^T and P.V)"
+                                : "; on the sm_90a wgmma kernel (one warpgroup per 64 rows: Q.K^T and P.V "
+                                  "at the warpgroup MMA rate, FP8 widened once per tile in shared memory)";
     }
   }
 

@@ -9,8 +9,8 @@ namespace kv {
 
 namespace {
 std::int64_t data_page_bytes(const attention::PagedKVCacheView& cache) {
-  return static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads * cache.head_dim *
-         attention::element_bytes(cache.dtype);
+  return static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads *
+         attention::head_vector_bytes(cache.dtype, cache.head_dim);
 }
 std::int64_t scale_page_bytes(const attention::PagedKVCacheView& cache) {
   return cache.scale_mode == attention::KvScaleMode::per_token
@@ -36,9 +36,24 @@ std::int64_t page_record_bytes(const attention::PagedKVCacheView& cache) noexcep
   return 2 * data_page_bytes(cache) + 2 * scale_page_bytes(cache);
 }
 
+std::int64_t swap_slot_bytes(const attention::PagedKVCacheView& cache) noexcept {
+  return kv_record_header_bytes + page_record_bytes(cache);
+}
+
 std::int64_t export_buffer_bytes(const attention::PagedKVCacheView& cache,
                                  std::int32_t num_pages) noexcept {
-  return kv_buffer_header_bytes + page_record_bytes(cache) * num_pages;
+  return kv_buffer_header_bytes + swap_slot_bytes(cache) * num_pages;
+}
+
+Result<RecordIdentity> read_buffer_identity(std::span<const std::byte> header) {
+  if (header.size() < static_cast<std::size_t>(kv_buffer_identity_offset) + sizeof(RecordIdentity)) {
+    return make_status(StatusCode::invalid_argument, "KV buffer header: ", header.size(),
+                       " bytes, need ", kv_buffer_identity_offset + sizeof(RecordIdentity),
+                       " for the exporter's identity");
+  }
+  RecordIdentity identity;
+  std::memcpy(&identity, header.data() + kv_buffer_identity_offset, sizeof identity);
+  return identity;
 }
 
 KvBufferDescriptor describe_export(const attention::PagedKVCacheView& cache,

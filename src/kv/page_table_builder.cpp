@@ -120,7 +120,8 @@ Result<PageTableView> build_page_table(std::span<const RequestPages> requests,
   return PageTableView{host.indptr,        host.indices,
                        host.last_page_len, host.expected_tags,
                        static_cast<std::int32_t>(requests.size()), shape.page_size,
-                       host.num_entries,   host.max_entries};
+                       host.num_entries,   host.max_entries,
+                       host.built_at};
 }
 
 Result<BlockTableView> build_block_table(std::span<const RequestPages> requests,

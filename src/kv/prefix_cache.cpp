@@ -6,21 +6,14 @@
 #include <cstring>
 
 #include "host_allocation.hpp"
+#include "slimserve/detail/mix64.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
 namespace {
 
-// A 64-bit multiply-xorshift finalizer (good avalanche, a few cycles).
-constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x ^= x >> 32;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 32;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 32;
-  return x;
-}
+using ::slimserve::detail::mix64;
 
 constexpr std::uint64_t hash_step(std::uint64_t state, std::uint64_t word) noexcept {
   return mix64(state ^ (word + 0x9E3779B97F4A7C15ull + (state << 6) + (state >> 2)));

@@ -157,6 +157,60 @@ Result<RequestRef> RequestPageSets::admit(std::span<const TokenId> tokens,
   return RequestRef{index, slot.writer};
 }
 
+Result<RequestRef> RequestPageSets::adopt(std::span<const PageHandle> pages, std::int64_t tokens) {
+  const std::int64_t needed = tokens < 1 ? 0 : pages_for(tokens);
+  if (tokens < 1 || needed != static_cast<std::int64_t>(pages.size())) {
+    return make_status(StatusCode::invalid_argument, "adopt: ", tokens, " tokens of ", page_size_,
+                       " per page need ", tokens < 1 ? "at least 1 token" : "", needed, " pages; got ",
+                       pages.size(), "; nothing was taken");
+  }
+  if (free_slots_.empty()) {
+    return make_status(StatusCode::resource_exhausted, "adopt: all ", slots_.size(),
+                       " request slots are in use; nothing was taken");
+  }
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    const PageHandle page = pages[i];
+    Status live = pool_->validate(page);
+    if (!live.ok()) {
+      return make_status(live.code(), "adopt: page ", i, " (id ", page.id, ", tag ", page.tag,
+                         "): ", live.message(), "; nothing was taken");
+    }
+    const char* why = pool_->ref_count(page.id) != 1      ? "is shared (more than one holder)"
+                      : pool_->is_cache_registered(page.id) ? "is indexed by the prefix cache"
+                      : pool_->writer(page.id) != no_writer ? "is writable by another identity"
+                                                            : nullptr;
+    if (why != nullptr) {
+      return make_status(StatusCode::failed_precondition, "adopt: page ", i, " (id ", page.id, ") ",
+                         why, "; a received page must be the caller's alone and read-only; "
+                         "nothing was taken");
+    }
+  }
+  std::vector<PageId> ids(pages.size());
+  std::transform(pages.begin(), pages.end(), ids.begin(), [](PageHandle page) { return page.id; });
+  std::sort(ids.begin(), ids.end());
+  if (const auto twice = std::adjacent_find(ids.begin(), ids.end()); twice != ids.end()) {
+    return make_status(StatusCode::invalid_argument, "adopt: page ", *twice,
+                       " is listed twice; nothing was taken");
+  }
+  const WriterId writer = pool_->new_writer();
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    Status granted = pool_->grant_write(pages[i], writer);
+    if (!granted.ok()) {  // not expected after the checks above; undo what was granted
+      for (std::size_t j = 0; j < i; ++j) (void)pool_->revoke_write(pages[j]);
+      return granted;
+    }
+  }
+  const std::int32_t index = free_slots_.back();
+  free_slots_.pop_back();
+  Slot& slot = slots_[static_cast<std::size_t>(index)];
+  slot.pages.assign(pages.begin(), pages.end());
+  slot.tokens = tokens;
+  slot.writer = writer;
+  slot.state = SlotState::active;
+  ++active_;
+  return RequestRef{index, writer};
+}
+
 Result<PagePlan> RequestPageSets::append(RequestRef request, std::int32_t new_tokens) {
   if (!is_active(request)) return refuse(request, "append", SlotState::active);
   if (new_tokens < 0) {

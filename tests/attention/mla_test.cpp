@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "attention_test_support.hpp"
@@ -307,6 +308,7 @@ struct RunOptions {
   bool block_table = false;
   bool wgmma = false;  // MlaDecodeProblem::warpgroup_mma
   std::vector<kv::RequestStatus> status;  // empty: no tag check
+  std::int32_t num_sms = 0;  // 0: 64 when split, else 1
 };
 
 /// The wgmma kernel's FP8 path (asked for, 64+ rows per request) rounds the dequantized latent
@@ -350,7 +352,7 @@ std::pair<std::vector<float>, std::vector<float>> run_decode_case(const DecodeFi
     pa.kv_indptr_host = f.table.indptr;
     pa.last_page_len_host = f.table.last_page_len;
   }
-  pa.num_sms = opt.split ? 64 : 1;
+  pa.num_sms = opt.num_sms != 0 ? opt.num_sms : opt.split ? 64 : 1;
   pa.min_chunk_tokens = 1;
   pa.allow_split = opt.split;
   auto bytes = mla_decode_workspace_size(pa);
@@ -626,6 +628,44 @@ TEST_CASE("mla decode: every element and lse against FP64, split vs unsplit, CSR
   }
 }
 
+// The default split of the 16-row FP8 kernel fills its two CTA slots per SM: on 4 SMs, 6 row
+// tiles (batch 6, 16 heads) split into 8 work items, where one slot per SM (4) would not split.
+TEST_CASE("mla decode at 16 heads: the split over two FP8 CTA slots per SM, every element against FP64") {
+  const DecodeCase c{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 16, 1, 16, 6};
+  const float sm_scale = 1.0f / std::sqrt(192.0f);
+  MlaDecodePlanArguments one_slot;
+  one_slot.problem = {6, 16, 1, 16, c.dtype, c.mode};
+  const std::vector<std::int32_t> lens{17, 150, 1, 15, 16, 2};  // ragged_lengths(16, 6)
+  one_slot.seq_lens_host = lens;
+  one_slot.num_sms = 4;
+  one_slot.min_chunk_tokens = 1;
+  one_slot.ctas_per_sm = 1;
+  auto unsplit = make_mla_decode_plan(one_slot);
+  REQUIRE(unsplit.ok());
+  CHECK_FALSE(unsplit->split_kv);
+  auto rng = slimserve_test::make_rng(1460);
+  DecodeFixture f(c, rng);
+  for (std::size_t b = 0; b < c.batch; ++b) REQUIRE(f.table.length(b) == lens[b]);
+  const Reference ref = f.reference(sm_scale);
+  for (const bool block_table : {false, true}) {
+    INFO((block_table ? "block table, one request aborted" : "CSR"));
+    RunOptions opt;
+    opt.split = true;
+    opt.num_sms = 4;
+    opt.block_table = block_table;
+    if (block_table) {
+      opt.status.assign(c.batch, kv::RequestStatus{kv::RequestState::ok, -1});
+      opt.status[3] = {kv::RequestState::stale_tag, 0};
+    }
+    MlaDecodePlan plan;
+    auto [o, lse] = run_decode_case(f, opt, sm_scale, &plan);
+    CHECK(plan.cta_rows == 16);
+    CHECK(plan.num_work_items == 8);  // the 150-token request in 3 chunks of 64
+    CHECK(plan.chunk_tokens == 64);
+    check_decode(f, o, lse, ref, opt.status);
+  }
+}
+
 TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP64, split and aborted") {
   const DecodeCase cases[] = {
       {KvDtype::bf16, MlaScaleMode::none, 64, 1, 64, 3, true},
@@ -898,6 +938,73 @@ TEST_CASE("mla decode: bad problems are refused before launch") {
       CHECK(*bytes <= *limit);
     }
   }
+}
+
+// Few heads per GPU (16, as DeepSeek-V3 at tensor-parallel 8): one 16-row tile per request, so
+// batch 64 is 64 CTAs; the split must fill the CTA slots the kernel has, not just the SMs.
+TEST_CASE("mla decode plan: the split fills the chosen kernel's CTA slots") {
+  constexpr std::int32_t sms = 132;
+  const std::vector<std::int32_t> lens(64, 8192);
+  struct Row {
+    KvDtype dtype;
+    MlaScaleMode mode;
+    std::int32_t heads;
+    bool wgmma;
+    std::int32_t ctas_per_sm;  // 0: the kernel's
+    std::int32_t warps_m, resident, items, chunk;
+  };
+  for (const Row row : {
+           Row{KvDtype::bf16, MlaScaleMode::none, 16, false, 0, 1, 1, 128, 4096},  // 126 KB: one per SM
+           Row{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 16, false, 0, 1, 2, 256, 2048},  // two per SM
+           Row{KvDtype::fp8_e4m3, MlaScaleMode::per_tensor, 8, false, 0, 1, 2, 256, 2048},
+           Row{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 16, false, 1, 1, 2, 128, 4096},  // the caller's
+           Row{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 32, false, 0, 2, 1, 128, 4096},
+           Row{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, true, 0, 4, 1, 128, 4096},
+           Row{KvDtype::bf16, MlaScaleMode::none, 128, false, 0, 2, 1, 256, 8192},  // fills: no split
+       }) {
+    INFO(to_string(row.dtype) << " H" << row.heads << (row.wgmma ? " wgmma" : "") << " ctas_per_sm " << row.ctas_per_sm);
+    CHECK(mla_decode_resident_ctas(row.dtype, row.warps_m) == row.resident);
+    MlaDecodePlanArguments pa;
+    pa.problem = {64, row.heads, 1, 64, row.dtype, row.mode};
+    pa.problem.warpgroup_mma = row.wgmma;
+    pa.seq_lens_host = lens;
+    pa.num_sms = sms;
+    pa.ctas_per_sm = row.ctas_per_sm;
+    auto plan = make_mla_decode_plan(pa);
+    REQUIRE(plan.ok());
+    CHECK(plan->warps_m == row.warps_m);
+    CHECK(plan->num_work_items == row.items);
+    CHECK(plan->chunk_tokens == row.chunk);
+    CHECK(plan->split_kv == (row.items > plan->num_units));
+    if (plan->split_kv) {
+      // The partials the merge reads: one [rows, 512] block and LSE per work item.
+      CHECK(plan->layout.partial_lse - plan->layout.partial_o >=
+            static_cast<std::size_t>(row.items) * static_cast<std::size_t>(plan->cta_rows) * mla_latent_dim * sizeof(float));
+    }
+    // The graph bound with the same ctas_per_sm covers the plan (also for every smaller batch).
+    MlaDecodeWorkspaceBound bound{pa.problem, sms, row.ctas_per_sm};
+    auto limit = mla_decode_workspace_bound(bound);
+    REQUIRE(limit.ok());
+    CHECK(*limit >= plan->layout.total_bytes);
+    for (const std::int32_t batch : {1, 7, 33}) {
+      MlaDecodePlanArguments smaller = pa;
+      smaller.problem.batch_size = batch;
+      smaller.seq_lens_host = std::span<const std::int32_t>(lens).first(static_cast<std::size_t>(batch));
+      auto bytes = mla_decode_workspace_size(smaller);
+      REQUIRE(bytes.ok());
+      CHECK(*bytes <= *limit);
+    }
+  }
+  MlaDecodePlanArguments bad;
+  bad.problem = {64, 16, 1, 64, KvDtype::bf16, MlaScaleMode::none};
+  bad.seq_lens_host = lens;
+  bad.num_sms = sms;
+  bad.ctas_per_sm = -1;
+  const auto refused = make_mla_decode_plan(bad);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::invalid_argument);
+  CHECK(mla_decode_workspace_bound(MlaDecodeWorkspaceBound{bad.problem, sms, -1}).status().code() ==
+        StatusCode::invalid_argument);
 }
 
 TEST_CASE("mla gather: cached prefix to BF16, aborted rows NaN") {

@@ -129,6 +129,7 @@ struct RunConfig {
   std::uint64_t seed = 0;         // for the garbage past each block-table row's pages
   std::int32_t device_seq_len_bump = 0;  // added to request 0's device seq_len only
   bool warpgroup_mma = false;  // PagedAttentionPlanArguments::warpgroup_mma
+  PrefillWgmmaKernel wgmma_kernel = PrefillWgmmaKernel::ping_pong;  // ... and wgmma_kernel
 };
 
 /// The same pages as `t` in block-table form: rows of `width` entries; the entries past a
@@ -232,6 +233,7 @@ Output run(const Fixture& f, const Options& opt, const RunConfig& rc = {}) {
   plan_args.ctas_per_sm = 1;
   plan_args.min_chunk_tokens = 128;
   plan_args.warpgroup_mma = rc.warpgroup_mma;
+  plan_args.wgmma_kernel = rc.wgmma_kernel;
   auto bytes = paged_attention_workspace_size(plan_args);
   INFO((bytes.ok() ? std::string() : bytes.status().to_string()));
   REQUIRE(bytes.ok());
@@ -943,21 +945,34 @@ namespace {
 
 /// Unsplit and split runs asked for the wgmma kernel; `expect_wgmma`: it was launched (false:
 /// the mma.sync kernel ran instead, and is still right).
+/// Both wgmma kernels (ping-pong and one warpgroup), and the automatic choice unsplit (it must
+/// resolve to one warpgroup for FP8 KV and to ping-pong otherwise).
 void check_wgmma(const Fixture& f, const Options& opt = {}, bool expect_wgmma = true, RunConfig base = {}) {
   const Reference ref = reference(f, opt);
-  for (bool split : {false, true}) {
-    RunConfig rc = base;
-    rc.allow_split = split;
-    rc.num_sms = split ? 4096 : 132;  // a wide device: chunks of 128
-    rc.warpgroup_mma = true;
-    const Output out = run(f, opt, rc);
-    INFO(out.plan.choice.reason);
-    CHECK(out.ran_wgmma == expect_wgmma);
-    CHECK(out.plan.warpgroup_mma == (expect_wgmma || (out.plan.cta_rows == 64 && PagedWgmmaHeadDims::contains(f.c.head_dim))));
-    check(f, out, ref);
-    std::printf("  wgmma %d %s %s D%d G%d split %d: max |err| / v_max %.2e\n", out.ran_wgmma ? 1 : 0,
-                std::string(to_string(f.c.dtype)).c_str(), std::string(to_string(f.c.scale_mode)).c_str(),
-                f.c.head_dim, f.c.group, out.plan.split_kv ? 1 : 0, max_relative_error(f, out, ref));
+  for (PrefillWgmmaKernel asked : {PrefillWgmmaKernel::automatic, PrefillWgmmaKernel::ping_pong,
+                                   PrefillWgmmaKernel::one_warpgroup}) {
+    const PrefillWgmmaKernel kernel =
+        asked != PrefillWgmmaKernel::automatic ? asked
+        : is_fp8(f.c.dtype)                    ? PrefillWgmmaKernel::one_warpgroup
+                                               : PrefillWgmmaKernel::ping_pong;
+    for (bool split : {false, true}) {
+      if (asked == PrefillWgmmaKernel::automatic && split) continue;
+      RunConfig rc = base;
+      rc.allow_split = split;
+      rc.num_sms = split ? 4096 : 132;  // a wide device: chunks of 128
+      rc.warpgroup_mma = true;
+      rc.wgmma_kernel = asked;
+      const Output out = run(f, opt, rc);
+      INFO(out.plan.choice.reason);
+      CHECK(out.ran_wgmma == expect_wgmma);
+      CHECK(out.plan.warpgroup_mma == (expect_wgmma || (out.plan.cta_rows == 64 && PagedWgmmaHeadDims::contains(f.c.head_dim))));
+      if (out.plan.warpgroup_mma) CHECK(out.plan.wgmma_kernel == kernel);
+      check(f, out, ref);
+      std::printf("  wgmma %d (%s) %s %s D%d G%d split %d: max |err| / v_max %.2e\n", out.ran_wgmma ? 1 : 0,
+                  kernel == PrefillWgmmaKernel::ping_pong ? "ping-pong" : "one warpgroup",
+                  std::string(to_string(f.c.dtype)).c_str(), std::string(to_string(f.c.scale_mode)).c_str(),
+                  f.c.head_dim, f.c.group, out.plan.split_kv ? 1 : 0, max_relative_error(f, out, ref));
+    }
   }
 }
 
@@ -975,6 +990,10 @@ TEST_CASE("paged attention (wgmma): ragged prefill chunks over cached prefixes, 
            {fp8_e4m3, KvLayout::hnd, KvScaleMode::per_tensor, 128, 1, 4, 16, fp, {15 + 2, 130}, {15, 50}},
            {fp8_e5m2, KvLayout::nhd, KvScaleMode::per_tensor, 128, 1, 4, 16, bf, {17, 100}, {17, 40}},
            {fp16, KvLayout::nhd, KvScaleMode::none, 128, 1, 4, 16, fp, {16 + 9, 90}, {16, 45}},
+           // long: more tiles than the ping-pong kernel's ring has slots (6 for 16-bit caches,
+           // 4 for FP8), so every slot is refilled; one consumer gets a tile more than the other
+           {bf16, KvLayout::nhd, KvScaleMode::none, 128, 1, 4, 16, bf, {64 * 9 + 5}, {40}},
+           {fp8_e4m3, KvLayout::hnd, KvScaleMode::per_tensor, 128, 1, 4, 16, bf, {64 * 7 + 33}, {20}},
        }) {
     INFO("dtype " << to_string(c.dtype) << " D " << c.head_dim << " group " << c.group);
     Fixture f(c, rng);

@@ -15,21 +15,6 @@
 
 #include "c_test_support.h"
 
-static int message_has(const char* text) { return strstr(slimserve_last_error(), text) != NULL; }
-
-static uint16_t to_bf16(float value) {
-  uint32_t bits;
-  memcpy(&bits, &value, sizeof bits);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return (uint16_t)(bits >> 16);
-}
-static float from_bf16(uint16_t value) {
-  uint32_t bits = (uint32_t)value << 16;
-  float result;
-  memcpy(&result, &bits, sizeof result);
-  return result;
-}
-
 static void test_status_and_pool(void) {
   slimserve_page_pool* pool = NULL;
   slimserve_page pages[8], stale;
@@ -82,6 +67,7 @@ static void test_enum_ranges_and_workspace(void) {
   EXPECT(slimserve_decode_workspace_size(&problem, indptr, last_page_len, &bytes) ==
          SLIMSERVE_INVALID_ARGUMENT);
   EXPECT(message_has("9"));
+  EXPECT(message_has("one of bf16, fp16, fp8_e4m3, fp8_e5m2")); /* the formats, from their list */
   problem.kv_dtype = 300; /* outside the enum's underlying type */
   EXPECT(slimserve_decode_workspace_size(&problem, indptr, last_page_len, &bytes) ==
          SLIMSERVE_INVALID_ARGUMENT);
@@ -206,16 +192,6 @@ static void test_int4_gemm(int64_t m, int64_t k, int64_t n, int64_t group_size, 
 enum { MV_PAGES = 16, MV_PAGE = 16, MV_DIM = 64 };
 #define MV_PAGE_ELEMS ((size_t)MV_PAGE * MV_DIM) /* one KV head */
 
-static void* to_device(const void* host, size_t bytes) {
-  void* device = NULL;
-  CHECK_OK(slimserve_device_alloc(bytes, &device));
-  CHECK_OK(slimserve_memcpy_async(device, host, bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
-  return device;
-}
-static void to_host(void* host, const void* device, size_t bytes) {
-  CHECK_OK(slimserve_memcpy_async(host, device, bytes, SLIMSERVE_DEVICE_TO_HOST, NULL));
-  CHECK_OK(slimserve_stream_synchronize(NULL));
-}
 static int same_page(const uint16_t* a, int32_t page_a, const uint16_t* b, int32_t page_b, size_t slots) {
   return memcmp(a + (size_t)page_a * MV_PAGE_ELEMS, b + (size_t)page_b * MV_PAGE_ELEMS,
                 slots * MV_DIM * sizeof(uint16_t)) == 0;
@@ -257,8 +233,8 @@ static void test_request_sets_and_page_movement(void) {
     tokens_d[i] = (int32_t)(900 + i);
   }
   memset(&cache, 0, sizeof cache);
-  cache.k_pages = to_device(k_image, cache_bytes);
-  cache.v_pages = to_device(v_image, cache_bytes);
+  cache.k_pages = upload(k_image, cache_bytes);
+  cache.v_pages = upload(v_image, cache_bytes);
   cache.num_pages = MV_PAGES;
   cache.page_size = MV_PAGE;
   cache.num_kv_heads = 1;
@@ -293,13 +269,13 @@ static void test_request_sets_and_page_movement(void) {
   copy.tokens = plan.copy_tokens;
   CHECK_OK(slimserve_check_page_copies(&cache, &copy, 1));
   CHECK_OK(slimserve_device_tags_sync(tags, pool, NULL));
-  d_copy = to_device(&copy, sizeof copy);
+  d_copy = upload(&copy, sizeof copy);
   CHECK_OK(slimserve_copy_pages(&cache, tags, d_copy, 1, d_status, NULL));
-  to_host(&status, d_status, sizeof status);
+  download(&status, d_status, sizeof status);
   EXPECT(status.state == SLIMSERVE_REQUEST_OK);
   slimserve_request_sets_release_copy_sources(sets);
-  to_host(k_after, cache.k_pages, cache_bytes);
-  to_host(v_after, cache.v_pages, cache_bytes);
+  download(k_after, cache.k_pages, cache_bytes);
+  download(v_after, cache.v_pages, cache_bytes);
   EXPECT(same_page(k_after, copy.dst, k_image, copy.src, 4) && same_page(v_after, copy.dst, v_image, copy.src, 4));
   EXPECT(memcmp(k_after + (size_t)copy.dst * MV_PAGE_ELEMS + 4 * MV_DIM,
                 k_image + (size_t)copy.dst * MV_PAGE_ELEMS + 4 * MV_DIM,
@@ -312,9 +288,9 @@ static void test_request_sets_and_page_movement(void) {
   copy.src_tag = c_pages[1].tag;
   CHECK_OK(slimserve_memcpy_async(d_copy, &copy, sizeof copy, SLIMSERVE_HOST_TO_DEVICE, NULL));
   CHECK_OK(slimserve_copy_pages(&cache, tags, d_copy, 1, d_status, NULL));
-  to_host(&status, d_status, sizeof status);
+  download(&status, d_status, sizeof status);
   EXPECT(status.state == SLIMSERVE_REQUEST_WRITE_DENIED);
-  to_host(k_after, cache.k_pages, cache_bytes);
+  download(k_after, cache.k_pages, cache_bytes);
   EXPECT(same_page(k_after, a_pages[0].id, k_image, a_pages[0].id, MV_PAGE));
 
   /* Export A's pages; import them into D's fresh pages: byte-exact. */
@@ -328,17 +304,17 @@ static void test_request_sets_and_page_movement(void) {
   ids[1] = a_pages[1].id;
   page_tags[0] = a_pages[0].tag;
   page_tags[1] = a_pages[1].tag;
-  d_ids = to_device(ids, sizeof ids);
-  d_tags = to_device(page_tags, sizeof page_tags);
+  d_ids = upload(ids, sizeof ids);
+  d_tags = upload(page_tags, sizeof page_tags);
   view.pages = d_ids;
   view.tags = d_tags;
   view.num_pages = 2;
   view.num_tokens = 20;
   view.writer = a.writer;
   CHECK_OK(slimserve_export_request(&cache, tags, &view, buffer, buffer_bytes, d_status, NULL));
-  to_host(&status, d_status, sizeof status);
+  download(&status, d_status, sizeof status);
   EXPECT(status.state == SLIMSERVE_REQUEST_OK);
-  to_host(header, buffer, sizeof header);
+  download(header, buffer, sizeof header);
   ids[0] = d_pages[0].id;
   ids[1] = d_pages[1].id;
   page_tags[0] = d_pages[0].tag;
@@ -347,10 +323,10 @@ static void test_request_sets_and_page_movement(void) {
   CHECK_OK(slimserve_memcpy_async(d_tags, page_tags, sizeof page_tags, SLIMSERVE_HOST_TO_DEVICE, NULL));
   view.writer = d.writer;
   CHECK_OK(slimserve_import_request(&cache, tags, &view, buffer, buffer_bytes, header, sizeof header, d_status, NULL));
-  to_host(&status, d_status, sizeof status);
+  download(&status, d_status, sizeof status);
   EXPECT(status.state == SLIMSERVE_REQUEST_OK);
-  to_host(k_after, cache.k_pages, cache_bytes);
-  to_host(v_after, cache.v_pages, cache_bytes);
+  download(k_after, cache.k_pages, cache_bytes);
+  download(v_after, cache.v_pages, cache_bytes);
   EXPECT(same_page(k_after, d_pages[0].id, k_image, a_pages[0].id, MV_PAGE));
   EXPECT(same_page(v_after, d_pages[0].id, v_image, a_pages[0].id, MV_PAGE));
   /* The last page moves its 4 filled tokens. */
@@ -370,7 +346,7 @@ static void test_request_sets_and_page_movement(void) {
   }
   CHECK_OK(slimserve_check_page_swaps(&cache, swaps, 2, SLIMSERVE_SWAP_OUT, 2));
   EXPECT(slimserve_check_page_swaps(&cache, swaps, 2, SLIMSERVE_SWAP_OUT, 1) != SLIMSERVE_OK);
-  d_swaps = to_device(swaps, sizeof swaps);
+  d_swaps = upload(swaps, sizeof swaps);
   {
     slimserve_request_status* d_swap_statuses = NULL;
     CHECK_OK(slimserve_device_alloc(sizeof swap_statuses, (void**)&d_swap_statuses));
@@ -378,9 +354,9 @@ static void test_request_sets_and_page_movement(void) {
     CHECK_OK(slimserve_memset_async((uint16_t*)cache.k_pages + (size_t)d_pages[0].id * MV_PAGE_ELEMS, 0,
                                     MV_PAGE_ELEMS * sizeof(uint16_t), NULL));
     CHECK_OK(slimserve_swap_pages(&cache, tags, records, 2, d_swaps, 2, SLIMSERVE_SWAP_IN, d_swap_statuses, NULL));
-    to_host(swap_statuses, d_swap_statuses, sizeof swap_statuses);
+    download(swap_statuses, d_swap_statuses, sizeof swap_statuses);
     EXPECT(swap_statuses[0].state == SLIMSERVE_REQUEST_OK && swap_statuses[1].state == SLIMSERVE_REQUEST_OK);
-    to_host(k_after, cache.k_pages, cache_bytes);
+    download(k_after, cache.k_pages, cache_bytes);
     EXPECT(same_page(k_after, d_pages[0].id, k_image, a_pages[0].id, MV_PAGE));
     CHECK_OK(slimserve_device_free(d_swap_statuses));
   }
@@ -551,11 +527,437 @@ static void test_kv_append_page_stride_and_slots(void) {
   free(expected);
 }
 
+/* ABI 3's check with every option: the table's age on the host and as a device word, bounded
+ * rows, device-held fills. Pool pages are granted to nobody, so the check reads as nobody. */
+static void test_check_page_tags_with(void) {
+  slimserve_page_pool* pool = NULL;
+  slimserve_device_tags* tags = NULL;
+  slimserve_page_table* table = NULL;
+  slimserve_page pages[3], fresh;
+  slimserve_request_pages request;
+  slimserve_page_table_view device_view;
+  slimserve_tag_check_args args;
+  slimserve_request_status got[1];
+  slimserve_request_status* d_status = NULL;
+  int32_t* d_count = NULL;
+  void* d_age = NULL;
+  void* fills = NULL;
+  uint64_t epoch = 0, age_word[2];
+  uint32_t pool_id = 0;
+  int32_t count;
+  CHECK_OK(slimserve_page_pool_create(16, &pool));
+  CHECK_OK(slimserve_device_tags_create(16, &tags));
+  CHECK_OK(slimserve_page_table_create(2, 8, 16, 16, &table));
+  CHECK_OK(slimserve_page_pool_allocate(pool, pages, 3));
+  CHECK_OK(slimserve_device_alloc(sizeof got, (void**)&d_status));
+  CHECK_OK(slimserve_device_alloc(sizeof count, (void**)&d_count));
+  CHECK_OK(slimserve_device_alloc(sizeof age_word, &d_age));
+  CHECK_OK(slimserve_device_tags_fills(tags, &fills));
+  EXPECT(fills != NULL);
+  EXPECT(slimserve_device_tags_fills(tags, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  request.pages = pages;
+  request.num_pages = 2;
+  request.num_tokens = 20;
+  CHECK_OK(slimserve_page_table_build(table, &request, 1, NULL, NULL, &device_view));
+  CHECK_OK(slimserve_device_tags_sync(tags, pool, NULL));
+  CHECK_OK(slimserve_page_pool_table_age(pool, &epoch, &pool_id));
+  EXPECT(epoch > 0);
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.table = &device_view;
+  args.tags = tags;
+  args.statuses = d_status;
+  args.built_at_epoch = epoch;
+  args.built_at_pool = pool_id;
+  CHECK_OK(slimserve_check_page_tags_with(&args, NULL));
+  download(got, d_status, sizeof got);
+  EXPECT(got[0].state == SLIMSERVE_REQUEST_OK);
+  /* Bounded rows: a count of 1 entry refuses the row's second page. */
+  count = 1;
+  CHECK_OK(slimserve_memcpy_async(d_count, &count, sizeof count, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  args.num_entries = d_count;
+  args.entry_capacity = 8;
+  CHECK_OK(slimserve_check_page_tags_with(&args, NULL));
+  download(got, d_status, sizeof got);
+  EXPECT(got[0].state == SLIMSERVE_REQUEST_BAD_PAGE_TABLE);
+  args.num_entries = NULL;
+  /* Device-held lengths: nothing was written into these pages. */
+  args.check_fill = 1;
+  CHECK_OK(slimserve_check_page_tags_with(&args, NULL));
+  download(got, d_status, sizeof got);
+  EXPECT(got[0].state == SLIMSERVE_REQUEST_UNWRITTEN_SLOTS);
+  args.check_fill = 2;
+  EXPECT(slimserve_check_page_tags_with(&args, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  args.check_fill = 0;
+  /* The pool changes after the sync: refused on the host, nothing launched ... */
+  CHECK_OK(slimserve_page_pool_allocate(pool, &fresh, 1));
+  CHECK_OK(slimserve_page_pool_table_age(pool, &epoch, &pool_id));
+  args.built_at_epoch = epoch;
+  EXPECT(slimserve_check_page_tags_with(&args, NULL) == SLIMSERVE_FAILED_PRECONDITION);
+  /* ... and, replayed without the host comparison, on the device by the age word. */
+  args.built_at_epoch = 0;
+  age_word[0] = epoch;
+  age_word[1] = pool_id;
+  CHECK_OK(slimserve_memcpy_async(d_age, age_word, sizeof age_word, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  args.device_built_at = d_age;
+  CHECK_OK(slimserve_check_page_tags_with(&args, NULL));
+  download(got, d_status, sizeof got);
+  EXPECT(got[0].state == SLIMSERVE_REQUEST_TAGS_NOT_SYNCED);
+  CHECK_OK(slimserve_device_tags_sync(tags, pool, NULL));
+  CHECK_OK(slimserve_check_page_tags_with(&args, NULL));
+  download(got, d_status, sizeof got);
+  EXPECT(got[0].state == SLIMSERVE_REQUEST_OK);
+  /* A struct from a newer header that sets a byte this library does not know. */
+  EXPECT(slimserve_check_page_tags_with(NULL, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  args.struct_size = 4;
+  EXPECT(slimserve_check_page_tags_with(&args, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  CHECK_OK(slimserve_device_free(d_status));
+  CHECK_OK(slimserve_device_free(d_count));
+  CHECK_OK(slimserve_device_free(d_age));
+  slimserve_page_table_destroy(table);
+  slimserve_device_tags_destroy(tags);
+  slimserve_page_pool_destroy(pool);
+}
+
+/* Identity on the records that leave the cache, over ABI 3's *_with entry points: another
+ * request's export buffer of the same shape, a stale sequence and another request's swap
+ * slot are refused (record_mismatch) with the destination, poisoned beforehand, unchanged
+ * byte for byte; the right identity moves every byte. */
+static int same_identity(slimserve_record_identity a, slimserve_record_identity b) {
+  return a.pool == b.pool && a.writer == b.writer && a.sequence == b.sequence;
+}
+static void test_record_identities(void) {
+  const size_t cache_bytes = (size_t)MV_PAGES * MV_PAGE_ELEMS * sizeof(uint16_t);
+  uint16_t* k_image = malloc(cache_bytes);
+  uint16_t* v_image = malloc(cache_bytes);
+  uint16_t* k_before = malloc(cache_bytes);
+  uint16_t* v_before = malloc(cache_bytes);
+  uint16_t* k_after = malloc(cache_bytes);
+  uint16_t* v_after = malloc(cache_bytes);
+  slimserve_page_pool* pool = NULL;
+  slimserve_device_tags* tags = NULL;
+  slimserve_kv_cache cache;
+  slimserve_page pages[6]; /* A: 0-1, B: 2-3, D (the destination): 4-5 */
+  uint32_t writers[3];
+  slimserve_record_identity id_a, id_b, claimed, stale;
+  slimserve_export_args ex;
+  slimserve_import_args im;
+  slimserve_swap_args sw;
+  slimserve_request_status status, swap_status[2];
+  slimserve_request_status *d_status = NULL, *d_swap_status = NULL;
+  slimserve_page_swap swaps[4];
+  slimserve_record_identity identities[4];
+  void *buf_a = NULL, *buf_b = NULL, *d_pages = NULL, *d_tags = NULL, *records = NULL;
+  void *d_swaps = NULL, *d_identities = NULL;
+  unsigned char header_a[64], header_b[64];
+  int32_t ids[6];
+  uint32_t page_tags[6];
+  uint64_t epoch = 0;
+  uint32_t pool_id = 0;
+  int64_t buffer_bytes;
+  const int64_t tokens = MV_PAGE + 1 + below(MV_PAGE - 1); /* two pages, the last partly filled */
+  const int32_t last_tokens = (int32_t)(tokens - MV_PAGE);
+  size_t i;
+
+  for (i = 0; i < MV_PAGES * MV_PAGE_ELEMS; ++i) {
+    k_image[i] = to_bf16((float)uniform());
+    v_image[i] = to_bf16((float)uniform());
+  }
+  memset(&cache, 0, sizeof cache);
+  cache.k_pages = upload(k_image, cache_bytes);
+  cache.v_pages = upload(v_image, cache_bytes);
+  cache.num_pages = MV_PAGES;
+  cache.page_size = MV_PAGE;
+  cache.num_kv_heads = 1;
+  cache.head_dim = MV_DIM;
+  cache.dtype = SLIMSERVE_KV_BF16;
+  CHECK_OK(slimserve_page_pool_create(MV_PAGES, &pool));
+  CHECK_OK(slimserve_device_tags_create(MV_PAGES, &tags));
+  CHECK_OK(slimserve_page_pool_allocate(pool, pages, 6));
+  for (i = 0; i < 3; ++i) CHECK_OK(slimserve_page_pool_new_writer(pool, &writers[i]));
+  for (i = 0; i < 6; ++i) {
+    CHECK_OK(slimserve_page_pool_grant_write(pool, pages[i], writers[i / 2]));
+    ids[i] = pages[i].id;
+    page_tags[i] = pages[i].tag;
+  }
+  CHECK_OK(slimserve_device_tags_sync(tags, pool, NULL));
+  CHECK_OK(slimserve_page_pool_table_age(pool, &epoch, &pool_id));
+  d_pages = upload(ids, sizeof ids);
+  d_tags = upload(page_tags, sizeof page_tags);
+  CHECK_OK(slimserve_device_alloc(sizeof status, (void**)&d_status));
+  CHECK_OK(slimserve_device_alloc(sizeof swap_status, (void**)&d_swap_status));
+  id_a.pool = pool_id;
+  id_a.writer = writers[0];
+  id_a.sequence = 1;
+  id_b = id_a;
+  id_b.writer = writers[1];
+
+  /* Export A and B (the same shape) under their identities. */
+  buffer_bytes = slimserve_export_buffer_bytes(&cache, 2);
+  CHECK_OK(slimserve_device_alloc((size_t)buffer_bytes, &buf_a));
+  CHECK_OK(slimserve_device_alloc((size_t)buffer_bytes, &buf_b));
+  memset(&ex, 0, sizeof ex);
+  ex.struct_size = sizeof ex;
+  ex.cache = cache;
+  ex.tags = tags;
+  ex.request.pages = d_pages;
+  ex.request.tags = d_tags;
+  ex.request.num_pages = 2;
+  ex.request.num_tokens = tokens;
+  ex.request.writer = writers[0];
+  ex.buffer = buf_a;
+  ex.buffer_bytes = buffer_bytes;
+  ex.status = d_status;
+  ex.identity = id_a;
+  CHECK_OK(slimserve_export_request_with(&ex, NULL));
+  download(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_OK);
+  ex.request.pages = (int32_t*)d_pages + 2;
+  ex.request.tags = (uint32_t*)d_tags + 2;
+  ex.request.writer = writers[1];
+  ex.buffer = buf_b;
+  ex.identity = id_b;
+  CHECK_OK(slimserve_export_request_with(&ex, NULL));
+  download(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_OK);
+  ex.struct_size = 4;
+  EXPECT(slimserve_export_request_with(&ex, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  download(header_a, buf_a, sizeof header_a);
+  download(header_b, buf_b, sizeof header_b);
+  /* What each buffer claims: what the sending side's metadata can carry. */
+  CHECK_OK(slimserve_read_buffer_identity(header_b, sizeof header_b, &claimed));
+  EXPECT(same_identity(claimed, id_b));
+  CHECK_OK(slimserve_read_buffer_identity(header_a, sizeof header_a, &claimed));
+  EXPECT(same_identity(claimed, id_a));
+  EXPECT(slimserve_read_buffer_identity(header_a, 16, &claimed) != SLIMSERVE_OK);
+  EXPECT(slimserve_read_buffer_identity(header_a, sizeof header_a, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+
+  /* D's pages poisoned (fresh random bytes), then imports that must be refused. */
+  for (i = 4; i < 6; ++i) {
+    size_t j;
+    for (j = 0; j < MV_PAGE_ELEMS; ++j) {
+      k_image[(size_t)pages[i].id * MV_PAGE_ELEMS + j] = to_bf16((float)uniform() * 7.0f);
+      v_image[(size_t)pages[i].id * MV_PAGE_ELEMS + j] = to_bf16((float)uniform() * 7.0f);
+    }
+  }
+  CHECK_OK(slimserve_memcpy_async(cache.k_pages, k_image, cache_bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_memcpy_async(cache.v_pages, v_image, cache_bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  download(k_before, cache.k_pages, cache_bytes);
+  download(v_before, cache.v_pages, cache_bytes);
+  memset(&im, 0, sizeof im);
+  im.struct_size = sizeof im;
+  im.cache = cache;
+  im.tags = tags;
+  im.request.pages = (int32_t*)d_pages + 4;
+  im.request.tags = (uint32_t*)d_tags + 4;
+  im.request.num_pages = 2;
+  im.request.num_tokens = tokens;
+  im.request.writer = writers[2];
+  im.buffer = buf_b; /* B's buffer where A's is expected */
+  im.buffer_bytes = buffer_bytes;
+  im.header = header_b;
+  im.header_bytes = sizeof header_b;
+  im.status = d_status;
+  im.expected = id_a;
+  CHECK_OK(slimserve_import_request_with(&im, NULL));
+  download(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_RECORD_MISMATCH);
+  stale = id_a; /* A's buffer, but an older record set of A */
+  stale.sequence = 0;
+  im.buffer = buf_a;
+  im.header = header_a;
+  im.expected = stale;
+  CHECK_OK(slimserve_import_request_with(&im, NULL));
+  download(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_RECORD_MISMATCH);
+  download(k_after, cache.k_pages, cache_bytes);
+  download(v_after, cache.v_pages, cache_bytes);
+  EXPECT(memcmp(k_after, k_before, cache_bytes) == 0 && memcmp(v_after, v_before, cache_bytes) == 0);
+  im.expected.writer = 0; /* no expected identity: refused before any launch */
+  EXPECT(slimserve_import_request_with(&im, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  EXPECT(message_has("expected"));
+  im.expected = id_a;
+  im.struct_size = 0;
+  EXPECT(slimserve_import_request_with(&im, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  im.struct_size = sizeof im;
+
+  /* The right identity: every filled byte of A's pages lands, the rest of D's pages keep the poison. */
+  CHECK_OK(slimserve_import_request_with(&im, NULL));
+  download(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_OK);
+  download(k_after, cache.k_pages, cache_bytes);
+  download(v_after, cache.v_pages, cache_bytes);
+  EXPECT(same_page(k_after, pages[4].id, k_image, pages[0].id, MV_PAGE));
+  EXPECT(same_page(v_after, pages[4].id, v_image, pages[0].id, MV_PAGE));
+  EXPECT(same_page(k_after, pages[5].id, k_image, pages[1].id, (size_t)last_tokens));
+  EXPECT(same_page(v_after, pages[5].id, v_image, pages[1].id, (size_t)last_tokens));
+  EXPECT(memcmp(k_after + (size_t)pages[5].id * MV_PAGE_ELEMS + (size_t)last_tokens * MV_DIM,
+                k_before + (size_t)pages[5].id * MV_PAGE_ELEMS + (size_t)last_tokens * MV_DIM,
+                (size_t)(MV_PAGE - last_tokens) * MV_DIM * sizeof(uint16_t)) == 0);
+  for (i = 0; i < 4; ++i) EXPECT(same_page(k_after, pages[i].id, k_before, pages[i].id, MV_PAGE));
+
+  /* Swap: A's pages to slots 0-1 and B's to slots 2-3, each under its identity (sequence 3). */
+  CHECK_OK(slimserve_host_alloc((size_t)(4 * slimserve_page_record_bytes(&cache)), &records));
+  for (i = 0; i < 4; ++i) {
+    swaps[i].page = pages[i].id;
+    swaps[i].tag = pages[i].tag;
+    swaps[i].writer = writers[i / 2];
+    swaps[i].host_slot = (int32_t)i;
+    identities[i] = i < 2 ? id_a : id_b;
+    identities[i].sequence = 3;
+  }
+  d_swaps = upload(swaps, sizeof swaps);
+  d_identities = upload(identities, sizeof identities);
+  memset(&sw, 0, sizeof sw);
+  sw.struct_size = sizeof sw;
+  sw.cache = cache;
+  sw.tags = tags;
+  sw.host_records = records;
+  sw.host_slots = 4;
+  sw.swaps = d_swaps;
+  sw.num_swaps = 4;
+  sw.direction = SLIMSERVE_SWAP_OUT;
+  sw.identities = d_identities;
+  {
+    slimserve_request_status out_status[4];
+    slimserve_request_status* d_out_status = NULL;
+    CHECK_OK(slimserve_device_alloc(sizeof out_status, (void**)&d_out_status));
+    sw.statuses = d_out_status;
+    CHECK_OK(slimserve_swap_pages_with(&sw, NULL));
+    download(out_status, d_out_status, sizeof out_status);
+    for (i = 0; i < 4; ++i) EXPECT(out_status[i].state == SLIMSERVE_REQUEST_OK);
+    CHECK_OK(slimserve_device_free(d_out_status));
+  }
+  sw.direction = 7;
+  EXPECT(slimserve_swap_pages_with(&sw, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+
+  /* Swap-in into D's pages (poisoned again) from B's slots while expecting A: refused. */
+  for (i = 0; i < 2; ++i) {
+    size_t j;
+    for (j = 0; j < MV_PAGE_ELEMS; ++j) k_image[(size_t)pages[4 + i].id * MV_PAGE_ELEMS + j] = to_bf16((float)uniform() * 5.0f);
+    swaps[i].page = pages[4 + i].id;
+    swaps[i].tag = pages[4 + i].tag;
+    swaps[i].writer = writers[2];
+    swaps[i].host_slot = (int32_t)(2 + i);
+    identities[i] = id_a;
+    identities[i].sequence = 3;
+  }
+  CHECK_OK(slimserve_memcpy_async(cache.k_pages, k_image, cache_bytes, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_memcpy_async(d_swaps, swaps, 2 * sizeof swaps[0], SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_memcpy_async(d_identities, identities, 2 * sizeof identities[0], SLIMSERVE_HOST_TO_DEVICE, NULL));
+  download(k_before, cache.k_pages, cache_bytes);
+  download(v_before, cache.v_pages, cache_bytes);
+  sw.direction = SLIMSERVE_SWAP_IN;
+  sw.num_swaps = 2;
+  sw.statuses = d_swap_status;
+  CHECK_OK(slimserve_swap_pages_with(&sw, NULL));
+  download(swap_status, d_swap_status, sizeof swap_status);
+  EXPECT(swap_status[0].state == SLIMSERVE_REQUEST_RECORD_MISMATCH);
+  EXPECT(swap_status[1].state == SLIMSERVE_REQUEST_RECORD_MISMATCH);
+  /* The old entry point expects the mover's own identity (D, sequence 0): refused too. */
+  CHECK_OK(slimserve_swap_pages(&cache, tags, records, 4, d_swaps, 2, SLIMSERVE_SWAP_IN, d_swap_status, NULL));
+  download(swap_status, d_swap_status, sizeof swap_status);
+  EXPECT(swap_status[0].state == SLIMSERVE_REQUEST_RECORD_MISMATCH);
+  download(k_after, cache.k_pages, cache_bytes);
+  download(v_after, cache.v_pages, cache_bytes);
+  EXPECT(memcmp(k_after, k_before, cache_bytes) == 0 && memcmp(v_after, v_before, cache_bytes) == 0);
+
+  /* From A's slots with A's identity: the whole pages land. */
+  swaps[0].host_slot = 1; /* shuffled: slot 1 into D's first page, slot 0 into its second */
+  swaps[1].host_slot = 0;
+  CHECK_OK(slimserve_memcpy_async(d_swaps, swaps, 2 * sizeof swaps[0], SLIMSERVE_HOST_TO_DEVICE, NULL));
+  CHECK_OK(slimserve_swap_pages_with(&sw, NULL));
+  download(swap_status, d_swap_status, sizeof swap_status);
+  EXPECT(swap_status[0].state == SLIMSERVE_REQUEST_OK && swap_status[1].state == SLIMSERVE_REQUEST_OK);
+  download(k_after, cache.k_pages, cache_bytes);
+  download(v_after, cache.v_pages, cache_bytes);
+  EXPECT(same_page(k_after, pages[4].id, k_image, pages[1].id, MV_PAGE));
+  EXPECT(same_page(v_after, pages[4].id, v_image, pages[1].id, MV_PAGE));
+  EXPECT(same_page(k_after, pages[5].id, k_image, pages[0].id, MV_PAGE));
+  EXPECT(same_page(v_after, pages[5].id, v_image, pages[0].id, MV_PAGE));
+
+  /* The ABI 1 import keeps its behaviour: B's buffer passes its own claim's integrity check. */
+  CHECK_OK(slimserve_import_request(&cache, tags, &im.request, buf_b, buffer_bytes, header_b,
+                                    sizeof header_b, d_status, NULL));
+  download(&status, d_status, sizeof status);
+  EXPECT(status.state == SLIMSERVE_REQUEST_OK);
+
+  CHECK_OK(slimserve_host_free(records));
+  CHECK_OK(slimserve_device_free(d_swaps));
+  CHECK_OK(slimserve_device_free(d_identities));
+  CHECK_OK(slimserve_device_free(d_pages));
+  CHECK_OK(slimserve_device_free(d_tags));
+  CHECK_OK(slimserve_device_free(buf_a));
+  CHECK_OK(slimserve_device_free(buf_b));
+  CHECK_OK(slimserve_device_free(d_status));
+  CHECK_OK(slimserve_device_free(d_swap_status));
+  CHECK_OK(slimserve_device_free(cache.k_pages));
+  CHECK_OK(slimserve_device_free(cache.v_pages));
+  slimserve_device_tags_destroy(tags);
+  slimserve_page_pool_destroy(pool);
+  free(k_image);
+  free(v_image);
+  free(k_before);
+  free(v_before);
+  free(k_after);
+  free(v_after);
+}
+
+/* Pages a transfer engine filled become a request (slimserve_request_sets_adopt, all or
+ * nothing), and a built transfer list coalesces in place (slimserve_coalesce_transfer_list). */
+static void test_adopt_and_coalesce(void) {
+  slimserve_page_pool* pool = NULL;
+  slimserve_request_sets* sets = NULL;
+  slimserve_page pages[3], twice[3], got[4];
+  slimserve_request_ref ref = {-1, 0}, none = {-1, 0};
+  slimserve_transfer_entry rows[4];
+  size_t count = 0;
+  int32_t available;
+  uint32_t i;
+  CHECK_OK(slimserve_page_pool_create(16, &pool));
+  CHECK_OK(slimserve_request_sets_create(pool, NULL, 2, 4, &sets));
+  available = slimserve_page_pool_available(pool);
+  CHECK_OK(slimserve_page_pool_allocate(pool, pages, 3));
+  EXPECT(slimserve_request_sets_adopt(sets, pages, 3, 13, &none) == SLIMSERVE_INVALID_ARGUMENT);  /* 4 pages */
+  EXPECT(message_has("nothing was taken") && none.slot == -1);
+  twice[0] = pages[0];
+  twice[1] = pages[1];
+  twice[2] = pages[0];
+  EXPECT(slimserve_request_sets_adopt(sets, twice, 3, 10, &none) == SLIMSERVE_INVALID_ARGUMENT);
+  EXPECT(message_has("listed twice"));
+  EXPECT(slimserve_request_sets_adopt(sets, NULL, 3, 10, &none) == SLIMSERVE_INVALID_ARGUMENT);
+  CHECK_OK(slimserve_page_pool_share(pool, pages[2]));
+  EXPECT(slimserve_request_sets_adopt(sets, pages, 3, 10, &none) == SLIMSERVE_FAILED_PRECONDITION);
+  EXPECT(message_has("shared"));
+  CHECK_OK(slimserve_page_pool_release(pool, &pages[2], 1));
+  for (i = 0; i < 3; ++i) EXPECT(slimserve_page_pool_writer(pool, pages[i].id) == 0);
+  CHECK_OK(slimserve_request_sets_adopt(sets, pages, 3, 10, &ref));
+  EXPECT(ref.writer != 0 && slimserve_request_sets_tokens(sets, ref) == 10);
+  CHECK_OK(slimserve_request_sets_pages(sets, ref, got, 4, &count));
+  EXPECT(count == 3);
+  for (i = 0; i < 3 && i < count; ++i) {
+    EXPECT(got[i].id == pages[i].id && got[i].tag == pages[i].tag);
+    EXPECT(slimserve_page_pool_writer(pool, pages[i].id) == ref.writer);
+  }
+  CHECK_OK(slimserve_request_sets_finish(sets, ref, NULL, 0, 0, 0));
+  EXPECT(slimserve_page_pool_available(pool) == available);
+
+  /* Two runs in any order: 0x1000..0x1300 -> 0x9000.. and a piece that touches on one side only. */
+  rows[0].src = 0x1100; rows[0].dst = 0x9100; rows[0].bytes = 0x100;
+  rows[1].src = 0x1000; rows[1].dst = 0x9000; rows[1].bytes = 0x100;
+  rows[2].src = 0x1300; rows[2].dst = 0x7000; rows[2].bytes = 0x80;  /* continues the source only */
+  rows[3].src = 0x1200; rows[3].dst = 0x9200; rows[3].bytes = 0x100;
+  CHECK_OK(slimserve_coalesce_transfer_list(rows, 4, &count));
+  EXPECT(count == 2);
+  EXPECT(rows[0].src == 0x1000 && rows[0].dst == 0x9000 && rows[0].bytes == 0x300);
+  EXPECT(rows[1].src == 0x1300 && rows[1].dst == 0x7000 && rows[1].bytes == 0x80);
+  EXPECT(slimserve_coalesce_transfer_list(rows, 4, NULL) == SLIMSERVE_INVALID_ARGUMENT);
+  slimserve_request_sets_destroy(sets);
+  slimserve_page_pool_destroy(pool);
+}
+
 int main(void) {
-  const char* seed_text = getenv("SLIMSERVE_TEST_SEED");
-  rng_state = seed_text != NULL ? strtoull(seed_text, NULL, 10) : (uint64_t)time(NULL);
-  printf("c_api_test (%s): seed %llu\n", slimserve_is_emulated() ? "CPU emulator" : "GPU",
-         (unsigned long long)rng_state);
+  start_test("c_api_test");
   test_status_and_pool();
   test_enum_ranges_and_workspace();
   test_int4_gemm(3, 64, 128, 32, 1);
@@ -563,10 +965,8 @@ int main(void) {
   test_request_sets_and_page_movement();
   test_memory_refusals_and_counters();
   test_kv_append_page_stride_and_slots();
-  if (failures != 0) {
-    fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("c_api_test: ok\n");
-  return 0;
+  test_check_page_tags_with();
+  test_record_identities();
+  test_adopt_and_coalesce();
+  return finish_test("c_api_test");
 }

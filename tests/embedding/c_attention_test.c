@@ -20,7 +20,7 @@
  *  - refusals with their messages: struct sizes, strides, overlapping outputs, short
  *    workspaces (outputs untouched), out-of-range ids, bad options, plan / run mismatch.
  * Every output element is compared; outputs are poisoned before each run. The seed is fresh
- * per run (SLIMSERVE_SEED repeats one). Exit status 0 when all checks pass.
+ * per run (SLIMSERVE_TEST_SEED repeats one). Exit status 0 when all checks pass.
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,19 +33,6 @@
 
 #include "c_test_support.h"
 
-static uint16_t to_bf16(double value) {
-  const float f = (float)value;
-  uint32_t bits;
-  memcpy(&bits, &f, sizeof bits);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return (uint16_t)(bits >> 16);
-}
-static double from_bf16(uint16_t value) {
-  const uint32_t bits = (uint32_t)value << 16;
-  float result;
-  memcpy(&result, &bits, sizeof result);
-  return (double)result;
-}
 /* A random BF16 value in [-1, 1) and its exact double. */
 static uint16_t random_bf16(double* exact) {
   const uint16_t bits = to_bf16(uniform());
@@ -59,16 +46,6 @@ static double from_e4m3(uint8_t code) {
   magnitude = exponent == 0 ? ldexp((double)mantissa, -9) : ldexp(1.0 + mantissa / 8.0, exponent - 7);
   return sign ? -magnitude : magnitude;
 }
-
-/* ---- device memory --------------------------------------------------------------------- */
-
-static void* device_filled(size_t bytes, int32_t byte_value) {
-  void* device = NULL;
-  CHECK_OK(slimserve_device_alloc(bytes, &device));
-  CHECK_OK(slimserve_memset_async(device, byte_value, bytes, NULL));
-  return device;
-}
-static void release(void* device) { CHECK_OK(slimserve_device_free(device)); }
 
 /* ---- the FP64 reference of paged attention --------------------------------------------- */
 
@@ -1329,6 +1306,19 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
   EXPECT_REFUSED(slimserve_mla_decode_run(plan, &args, d_workspace, bytes, NULL), SLIMSERVE_INVALID_ARGUMENT,
                  "MLA scale mode");
   args.cache.scale_mode = mode;
+  { /* the cache's layout description takes the same conversion and refuses the same modes */
+    slimserve_cache_layout layout;
+    slimserve_mla_cache bad = args.cache;
+    memset(&layout, 0, sizeof layout);
+    CHECK_OK(slimserve_describe_mla_cache(&args.cache, &layout));
+    EXPECT(layout.kind == SLIMSERVE_CACHE_MLA_LATENT && layout.dtype == dtype && layout.scale_mode == mode);
+    EXPECT(layout.num_pages == MPAGES && layout.page_size == MPAGE && layout.k.address == (uint64_t)(uintptr_t)d_pages);
+    bad.scale_mode = 9;
+    EXPECT_REFUSED(slimserve_describe_mla_cache(&bad, &layout), SLIMSERVE_INVALID_ARGUMENT, "MLA scale mode");
+    bad.scale_mode = mode;
+    bad.page_size = 12;
+    EXPECT_REFUSED(slimserve_describe_mla_cache(&bad, &layout), SLIMSERVE_UNSUPPORTED, "12");
+  }
   plan_args.problem.num_heads = 12;
   EXPECT_REFUSED(slimserve_mla_workspace_size(&plan_args, &bytes), SLIMSERVE_UNSUPPORTED, "12");
   plan_args.problem.num_heads = MHEADS;
@@ -1358,10 +1348,7 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
 }
 
 int main(void) {
-  const char* seed = getenv("SLIMSERVE_SEED");
-  const uint64_t fresh = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)clock();
-  rng_state = seed != NULL ? strtoull(seed, NULL, 10) : fresh;
-  printf("c_attention_test: SLIMSERVE_SEED=%llu\n", (unsigned long long)rng_state);
+  start_test("c_attention_test");
   EXPECT(slimserve_c_abi_version() >= 2);
   test_paged_attention_bf16();
   test_fused_prefill_fp8();
@@ -1369,10 +1356,5 @@ int main(void) {
   test_mla(SLIMSERVE_KV_BF16, SLIMSERVE_MLA_SCALE_NONE);
   test_mla(SLIMSERVE_KV_FP8_E4M3, SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP);
   test_mla(SLIMSERVE_KV_FP8_E4M3, SLIMSERVE_MLA_SCALE_PER_TENSOR);
-  if (failures != 0) {
-    fprintf(stderr, "c_attention_test: %d checks failed\n", failures);
-    return 1;
-  }
-  printf("c_attention_test: all checks passed\n");
-  return 0;
+  return finish_test("c_attention_test");
 }

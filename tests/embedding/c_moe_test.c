@@ -13,7 +13,7 @@
  *  - refusals with their messages: expert ids out of range (host check), top_k > E, short
  *    workspaces (outputs untouched), struct_size too small or from a newer header with
  *    fields set, T above the plan's max_tokens, a routing aligned from other ids.
- * Outputs are poisoned (NaN) before each run. The seed is fresh per run (SLIMSERVE_SEED
+ * Outputs are poisoned (NaN) before each run. The seed is fresh per run (SLIMSERVE_TEST_SEED
  * repeats one). Exit status 0 when all checks pass.
  */
 #include <math.h>
@@ -27,12 +27,6 @@
 
 #include "c_test_support.h"
 
-static double from_bf16(uint16_t value) {
-  const uint32_t bits = (uint32_t)value << 16;
-  float result;
-  memcpy(&result, &bits, sizeof result);
-  return (double)result;
-}
 static double from_fp16(uint16_t value) {
   const int sign = value >> 15, exponent = (value >> 10) & 31, mantissa = value & 1023;
   double magnitude;
@@ -66,9 +60,6 @@ static double ulp_of(int32_t type, double value) {
 static void poison(void* device, size_t bytes) {
   CHECK_OK(slimserve_memset_async(device, 0xFF, bytes, NULL)); /* NaN in BF16 and FP16 */
   CHECK_OK(slimserve_stream_synchronize(NULL));
-}
-static void release(void* device) {
-  if (device != NULL) CHECK_OK(slimserve_device_free(device));
 }
 
 /* ---- experts: quantized here, stacked as the grouped GEMM reads them --------------------- */
@@ -599,8 +590,6 @@ static void test_refusals(void) {
 }
 
 int main(void) {
-  const char* seed = getenv("SLIMSERVE_SEED");
-  const uint64_t fresh = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)clock();
   /* activation, T, max_tokens, top_k, E, hidden, inter, group up / down, symmetric, routing */
   static const LayerCase cases[] = {
       {SLIMSERVE_ACT_BF16, 5, 5, 1, 4, 64, 32, 32, 32, 1, ROUTE_RANDOM},
@@ -612,15 +601,9 @@ int main(void) {
       {SLIMSERVE_ACT_BF16, 6, 8, 2, 5, 64, 32, 32, 32, 1, ROUTE_WITH_INVALID},
   };
   size_t i;
-  rng_state = seed != NULL ? strtoull(seed, NULL, 10) : fresh;
-  printf("c_moe_test: SLIMSERVE_SEED=%llu\n", (unsigned long long)rng_state);
+  start_test("c_moe_test");
   EXPECT(slimserve_c_abi_version() >= 2);
   for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_layer(&cases[i]);
   test_refusals();
-  if (failures != 0) {
-    fprintf(stderr, "c_moe_test: %d checks failed\n", failures);
-    return 1;
-  }
-  printf("c_moe_test: all checks passed\n");
-  return 0;
+  return finish_test("c_moe_test");
 }

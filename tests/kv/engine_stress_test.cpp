@@ -8,7 +8,12 @@
 // buggy rows: stale tables kept from finished, cached, preempted, forked and copied-on-write
 // requests, tables of an earlier pool, ids out of range, last_page_len > page_size, the guard
 // page inside a range; and on the host, double releases, releases by a non-holder and (with
-// the completion thread) the same request posted twice.
+// the completion thread) the same request posted twice. Preemption keeps the KV off the device
+// now and then (swap-out into host slots, or an export buffer, under the request's identity);
+// resume swaps it in (imports it) with the library's record headers, and half the restores
+// read a slot holding another request's record, or another request's export buffer of the
+// same shape. A step whose sync is skipped is checked on the host or, as a captured graph's
+// replay would be, on the device only.
 //
 // A shadow model of every page slot, kept from the healthy writes only, decides corruption
 // independently of tags: after every step every slot that a live or cached request reads must
@@ -44,6 +49,7 @@
 #include "slimserve/kv/shared_page_pool.hpp"
 #include "slimserve/kv/tag_check.hpp"
 #include "slimserve/runtime/launch.hpp"
+#include "support/device_buffers.hpp"
 #include "support/random.hpp"
 
 using namespace slimserve;
@@ -122,12 +128,72 @@ __global__ void toy_copy_kernel(const PageCopy* copies, std::int32_t count,
   record_page_fill(fills, c.dst, c.dst_tag, c.tokens);
 }
 
-template <class T>
-rt::DeviceBuffer<T> device_buffer(std::size_t count) {
-  auto buffer = rt::DeviceBuffer<T>::create(count);
-  REQUIRE(buffer.ok());
-  return std::move(buffer).value();
+// Records that leave the cache, with the library's header (page_movement.hpp): one slot or
+// export record is a KvRecordHeader and the page's page_size words.
+constexpr std::int64_t toy_slot_bytes = kv_record_header_bytes + page_size * 4;
+constexpr std::int32_t host_slots = 96;
+constexpr std::int32_t export_buffers = 8;
+constexpr std::int32_t max_request_pages = (max_tokens + page_size - 1) / page_size + 1;
+
+// Swap-out or export of moves[i].page into record moves[i].host_slot of `records` under the
+// library's access rule: each record gets its header (identity, index, fill, checksum), as
+// swap_pages and export_request write them.
+__global__ void toy_save_kernel(const PageSwap* moves, std::int32_t count, const RecordIdentity identity,
+                                const std::int32_t* indices, const DevicePageTag* page_tags, std::int32_t pages,
+                                const std::uint32_t* kv, const PageFillWord* fills,
+                                unsigned char* records, RequestStatus* statuses) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= count) return;
+  const PageSwap m = moves[i];
+  const RequestState state = page_access_verdict(page_tags, pages, m.page, m.tag, m.writer, PageAccess::read);
+  statuses[i] = RequestStatus{state, state == RequestState::ok ? -1 : 0};
+  if (state != RequestState::ok) return;
+  unsigned char* slot = records + m.host_slot * toy_slot_bytes;
+  auto* words = reinterpret_cast<std::uint32_t*>(slot + kv_record_header_bytes);
+  unsigned long long sum = 0;
+  for (std::int32_t t = 0; t < page_size; ++t) {
+    words[t] = kv[static_cast<std::int64_t>(m.page) * page_size + t];
+    sum += record_word_term(4 * t, words[t]);
+  }
+  KvRecordHeader header;
+  header.identity = identity;
+  header.index = indices[i];  // swap: the slot; export: the page's index in the request
+  header.tokens = written_slots(fills[m.page], m.tag);
+  header.checksum = record_checksum(sum, identity, header.index, header.tokens);
+  *reinterpret_cast<KvRecordHeader*>(slot) = header;
 }
+
+// Swap-in or import of records[moves[i].host_slot] into moves[i].page: the header is verified
+// (the expected identity, the record's index, a fill the page can hold, the checksum) before
+// the page's access verdict and before any word lands, as swap_pages / import_request do.
+// verify = false measures what the classes do without it.
+__global__ void toy_restore_kernel(const PageSwap* moves, std::int32_t count, const RecordIdentity expected,
+                                   const std::int32_t* expected_index, const DevicePageTag* page_tags,
+                                   std::int32_t pages, std::uint32_t* kv, PageFillWord* fills,
+                                   const unsigned char* records, RequestStatus* statuses, bool verify) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= count) return;
+  const PageSwap m = moves[i];
+  const unsigned char* slot = records + m.host_slot * toy_slot_bytes;
+  const KvRecordHeader header = *reinterpret_cast<const KvRecordHeader*>(slot);
+  const auto* words = reinterpret_cast<const std::uint32_t*>(slot + kv_record_header_bytes);
+  unsigned long long sum = 0;
+  for (std::int32_t t = 0; t < page_size; ++t) sum += record_word_term(4 * t, words[t]);
+  RequestState state = RequestState::ok;
+  if (verify && !record_header_matches(header, expected, expected_index[i], -1, page_size, sum)) {
+    state = RequestState::record_mismatch;
+  }
+  if (state == RequestState::ok) {
+    state = page_access_verdict(page_tags, pages, m.page, m.tag, m.writer, PageAccess::write);
+  }
+  statuses[i] = RequestStatus{state, state == RequestState::ok ? -1 : 0};
+  if (state != RequestState::ok) return;
+  for (std::int32_t t = 0; t < page_size; ++t) kv[static_cast<std::int64_t>(m.page) * page_size + t] = words[t];
+  const std::int32_t tokens = header.tokens < 0 ? 0 : (header.tokens > page_size ? page_size : header.tokens);
+  record_page_fill(fills, m.page, m.tag, tokens);
+}
+
+using slimserve_test::device_buffer;
 
 std::uint32_t token_value(std::uint32_t previous, TokenId token) {
   std::uint64_t x = (static_cast<std::uint64_t>(previous) << 32) ^ static_cast<std::uint32_t>(token);
@@ -143,6 +209,11 @@ struct Live {
   std::vector<std::uint32_t> values;  // the KV word of every position (a rolling hash)
   CacheKeyExtras extras;
   std::int64_t prefill_from = -1;     // >= 0: the next step writes tokens [prefill_from, size)
+  // Preempted with its KV kept off the device (swap slots, or an export buffer).
+  enum class Offload { none, swap, exported } offload = Offload::none;
+  std::vector<std::int32_t> records;  // the slot of each page (swap), or {buffer} (export)
+  RecordIdentity record_identity;
+  std::vector<std::vector<std::uint32_t>> saved;  // what each page held (from the model)
 };
 
 // A page table kept by a buggy engine, replayed later.
@@ -168,7 +239,8 @@ struct ClassCount {
 struct Totals {
   std::uint64_t steps = 0, request_steps = 0, healthy_rows = 0, false_aborts = 0,
                 wrong_healthy_reads = 0, unexplained_corruption = 0, copies = 0,
-                copy_false_aborts = 0, recreations = 0;
+                copy_false_aborts = 0, recreations = 0, offloads = 0, offload_false_aborts = 0,
+                restores = 0, restore_false_aborts = 0, restored_pages = 0;
   std::map<std::string, ClassCount> classes;
   void add(const std::string& name, bool caught, bool harmful_write, bool harmful_read) {
     ClassCount& c = classes[name];
@@ -262,7 +334,21 @@ class Engine {
         statuses_(device_buffer<RequestStatus>(max_rows)),
         digests_(device_buffer<std::uint32_t>(max_rows)),
         copies_(device_buffer<PageCopy>(max_rows)),
-        copy_statuses_(device_buffer<RequestStatus>(max_rows)) {
+        copy_statuses_(device_buffer<RequestStatus>(max_rows)),
+        age_(device_buffer<TableAge>(1)),
+        slots_(device_buffer<unsigned char>(static_cast<std::size_t>(host_slots * toy_slot_bytes))),
+        exports_(device_buffer<unsigned char>(static_cast<std::size_t>(export_buffers * max_request_pages * toy_slot_bytes))),
+        moves_(device_buffer<PageSwap>(max_request_pages)),
+        move_index_(device_buffer<std::int32_t>(max_request_pages)),
+        move_statuses_(device_buffer<RequestStatus>(max_request_pages)) {
+    {  // records that were never written hold random bytes
+      std::vector<unsigned char> poison(static_cast<std::size_t>(export_buffers * max_request_pages * toy_slot_bytes));
+      for (auto& byte : poison) byte = static_cast<unsigned char>(rng_());
+      REQUIRE(exports_.upload(poison).ok());
+      poison.resize(static_cast<std::size_t>(host_slots * toy_slot_bytes));
+      REQUIRE(slots_.upload(poison).ok());
+    }
+    free_records();
     for (std::uint32_t& word : model_) word = static_cast<std::uint32_t>(rng_()) | 1u;
     REQUIRE(kv_.upload(model_).ok());
     for (auto& prompt : system_prompts_) {
@@ -298,6 +384,7 @@ class Engine {
     (void)shared_->drain_releases();
     live_.clear();
     preempted_.clear();
+    free_records();  // the records stay in the slots and buffers: stale ones, of an earlier pool
     finished_refs_.clear();
     refused_before_ += sets_->counts().refused;
     shared_.reset();
@@ -382,6 +469,10 @@ class Engine {
     }
     r.ref = *ref;
     r.prefill_from = plan.cached_tokens;
+    if (r.offload != Live::Offload::none && !restore(r, plan.cached_tokens)) {
+      preempted_.push_back(std::move(r));  // recomputed later
+      return;
+    }
     live_.push_back(std::move(r));
   }
   void fork(std::size_t at) {
@@ -399,6 +490,7 @@ class Engine {
     live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(at));
     const std::int64_t computed = r.prefill_from >= 0 ? r.prefill_from : static_cast<std::int64_t>(r.tokens.size());
     if (computed > 0) remember(Origin::preempted, r, pages_of(r), computed, rng_() % 2 == 0);
+    if (r.prefill_from < 0) offload(r);  // swap-out or export when there is room
     REQUIRE(locked([&] { return sets_->preempt(r.ref); }).ok());
     r.prefill_from = -1;
     preempted_.push_back(std::move(r));
@@ -428,6 +520,186 @@ class Engine {
     finished_refs_.push_back(r.ref);
     if (finished_refs_.size() > 32) finished_refs_.erase(finished_refs_.begin());
   }
+  // --- Records that leave the cache --------------------------------------------------------
+  void free_records() {
+    free_slots_.clear();
+    for (std::int32_t slot = 0; slot < host_slots; ++slot) free_slots_.push_back(slot);
+    free_exports_.clear();
+    for (std::int32_t b = 0; b < export_buffers; ++b) free_exports_.push_back(b);
+  }
+  // Moves pages[i] to or from records (the toy swap_pages / export / import); the statuses.
+  std::vector<RequestStatus> launch_records(bool save, const std::vector<PageSwap>& moves,
+                                            const std::vector<std::int32_t>& indices,
+                                            const RecordIdentity& identity, bool swap) {
+    REQUIRE(moves_.upload(moves).ok());
+    REQUIRE(move_index_.upload(indices).ok());
+    REQUIRE(move_statuses_.fill_bytes(0x5A).ok());
+    const auto count = static_cast<std::int32_t>(moves.size());
+    unsigned char* records = swap ? slots_.data() : exports_.data();
+    const rt::LaunchConfig config{dim3(1), dim3(max_request_pages), 0, nullptr};
+    if (save) {
+      REQUIRE(rt::launch(toy_save_kernel, config, static_cast<const PageSwap*>(moves_.data()), count, identity,
+                         static_cast<const std::int32_t*>(move_index_.data()), tags_.data(), num_pages,
+                         static_cast<const std::uint32_t*>(kv_.data()), static_cast<const PageFillWord*>(tags_.fills()),
+                         records, move_statuses_.data())
+                  .ok());
+    } else {
+      REQUIRE(rt::launch(toy_restore_kernel, config, static_cast<const PageSwap*>(moves_.data()), count, identity,
+                         static_cast<const std::int32_t*>(move_index_.data()), tags_.data(), num_pages, kv_.data(),
+                         tags_.fills(), static_cast<const unsigned char*>(records), move_statuses_.data(),
+                         record_checks_)
+                  .ok());
+    }
+    std::vector<RequestStatus> statuses(moves.size());
+    REQUIRE(copy_statuses_to_host(move_statuses_.data(), statuses, nullptr).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    return statuses;
+  }
+  // Preemption that keeps the KV: swap-out into host slots, or export into a buffer, under
+  // this request's identity and a fresh sequence number. The tags are synced first and the
+  // records written before preempt releases the pages (the per-step order of docs/kv.md).
+  void offload(Live& r) {
+    const auto pages = pages_of(r);
+    const bool swap = rng_() % 2 == 0;
+    std::vector<std::int32_t> where;
+    if (swap) {
+      if (free_slots_.size() < pages.size()) return;
+      std::shuffle(free_slots_.begin(), free_slots_.end(), rng_);
+      where.assign(free_slots_.end() - static_cast<std::ptrdiff_t>(pages.size()), free_slots_.end());
+    } else {
+      if (free_exports_.empty()) return;
+      std::shuffle(free_exports_.begin(), free_exports_.end(), rng_);
+      where = {free_exports_.back()};
+    }
+    locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });
+    const RecordIdentity identity{locked([&] { return pool_->tag_base(); }), r.ref.writer, ++sequence_};
+    std::vector<PageSwap> moves;
+    std::vector<std::int32_t> indices;
+    for (std::size_t i = 0; i < pages.size(); ++i) {
+      const auto at = static_cast<std::int32_t>(i);
+      moves.push_back(PageSwap{pages[i].id, pages[i].tag, r.ref.writer,
+                               swap ? where[i] : where[0] * max_request_pages + at});
+      indices.push_back(swap ? where[i] : at);
+    }
+    const auto statuses = launch_records(true, moves, indices, identity, swap);
+    ++totals_.offloads;
+    if (!std::all_of(statuses.begin(), statuses.end(), [](const RequestStatus& st) { return request_ok(st); })) {
+      ++totals_.offload_false_aborts;
+      return;
+    }
+    r.offload = swap ? Live::Offload::swap : Live::Offload::exported;
+    r.records = where;
+    r.record_identity = identity;
+    r.saved.clear();
+    for (const PageHandle& page : pages) {
+      const auto at = model_.begin() + static_cast<std::ptrdiff_t>(page.id) * page_size;
+      r.saved.emplace_back(at, at + page_size);
+    }
+    if (swap) {
+      free_slots_.resize(free_slots_.size() - pages.size());
+      for (const std::int32_t slot : where) slot_writer_[static_cast<std::size_t>(slot)] = r.ref.writer;
+    } else {
+      free_exports_.pop_back();
+      export_owner_[static_cast<std::size_t>(where[0])] = {r.ref.writer, static_cast<std::int32_t>(pages.size())};
+    }
+  }
+  // Resume of an offloaded request: its records are swapped in (imported) into the pages
+  // [cached, size) the resume gave it, under its new identity, expecting the old one. 1 in 2
+  // restores is injected: one page's swap-in reads a host slot holding another request's
+  // record, or the import reads another request's export buffer of the same shape. A refused
+  // restore (or one that failed) gives the pages back for recomputation: false.
+  bool restore(Live& r, std::int64_t cached) {
+    const auto pages = pages_of(r);
+    const bool swap = r.offload == Live::Offload::swap;
+    std::vector<std::int32_t> slots = swap ? r.records : std::vector<std::int32_t>{};
+    std::int32_t buffer = swap ? -1 : r.records[0];
+    if (swap) {
+      free_slots_.insert(free_slots_.end(), r.records.begin(), r.records.end());
+    } else {
+      free_exports_.push_back(buffer);
+    }
+    r.offload = Live::Offload::none;
+    REQUIRE(r.saved.size() == pages.size());
+    REQUIRE((!swap || slots.size() == pages.size()));
+    const auto first = static_cast<std::size_t>(cached / page_size);
+    if (first >= pages.size()) return true;  // everything hit the cache
+    std::string injected;
+    if (rng_() % 2 == 0) {
+      if (swap) {
+        std::vector<std::int32_t> others;
+        for (std::int32_t slot = 0; slot < host_slots; ++slot) {
+          const WriterId w = slot_writer_[static_cast<std::size_t>(slot)];
+          if (w != no_writer && w != r.record_identity.writer) others.push_back(slot);
+        }
+        if (!others.empty()) {
+          slots[first + rng_() % (pages.size() - first)] = others[rng_() % others.size()];
+          injected = "swap-in from a host slot holding another request's record";
+        }
+      } else {
+        std::vector<std::int32_t> others;
+        for (std::int32_t b = 0; b < export_buffers; ++b) {
+          const auto& [w, n] = export_owner_[static_cast<std::size_t>(b)];
+          if (b != buffer && w != no_writer && w != r.record_identity.writer &&
+              n == static_cast<std::int32_t>(pages.size())) {
+            others.push_back(b);
+          }
+        }
+        if (!others.empty()) {
+          buffer = others[rng_() % others.size()];
+          injected = "import of another request's export buffer of the same shape";
+        }
+      }
+    }
+    locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });  // the new pages' tags and owner
+    std::vector<PageSwap> moves;
+    std::vector<std::int32_t> indices;
+    for (std::size_t i = first; i < pages.size(); ++i) {
+      const auto at = static_cast<std::int32_t>(i);
+      moves.push_back(PageSwap{pages[i].id, pages[i].tag, r.ref.writer, swap ? slots[i] : buffer * max_request_pages + at});
+      indices.push_back(swap ? slots[i] : at);
+    }
+    const auto statuses = launch_records(false, moves, indices, r.record_identity, swap);
+    std::vector<std::uint32_t> kv(model_.size());
+    REQUIRE(kv_.download(kv).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    bool all_ok = true, harmful = false;
+    for (std::size_t m = 0; m < moves.size(); ++m) {
+      const std::size_t i = first + m;
+      if (!request_ok(statuses[m])) {
+        all_ok = false;
+        continue;
+      }
+      ++totals_.restored_pages;
+      const auto filled = std::min<std::int64_t>(page_size, static_cast<std::int64_t>(r.tokens.size()) - static_cast<std::int64_t>(i) * page_size);
+      for (std::int32_t t = 0; t < page_size; ++t) {
+        const std::size_t at = static_cast<std::size_t>(pages[i].id) * page_size + static_cast<std::size_t>(t);
+        const std::uint32_t want = r.saved[i][static_cast<std::size_t>(t)];
+        if (kv[at] != want && t < filled) {
+          if (injected.empty()) {
+            ++totals_.unexplained_corruption;
+          } else {
+            harmful = true;  // the request now holds another request's tokens
+          }
+        }
+        model_[at] = kv[at];
+      }
+    }
+    if (injected.empty()) {
+      ++totals_.restores;
+      if (!all_ok) ++totals_.restore_false_aborts;
+    } else {
+      totals_.add(injected, !all_ok, harmful, false);
+    }
+    r.saved.clear();
+    if (all_ok) {
+      r.prefill_from = -1;  // nothing to recompute
+      return true;
+    }
+    // Pages already restored hold their slots: give them all back and recompute later.
+    REQUIRE(locked([&] { return sets_->preempt(r.ref); }).ok());
+    return false;
+  }
+
   // Host-side misuse: a second finish of a finished request, a finish by a non-holder.
   void misuse() {
     if (!finished_refs_.empty() && !threaded_) {
@@ -735,14 +1007,42 @@ class Engine {
     check.writers = writers_.data();
     check.append_indptr = append_indptr_.data();
     check.check_fill = length_checks_;
-    if (length_checks_) check.built_at = built_at;
+    if (length_checks_) {
+      check.built_at = built_at;
+      // The table carries its age to the device too (the check compares it with the age the
+      // last sync uploaded there, for replays that skip the host).
+      REQUIRE(age_.upload(std::span<const TableAge>(&built_at, 1)).ok());
+      check.table.built_at = age_.data();
+    }
     if (skip_sync) {
       const bool changed = locked([&] { return !pool_->dirty_pages().empty(); });
-      const Status refused = check_page_tags(check, nullptr);
-      // Refused exactly when the pool changed since the last sync (and then nothing launched).
-      const bool caught = refused.code() == StatusCode::failed_precondition;
-      CHECK(caught == changed);
-      if (changed) totals_.add("tag array not synced for a step (refused on the host)", caught, false, !caught);
+      if (rng_() % 2 == 0) {
+        const Status refused = check_page_tags(check, nullptr);
+        // Refused exactly when the pool changed since the last sync (and then nothing launched).
+        const bool caught = refused.code() == StatusCode::failed_precondition;
+        CHECK(caught == changed);
+        if (changed) totals_.add("tag array not synced for a step (refused on the host)", caught, false, !caught);
+      } else {
+        // A captured graph replayed: no host code runs, so only the device compares the
+        // table's age with the tags'. Every request is refused exactly when the pool changed.
+        TagCheckArguments replay = check;
+        replay.built_at = TableAge{};
+        REQUIRE(check_page_tags(replay, nullptr).ok());
+        std::vector<RequestStatus> got(rows.size());
+        REQUIRE(copy_statuses_to_host(statuses_.data(), got, nullptr).ok());
+        REQUIRE(rt::stream_synchronize(nullptr).ok());
+        const bool all_refused = std::all_of(got.begin(), got.end(), [](const RequestStatus& st) {
+          return st.state == RequestState::tags_not_synced;
+        });
+        const bool any_refused = std::any_of(got.begin(), got.end(), [](const RequestStatus& st) {
+          return st.state == RequestState::tags_not_synced;
+        });
+        CHECK((changed ? all_refused : !any_refused));
+        if (changed) {
+          totals_.add("tag array not synced for a step (graph replay: refused on the device)",
+                      all_refused, false, !all_refused);
+        }
+      }
       locked([&] { REQUIRE(tags_.sync(*pool_, nullptr).ok()); });
     }
     // Copy-on-write copies first (gated by their own verdicts): the check then sees the
@@ -882,6 +1182,20 @@ class Engine {
   rt::DeviceBuffer<std::uint32_t> digests_;
   rt::DeviceBuffer<PageCopy> copies_;
   rt::DeviceBuffer<RequestStatus> copy_statuses_;
+  rt::DeviceBuffer<TableAge> age_;  // the table's age, uploaded with it (device-side check)
+  rt::DeviceBuffer<unsigned char> slots_;    // [host_slots, toy_slot_bytes]: swap slots
+  rt::DeviceBuffer<unsigned char> exports_;  // [export_buffers, max_request_pages, toy_slot_bytes]
+  rt::DeviceBuffer<PageSwap> moves_;
+  rt::DeviceBuffer<std::int32_t> move_index_;
+  rt::DeviceBuffer<RequestStatus> move_statuses_;
+  std::vector<std::int32_t> free_slots_, free_exports_;
+  std::vector<WriterId> slot_writer_ = std::vector<WriterId>(host_slots, no_writer);  // whose record a slot holds
+  std::vector<std::pair<WriterId, std::int32_t>> export_owner_ =
+      std::vector<std::pair<WriterId, std::int32_t>>(export_buffers, {no_writer, 0});  // exporter, pages
+  std::uint32_t sequence_ = 0;
+  // SLIMSERVE_KV_STRESS_NO_RECORD_CHECKS=1: swap-in and import without the header check, to
+  // measure what the record classes do without it (the run then fails, as it should).
+  bool record_checks_ = std::getenv("SLIMSERVE_KV_STRESS_NO_RECORD_CHECKS") == nullptr;
   std::array<std::vector<TokenId>, 4> system_prompts_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<PrefixCache> cache_;
@@ -928,6 +1242,13 @@ void report(const char* name, const Totals& t, std::uint64_t refused) {
               static_cast<unsigned long long>(t.wrong_healthy_reads),
               static_cast<unsigned long long>(t.unexplained_corruption),
               static_cast<unsigned long long>(refused));
+  std::printf("   offloads (swap-out / export) %llu (false aborts %llu), restores %llu (false aborts "
+              "%llu), restored pages %llu\n",
+              static_cast<unsigned long long>(t.offloads),
+              static_cast<unsigned long long>(t.offload_false_aborts),
+              static_cast<unsigned long long>(t.restores),
+              static_cast<unsigned long long>(t.restore_false_aborts),
+              static_cast<unsigned long long>(t.restored_pages));
   std::printf("   %-62s %9s %9s %9s %9s %9s\n", "class", "injected", "caught", "harmless",
               "bad write", "bad read");
   for (const auto& [label, c] : t.classes) {
@@ -942,6 +1263,8 @@ void report(const char* name, const Totals& t, std::uint64_t refused) {
 void require_clean(const Totals& t) {
   CHECK(t.false_aborts == 0);
   CHECK(t.copy_false_aborts == 0);
+  CHECK(t.offload_false_aborts == 0);
+  CHECK(t.restore_false_aborts == 0);
   CHECK(t.wrong_healthy_reads == 0);
   CHECK(t.unexplained_corruption == 0);
   for (const auto& [label, c] : t.classes) {

@@ -15,6 +15,7 @@
 #include "slimserve/kv/prefix_cache.hpp"
 #include "slimserve/kv/tag_check.hpp"
 #include "slimserve/runtime/launch.hpp"
+#include "support/device_buffers.hpp"
 #include "support/random.hpp"
 
 using namespace slimserve;
@@ -61,12 +62,7 @@ __global__ void toy_read_kernel(PageTableView table, const RequestStatus* status
   out[b] = digest;
 }
 
-template <class T>
-rt::DeviceBuffer<T> device_buffer(std::size_t count) {
-  auto buffer = rt::DeviceBuffer<T>::create(count);
-  REQUIRE(buffer.ok());
-  return std::move(buffer).value();
-}
+using slimserve_test::device_buffer;
 
 struct Request {
   std::vector<PageHandle> pages;

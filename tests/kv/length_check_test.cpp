@@ -15,6 +15,7 @@
 #include "slimserve/kv/page_movement.hpp"
 #include "slimserve/kv/page_pool.hpp"
 #include "slimserve/kv/tag_check.hpp"
+#include "support/device_buffers.hpp"
 #include "support/random.hpp"
 
 using namespace slimserve;
@@ -27,18 +28,8 @@ constexpr std::int32_t page_size = 16;
 constexpr std::int32_t heads = 1;
 constexpr std::int32_t head_dim = 64;
 
-template <class T>
-rt::DeviceBuffer<T> device_buffer(std::size_t count) {
-  auto buffer = rt::DeviceBuffer<T>::create(count);
-  REQUIRE(buffer.ok());
-  return std::move(buffer).value();
-}
-template <class T>
-rt::DeviceBuffer<T> upload(const std::vector<T>& host) {
-  auto buffer = device_buffer<T>(host.empty() ? 1 : host.size());
-  if (!host.empty()) REQUIRE(buffer.upload(host).ok());
-  return buffer;
-}
+using slimserve_test::device_buffer;
+using slimserve_test::upload;
 
 /// A BF16 cache, a pool and its device tags: enough for real appends, copies and imports.
 struct World {
@@ -257,7 +248,7 @@ TEST_CASE("device-held lengths: copy-on-write and import record the pages they w
   auto buffer = device_buffer<unsigned char>(static_cast<std::size_t>(bytes));
   auto status = device_buffer<RequestStatus>(1);
   REQUIRE(export_request(ExportRequestArguments{w.cache(), &w.tags, RequestPagesView{d_ids.data(), d_tags.data(), 2, 21, parent.writer},
-                                                buffer.data(), bytes, status.data()},
+                                                buffer.data(), bytes, status.data(), {}},
                          nullptr)
               .ok());
   Row imported;
@@ -271,8 +262,10 @@ TEST_CASE("device-held lengths: copy-on-write and import record the pages they w
   auto d_in_ids = upload(in_ids);
   auto d_in_tags = upload(in_tags);
   CHECK(state_of(w, imported) == RequestState::unwritten_slots);
+  // The export named the parent (its default identity: this pool, the exporter, sequence 0).
   REQUIRE(import_request(ImportRequestArguments{w.cache(), &w.tags, RequestPagesView{d_in_ids.data(), d_in_tags.data(), 2, 21, imported.writer},
-                                                buffer.data(), bytes, describe_export(w.cache(), 2, 21), status.data()},
+                                                buffer.data(), bytes, describe_export(w.cache(), 2, 21), status.data(),
+                                                RecordIdentity{w.tags.synced_pool(), parent.writer, 0}},
                          nullptr)
               .ok());
   {

@@ -2,6 +2,7 @@
 // eviction only when free pages run out, eviction changes the tag, statistics.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <memory>
 #include <vector>
 
@@ -171,4 +172,35 @@ TEST_CASE("prefix cache: bad calls are rejected", "[kv][cache]") {
   std::vector<PageHandle> stale{{1, never_issued}, {2, never_issued}};
   CHECK(f.cache->insert(tokens, {}, stale).status().code() == StatusCode::stale_handle);
   f.audit();
+}
+
+TEST_CASE("prefix cache: the chained hash spreads every token, its order, the parent and the seed",
+          "[kv][cache]") {
+  auto rng = slimserve_test::make_rng(17);
+  Fixture f(8);
+  PagePool other_pool = std::move(PagePool::create(PagePoolOptions{8})).value();
+  auto made = PrefixCache::create(other_pool, PrefixCacheOptions{page_size, 4321, 64});
+  REQUIRE(made.ok());
+  const std::vector<TokenId> page = random_tokens(rng, page_size);
+  const BlockHash root = f.cache->root_hash({});
+  const BlockHash hash = f.cache->chain_hash(root, page);
+  CHECK(f.cache->chain_hash(root, page) == hash);  // a pure function of its inputs
+  // The deployment's seed enters at the root, so every chain from it differs.
+  CHECK((*made)->root_hash({}) != root);
+  CHECK((*made)->chain_hash((*made)->root_hash({}), page) != hash);
+  CHECK(f.cache->chain_hash(root ^ 1, page) != hash);
+  int flipped_bits = 0;
+  for (std::size_t i = 0; i < page.size(); ++i) {
+    std::vector<TokenId> changed = page;
+    changed[i] ^= 1;  // one bit of one token
+    const BlockHash h = f.cache->chain_hash(root, changed);
+    CHECK(h != hash);
+    flipped_bits += std::popcount(h ^ hash);
+  }
+  // A finalizer spreads a one-bit change over about half of the 64 bits.
+  CHECK(flipped_bits > 16 * page_size);
+  CHECK(flipped_bits < 48 * page_size);
+  std::vector<TokenId> swapped = page;
+  std::swap(swapped[0], swapped[1]);
+  if (swapped != page) CHECK(f.cache->chain_hash(root, swapped) != hash);
 }

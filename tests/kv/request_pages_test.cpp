@@ -226,3 +226,72 @@ TEST_CASE("request pages: factory sizes, empty admits and the pool's release err
   CHECK(f.sets->counts().release_errors == 3);
   CHECK_FALSE(f.sets->last_release_error().ok());
 }
+
+TEST_CASE("request pages: adopt takes pages filled elsewhere, all or nothing", "[kv][requests]") {
+  Fixture f(32);
+  const std::int32_t available = f.pool.available_pages();
+  std::vector<PageHandle> pages(3);
+  REQUIRE(f.pool.allocate(pages).ok());
+  std::swap(pages[0], pages[2]);  // not in the pool's order
+  PageHandle shared{};  // the page the test shares (two references)
+  auto refused = [&](std::span<const PageHandle> offered, std::int64_t tokens, StatusCode code, const char* says,
+                     bool audit = true) {
+    Result<RequestRef> ref = f.sets->adopt(offered, tokens);
+    INFO(ref.status().to_string());
+    CHECK(ref.status().code() == code);
+    CHECK(ref.status().to_string().find(says) != std::string::npos);
+    CHECK(f.sets->counts().active == 0);
+    for (const PageHandle& page : pages) {  // still the caller's, one reference, no new owner
+      CHECK(f.pool.is_live(page));
+      CHECK(f.pool.ref_count(page.id) == (page == shared ? 2 : 1));
+    }
+    if (audit) f.audit();  // (a page the test made writable outside the sets fails the sets' audit)
+  };
+  refused(pages, 13, StatusCode::invalid_argument, "need");  // 13 tokens of 4 per page: 4 pages
+  refused(pages, 8, StatusCode::invalid_argument, "need");
+  refused(pages, 0, StatusCode::invalid_argument, "need");
+  const std::vector<PageHandle> twice{pages[0], pages[1], pages[0]};
+  refused(twice, 10, StatusCode::invalid_argument, "listed twice");
+  std::vector<PageHandle> stale = pages;
+  stale[1].tag += 1;
+  refused(stale, 10, StatusCode::stale_handle, "page 1");
+  REQUIRE(f.pool.share(pages[2]).ok());
+  shared = pages[2];
+  refused(pages, 10, StatusCode::failed_precondition, "shared");
+  REQUIRE(f.pool.release(pages[2]).ok());
+  shared = PageHandle{};
+  REQUIRE(f.pool.grant_write(pages[1], f.pool.new_writer()).ok());
+  refused(pages, 10, StatusCode::failed_precondition, "writable", false);
+  REQUIRE(f.pool.revoke_write(pages[1]).ok());
+  f.audit();
+
+  Result<RequestRef> a = f.sets->adopt(pages, 10);
+  REQUIRE(a.ok());
+  REQUIRE(f.sets->pages(*a).size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(f.sets->pages(*a)[i] == pages[i]);
+    CHECK(f.pool.writer(pages[i].id) == a->writer);
+  }
+  CHECK(f.sets->tokens(*a) == 10);
+  f.audit();
+  Result<PagePlan> grown = f.sets->append(*a, 3);  // 2 more in the last page, then a new page
+  REQUIRE(grown.ok());
+  CHECK_FALSE(grown->needs_copy);
+  CHECK(f.sets->pages(*a).size() == 4);
+  f.audit();
+  REQUIRE(f.sets->finish(*a).ok());
+  CHECK(f.pool.available_pages() == available);
+
+  // No free slot: refused, the caller keeps its page.
+  std::vector<RequestRef> held;
+  for (int i = 0; i < 8; ++i) held.push_back(*f.sets->admit(sequence(2, 500 + 10 * i), {}));
+  std::vector<PageHandle> one(1);
+  REQUIRE(f.pool.allocate(one).ok());
+  Result<RequestRef> full = f.sets->adopt(one, 4);
+  CHECK(full.status().code() == StatusCode::resource_exhausted);
+  CHECK(f.pool.is_live(one[0]));
+  REQUIRE(f.pool.release(one[0]).ok());
+  for (const RequestRef& request : held) REQUIRE(f.sets->finish(request).ok());
+  f.audit();
+  CHECK(f.pool.available_pages() == available);
+}

@@ -10,6 +10,7 @@
 #include "slimserve/kv/device_tag_array.hpp"
 #include "slimserve/kv/page_table_builder.hpp"
 #include "slimserve/kv/tag_check.hpp"
+#include "support/device_buffers.hpp"
 #include "support/random.hpp"
 
 using namespace slimserve;
@@ -19,12 +20,7 @@ namespace {
 
 constexpr std::int32_t page_size = 16;
 
-template <class T>
-rt::DeviceBuffer<T> device_buffer(std::size_t count) {
-  auto buffer = rt::DeviceBuffer<T>::create(count);
-  REQUIRE(buffer.ok());
-  return std::move(buffer).value();
-}
+using slimserve_test::device_buffer;
 
 /// Device-side page table storage for up to `max_batch` requests and `max_entries` pages, and
 /// the check's outputs.
@@ -556,4 +552,188 @@ TEST_CASE("tag check: a table built after changes that were never synced is refu
   // Without an age the check runs as before (engines that do not record it).
   foreign_check.built_at = {};
   CHECK(check_page_tags(foreign_check, nullptr).ok());
+}
+
+TEST_CASE("tag check: a replayed check after a skipped sync is refused on the device", "[kv][tagcheck]") {
+  constexpr std::int32_t num_pages = 64;
+  PagePool pool = std::move(PagePool::create(PagePoolOptions{num_pages})).value();
+  DeviceTagArray device_tags = std::move(DeviceTagArray::create(num_pages)).value();
+  PageTableStorage storage = std::move(PageTableStorage::create(4, 32)).value();
+  auto statuses = device_buffer<RequestStatus>(2);
+  auto aborted = device_buffer<std::int32_t>(1);
+  std::vector<PageHandle> a(3), b(2);
+  REQUIRE(pool.allocate(a).ok());
+  REQUIRE(pool.allocate(b).ok());
+  const std::vector<RequestPages> batch{{a, 3 * page_size}, {b, page_size + 3}};
+  // Builds the table with its age and runs the check as a captured graph's replay would: no
+  // host-side age (arguments.built_at empty), only the words on the device.
+  const auto replay = [&](PagePool& from, const std::vector<RequestPages>& requests, DeviceTagArray& tags) {
+    Result<PageTableView> host = build_page_table(requests, {page_size, num_pages}, storage.host());
+    REQUIRE(host.ok());
+    *storage.host().built_at = table_age(from);
+    Result<PageTableView> device = upload_page_table(*host, num_pages, storage.device(), nullptr);
+    REQUIRE(device.ok());
+    REQUIRE(device->built_at != nullptr);
+    REQUIRE(statuses.fill_bytes(0x5A).ok());
+    REQUIRE(aborted.fill_bytes(0x5A).ok());
+    REQUIRE(check_page_tags(TagCheckArguments{*device, &tags, statuses.data(), aborted.data()}, nullptr).ok());
+    std::vector<RequestStatus> got(requests.size());
+    std::int32_t count = -1;
+    REQUIRE(copy_statuses_to_host(statuses.data(), got, nullptr).ok());
+    REQUIRE(aborted.download(std::span<std::int32_t>(&count, 1), nullptr).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    return std::pair{got, count};
+  };
+  // Never synced: the device word says epoch 0, every recorded age is newer.
+  {
+    const auto [got, count] = replay(pool, batch, device_tags);
+    CHECK(got[0].state == RequestState::tags_not_synced);
+    CHECK(got[1].state == RequestState::tags_not_synced);
+    CHECK(count == 2);
+  }
+  REQUIRE(device_tags.sync(pool, nullptr).ok());
+  {
+    TableAge on_device{};
+    REQUIRE(rt::copy_async(&on_device, device_tags.synced_age(), sizeof on_device,
+                           rt::CopyDirection::device_to_host, nullptr).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    CHECK(on_device.epoch == pool.change_epoch());
+    CHECK(on_device.pool == pool.tag_base());
+    const auto [got, count] = replay(pool, batch, device_tags);
+    CHECK(got[0].state == RequestState::ok);
+    CHECK(got[1].state == RequestState::ok);
+    CHECK(count == 0);
+  }
+  // b's last page is freed and reused by another request; the engine builds the next table but
+  // skips the sync. The device tags still hold b's old tag, so without the age a stale replay
+  // of b would pass: both requests are refused, and nothing may touch their pages.
+  REQUIRE(pool.release(b[1]).ok());
+  const PageHandle reused = *pool.allocate();
+  REQUIRE(reused.id == b[1].id);
+  {
+    const auto [got, count] = replay(pool, batch, device_tags);
+    CHECK(got[0].state == RequestState::tags_not_synced);
+    CHECK(got[0].failed_slot == 0);
+    CHECK(got[1].state == RequestState::tags_not_synced);
+    CHECK(count == 2);
+  }
+  // After the sync the same replay passes the age check and b is caught by its tag.
+  REQUIRE(device_tags.sync(pool, nullptr).ok());
+  {
+    const auto [got, count] = replay(pool, batch, device_tags);
+    CHECK(got[0].state == RequestState::ok);
+    CHECK(got[1].state == RequestState::stale_tag);
+    CHECK(count == 1);
+  }
+  // A table of another pool against tags synced from this one (a re-created pool whose tags
+  // were never synced): refused on the device.
+  PagePool other = std::move(PagePool::create(PagePoolOptions{num_pages})).value();
+  std::vector<PageHandle> c(1);
+  REQUIRE(other.allocate(c).ok());
+  {
+    const auto [got, count] = replay(other, std::vector<RequestPages>{{c, 4}}, device_tags);
+    CHECK(got[0].state == RequestState::tags_not_synced);
+    CHECK(count == 1);
+  }
+  // Without a recorded age (epoch 0) the check runs as before.
+  {
+    Result<PageTableView> host = build_page_table(batch, {page_size, num_pages}, storage.host());
+    REQUIRE(host.ok());
+    *storage.host().built_at = TableAge{};
+    REQUIRE(pool.release(a[0]).ok());  // unsynced change, but no age to compare
+    Result<PageTableView> device = upload_page_table(*host, num_pages, storage.device(), nullptr);
+    REQUIRE(device.ok());
+    REQUIRE(statuses.fill_bytes(0x5A).ok());
+    REQUIRE(check_page_tags(TagCheckArguments{*device, &device_tags, statuses.data(), nullptr}, nullptr).ok());
+    std::vector<RequestStatus> got(2);
+    REQUIRE(copy_statuses_to_host(statuses.data(), got, nullptr).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    CHECK(got[0].state == RequestState::ok);
+    CHECK(got[1].state == RequestState::stale_tag);
+  }
+}
+
+TEST_CASE("tag check: the 2-D form's age word refuses a replay after a skipped sync too", "[kv][tagcheck]") {
+  constexpr std::int32_t num_pages = 64;
+  PagePool pool = std::move(PagePool::create(PagePoolOptions{num_pages})).value();
+  DeviceTagArray device_tags = std::move(DeviceTagArray::create(num_pages)).value();
+  BlockTableStorage storage = std::move(BlockTableStorage::create(4, 5)).value();
+  auto statuses = device_buffer<RequestStatus>(2);
+  auto aborted = device_buffer<std::int32_t>(1);
+  std::vector<PageHandle> a(3), b(2);
+  REQUIRE(pool.allocate(a).ok());
+  REQUIRE(pool.allocate(b).ok());
+  const std::vector<RequestPages> batch{{a, 3 * page_size - 1}, {b, page_size + 1}};
+  // As a captured graph's replay: the age only in the device word beside the view.
+  const auto replay = [&](PagePool& from, const std::vector<RequestPages>& requests,
+                          bool with_age) {
+    Result<BlockTableView> host = build_block_table(requests, {page_size, num_pages}, storage.host());
+    REQUIRE(host.ok());
+    *storage.host().built_at = table_age(from);
+    Result<BlockTableView> device =
+        upload_block_table(*host, num_pages, storage.device(), nullptr, storage.host().built_at);
+    REQUIRE(device.ok());
+    REQUIRE(statuses.fill_bytes(0x5A).ok());
+    REQUIRE(aborted.fill_bytes(0x5A).ok());
+    BlockTagCheckArguments check{*device, &device_tags, statuses.data(), aborted.data()};
+    if (with_age) check.device_built_at = storage.device().built_at;
+    REQUIRE(check_page_tags(check, nullptr).ok());
+    std::vector<RequestStatus> got(requests.size());
+    std::int32_t count = -1;
+    REQUIRE(copy_statuses_to_host(statuses.data(), got, nullptr).ok());
+    REQUIRE(aborted.download(std::span<std::int32_t>(&count, 1), nullptr).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    TableAge uploaded{};
+    REQUIRE(rt::copy_async(&uploaded, storage.device().built_at, sizeof uploaded,
+                           rt::CopyDirection::device_to_host, nullptr).ok());
+    REQUIRE(rt::stream_synchronize(nullptr).ok());
+    CHECK(uploaded.epoch == from.change_epoch());  // upload_block_table copied the word
+    CHECK(uploaded.pool == from.tag_base());
+    return std::pair{got, count};
+  };
+  {  // never synced
+    const auto [got, count] = replay(pool, batch, true);
+    CHECK(got[0].state == RequestState::tags_not_synced);
+    CHECK(got[1].state == RequestState::tags_not_synced);
+    CHECK(count == 2);
+  }
+  REQUIRE(device_tags.sync(pool, nullptr).ok());
+  {
+    const auto [got, count] = replay(pool, batch, true);
+    CHECK(got[0].state == RequestState::ok);
+    CHECK(got[1].state == RequestState::ok);
+    CHECK(count == 0);
+  }
+  // b's last page freed and reused, the sync skipped: the old tags would pass b's replay.
+  REQUIRE(pool.release(b[1]).ok());
+  const PageHandle reused = *pool.allocate();
+  REQUIRE(reused.id == b[1].id);
+  {
+    const auto [got, count] = replay(pool, batch, true);
+    CHECK(got[0].state == RequestState::tags_not_synced);
+    CHECK(got[1].state == RequestState::tags_not_synced);
+    CHECK(count == 2);
+  }
+  {  // without the word on the device the check runs as before (and misses it)
+    const auto [got, count] = replay(pool, batch, false);
+    CHECK(got[0].state == RequestState::ok);
+    CHECK(got[1].state == RequestState::ok);
+    CHECK(count == 0);
+  }
+  REQUIRE(device_tags.sync(pool, nullptr).ok());
+  {
+    const auto [got, count] = replay(pool, batch, true);
+    CHECK(got[0].state == RequestState::ok);
+    CHECK(got[1].state == RequestState::stale_tag);
+    CHECK(got[1].failed_slot == 1);
+    CHECK(count == 1);
+  }
+  PagePool other = std::move(PagePool::create(PagePoolOptions{num_pages})).value();
+  std::vector<PageHandle> c(1);
+  REQUIRE(other.allocate(c).ok());
+  {  // another pool's table against these tags
+    const auto [got, count] = replay(other, std::vector<RequestPages>{{c, 4}}, true);
+    CHECK(got[0].state == RequestState::tags_not_synced);
+    CHECK(count == 1);
+  }
 }

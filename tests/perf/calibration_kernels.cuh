@@ -14,12 +14,17 @@
 ///                      scheduler (issue per warp, bytes in flight, drains)
 ///   phased_kernel      one CTA per SM: a wgmma phase, a wait, an FFMA phase, a barrier:
 ///                      the phases add
+///   pingpong_phased_kernel  one CTA of two warpgroups per SM, each phased_kernel's trip, the
+///                      wgmma phases taken in turns through named barriers (bar.sync before
+///                      the issue, bar.arrive after it): one's FFMA phase under the other's
+///                      wgmma, the overlap the model credits to ping-pong kernels
 ///   imad_copy16_kernel the copy with 64 dependent-free IMAD per element: the IMAD rate
 ///   copy16_small_kernel the copy over 64 MiB: launch ramp and fill against the steady state
 /// Not part of the library; compiled for sm_90a only.
 
 #include <cstdint>
 
+#include "slimserve/arch/named_barrier.cuh"
 #include "slimserve/arch/wgmma.cuh"
 
 namespace slimserve_calibration {
@@ -165,6 +170,42 @@ __global__ void __launch_bounds__(128, 1) phased_kernel(float* __restrict__ dst,
       for (int j = 0; j < 8; ++j) d[j] = fmaf(d[j], a, b);
     }
     __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < 32; ++j) dst[(blockIdx.x * blockDim.x + threadIdx.x) * 32 + j] = d[j];
+}
+
+/// Two warpgroups per CTA, one CTA per SM, each running phased_kernel's trip (64 m64n64k16 SS
+/// wgmma, wait, phased_ffma x 8 FFMA); warpgroup w waits on named barrier 1 + w for its turn
+/// before issuing and passes the turn on 2 - w once issued (warpgroup 0 goes first), so the
+/// tensor phases alternate and each FFMA phase can run under the other's wgmma.
+__global__ void __launch_bounds__(256, 1) pingpong_phased_kernel(float* __restrict__ dst, int trips,
+                                                                 float a, float b) {
+  __shared__ CalibrationWgmmaShared smem;
+  for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) smem.a[i] = 0;
+  for (int i = threadIdx.x; i < 256 * 16; i += blockDim.x) smem.b[i] = 0;
+  slimserve::arch::fence_proxy_async_shared();
+  __syncthreads();
+  const int group = static_cast<int>(threadIdx.x) / 128;
+  float d[32] = {};
+  const std::uint64_t desc_a = slimserve::arch::make_wgmma_descriptor(
+      slimserve::arch::wgmma_shared_address(smem.a), 128, 256, slimserve::arch::WgmmaSwizzle::none);
+  const std::uint64_t desc_b = slimserve::arch::make_wgmma_descriptor(
+      slimserve::arch::wgmma_shared_address(smem.b), 128, 256, slimserve::arch::WgmmaSwizzle::none);
+  for (int t = 0; t < trips; ++t) {
+    // turn order 0, 1, 0, 1, ...: group 0's trip t follows group 1's trip t - 1
+    if (group == 1 || t > 0) slimserve::arch::named_barrier_sync(1 + group, 256);
+    slimserve::arch::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 64; ++s) slimserve::arch::wgmma_mma_ss_bf16<64>(d, desc_a, desc_b, true);
+    slimserve::arch::wgmma_commit_group();
+    if (group == 0 || t + 1 < trips) slimserve::arch::named_barrier_arrive(2 - group, 256);
+    slimserve::arch::wgmma_wait_group<0>();
+#pragma unroll
+    for (int r = 0; r < phased_ffma; ++r) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d[j] = fmaf(d[j], a, b);
+    }
   }
 #pragma unroll
   for (int j = 0; j < 32; ++j) dst[(blockIdx.x * blockDim.x + threadIdx.x) * 32 + j] = d[j];

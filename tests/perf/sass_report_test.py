@@ -190,7 +190,7 @@ class Analyse(unittest.TestCase):
     def test_stream_k_partials_in_l2(self):
         # Issue shape at m = 16: 130 stored 16 x 256 FP32 slots, written and read (4.26 MB).
         # The decode tile's slots are evict-last and discarded: L2-only, not DRAM bytes.
-        decode = ["bf16", "GemmTileConfig<16, 256, 1, 4, 4, true>", "(GroupSpan)64"]
+        decode = ["bf16", "GemmTileConfig<16, 256, 1, 4, 8, true>", "(GroupSpan)64"]
         shape = {"m": 16, "n": 28672, "k": 8192, "group": 128}
         compulsory = 28672 * 8192 // 2 + 28672 * 64 * 2 + 16 * 8192 * 2 + 16 * 28672 * 2
         in_l2 = w4a16_stream_k(decode, shape)
@@ -205,6 +205,10 @@ class Analyse(unittest.TestCase):
         wide = w4a16_stream_k(["fp16", "GemmTileConfig<64, 128, 2, 2, 4, false>", "(GroupSpan)64"],
                               {"m": 64, "n": 28672, "k": 8192, "group": 128})
         self.assertEqual(wide.l2_only_bytes, 0)
+        # Pipeline fills: the decode tile's one pipeline runs across its segments (one fill
+        # per CTA, 8 stages of 11 KB: GemmSharedStorage); the wide tile refills per segment.
+        self.assertEqual((in_l2.segments_per_cta, in_l2.dynamic_smem), (1.0, 8 * 11264))
+        self.assertGreater(wide.segments_per_cta, 1.5)
 
 
 class ManifestAndBudget(unittest.TestCase):
@@ -285,6 +289,34 @@ class ManifestAndBudget(unittest.TestCase):
                                                             reason='lowered: "why"')}
             budget.dump(path, budgets)
             self.assertEqual(budget.load(path), budgets)
+
+    def test_rewriting_keeps_the_comment_lines_of_tables_that_stay(self):
+        # What --rebaseline / --prune-budget / --update-budget do: load, change, dump.
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / "b.toml"
+            row = self.row()
+            budgets = {key: budget.budget_for(row) for key in ("a @ p", "b @ p", "c @ p")}
+            budget.dump(path, budgets)
+            text = path.read_text()
+            text = text.replace('["a @ p"]\n', '["a @ p"]\n# why a sits here\n# (two lines)\n')
+            text = text.replace('\n["b @ p"]', '\n# above b\n["b @ p"]\n# inside b')
+            text = text.replace('["c @ p"]\n', '["c @ p"]\n# c goes\n')
+            path.write_text(text)
+            budgets = budget.load(path)
+            rebased = dict(budget.budget_for(row), max_warp_instr_per_16B=9.99)
+            budgets["b @ p"] = rebased            # --rebaseline 'b*'
+            del budgets["c @ p"]                  # --prune-budget
+            budgets["d @ p"] = budget.budget_for(row)  # --update-budget
+            budget.dump(path, budgets)
+            written = path.read_text()
+            self.assertIn('["a @ p"]\n# why a sits here\n# (two lines)\nmax_warp', written)
+            self.assertIn('\n# above b\n["b @ p"]\n# inside b\nmax_warp_instr_per_16B = 9.99', written)
+            self.assertNotIn("c goes", written)
+            self.assertTrue(written.startswith(budget.HEADER))
+            self.assertEqual(written.count(budget.HEADER.splitlines()[0]), 1)
+            self.assertEqual(budget.load(path), budgets)
+            budget.dump(path, budget.load(path))  # and a rewrite changes nothing
+            self.assertEqual(path.read_text(), written)
 
 
 # An SS wgmma loop at N = 16 (A and B from shared memory) and its RS twin.
@@ -367,6 +399,36 @@ class HonestModel(unittest.TestCase):
         self.assertEqual(one["bound_by"], "phases")
         self.assertIn("phases add", " ".join(one["moved_by"]))
         self.assertLess(one["predicted_tensor_fraction"], many["predicted_tensor_fraction"])
+
+    def test_turns_between_two_warpgroups_overlap_their_phases(self):
+        # the phased loop with the ping-pong turn barriers around the wgmma issue, two
+        # warpgroups per CTA taking turns (turn_groups 2): credited only with the barriers
+        ffma = "".join(f"        /*0045*/                   FFMA R{40 + i}, R{40 + i}, R5, R6 ;\n"
+                       for i in range(64))
+        text = wgmma_loop(64, "gdesc[UR8]").replace(
+            "        /*0050*/                   ISETP.NE", ffma + "        /*0050*/                   ISETP.NE")
+        text = text.replace("        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;\n", "")
+        turns = text.replace(
+            "        /*0020*/                   WARPGROUP.ARRIVE ;\n",
+            "        /*0018*/                   BAR.SYNC.DEFER_BLOCKING R2, 0x100 ;\n"
+            "        /*0020*/                   WARPGROUP.ARRIVE ;\n").replace(
+            "        /*0040*/                   WARPGROUP.DEPBAR",
+            "        /*0038*/                   BAR.ARV R3, 0x100 ;\n"
+            "        /*0040*/                   WARPGROUP.DEPBAR")
+        work = dict(threads=256, loop_threads=128, ctas=132, dram_bytes=264 * 512.0, iterations=264,
+                    whole_kernel=True, inner_trips=1000)
+        plain = row_of(text, **work)
+        claimed = row_of(text, turn_groups=2, **work)  # no barriers in the SASS: no credit
+        paired = row_of(turns, turn_groups=2, **work)
+        self.assertEqual(plain["main_loop"]["turn_groups"], 1)
+        self.assertEqual(claimed["main_loop"]["turn_groups"], 1)
+        self.assertEqual(paired["main_loop"]["turn_groups"], 2)
+        self.assertAlmostEqual(claimed["predicted_tensor_fraction"], plain["predicted_tensor_fraction"], places=3)
+        self.assertGreater(paired["predicted_tensor_fraction"], 1.2 * plain["predicted_tensor_fraction"])
+        self.assertEqual(plain["bound_by"], "phases")
+        # __syncthreads (barrier 0) is no turn
+        zero = turns.replace("BAR.SYNC.DEFER_BLOCKING R2", "BAR.SYNC.DEFER_BLOCKING 0x0")
+        self.assertEqual(row_of(zero, turn_groups=2, **work)["main_loop"]["turn_groups"], 1)
 
     def test_ranges_order_and_the_budget_judges_the_pessimistic_end(self):
         row = row_of(ffma_block(False))

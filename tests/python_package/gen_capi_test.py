@@ -18,6 +18,7 @@ typedef struct CUstream_st* slimserve_stream;
 typedef struct slimserve_request_status { int32_t state; int32_t failed_slot; } slimserve_request_status;
 typedef struct slimserve_page_copy { int32_t src; } slimserve_page_copy;
 typedef struct slimserve_page_swap { int32_t page; } slimserve_page_swap;
+typedef struct slimserve_record_identity { uint32_t pool; } slimserve_record_identity;
 typedef struct slimserve_moe_routing_status { int32_t invalid_pairs; } slimserve_moe_routing_status;
 """
 

@@ -8,7 +8,9 @@ counters) to OUT_DIR/<backend>_<kv dtype>[_mp].json.
 Several runs share one process (vLLM's imports cost more than a small model's start-up): the
 stock runs come first, then the slimserve backend is registered (as its vllm.general_plugins
 entry point would) and vLLM's backend choice re-made; "reference" is the plain-PyTorch FP8
-reference backend (reference_backend.py) for machines where stock vLLM's FP8 cannot run. With --multiprocess the engine core and
+reference backend (reference_backend.py) for machines where stock vLLM's FP8 cannot run;
+"slimserve_host" is slimserve's backend with SLIMSERVE_ATTENTION=host (attention read from
+slimserve's pages by torch, host_attention.py). With --multiprocess the engine core and
 worker run in their own processes and find the plugin through the entry point alone.
 --forced FILE: also scores FILE's token sequences (a stock run's prompt + continuation) with
 prompt logprobs, so two backends' distributions are compared on the same tokens; without it
@@ -58,6 +60,9 @@ def one_run(LLM, SamplingParams, TokensPrompt, args, backend: str, kv: str, forc
         result["requests"].append({"prompt": out.prompt, "prompt_token_ids": list(out.prompt_token_ids),
                                    "token_ids": list(completion.token_ids), "top_logprobs": steps})
     result["stats"] = llm.collective_rpc("slimserve_stats")
+    if backend == "slimserve":
+        result["guard"] = llm.collective_rpc("slimserve_guard")
+        result["steps"] = args.max_tokens
     if kv == "auto" and not args.multiprocess:  # BF16 in-process runs only
         prefix_params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=TOP_LOGPROBS, ignore_eos=True)
 
@@ -71,6 +76,18 @@ def one_run(LLM, SamplingParams, TokensPrompt, args, backend: str, kv: str, forc
         llm.reset_prefix_cache()
         one(PREFIX_PROMPTS[0])
         result["prefix"] = {"fresh": fresh, "hit": one(PREFIX_PROMPTS[1])}  # its first block cached
+    if backend == "slimserve" and kv == "auto" and not args.multiprocess and args.fault_tokens:
+        # The guard's fault test on this engine (no start-up of its own): one block handed to two
+        # requests by a patched block pool; compared with this run's first tokens by compare.py.
+        import fault
+
+        before = llm.collective_rpc("slimserve_stats")[0]
+        fault_params = SamplingParams(temperature=0.0, max_tokens=args.fault_tokens, ignore_eos=True)
+        result["fault"] = fault.double_handout(llm, PROMPTS, fault_params)
+        after = llm.collective_rpc("slimserve_stats")[0]
+        result["fault"]["stats"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        print(f"run: fault test: block {result['fault']['block']} handed to two requests, "
+              f"{args.fault_tokens} tokens in {result['fault']['generate_s']:.1f} s", flush=True)
     reference = forced_from or result
     sequences = [r["prompt_token_ids"] + r["token_ids"] for r in reference["requests"]]
     scoring = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=TOP_LOGPROBS)
@@ -93,6 +110,8 @@ def main() -> int:
     parser.add_argument("--forced")
     parser.add_argument("--max-model-len", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--fault-tokens", type=int, default=8,
+                        help="tokens of the tag guard's fault test on the in-process slimserve BF16 engine (0: none)")
     args = parser.parse_args()
     runs = [tuple(r.split(":")) for r in args.runs.split(",")]
     # Which plugins vLLM loads is decided per process: none for stock runs; the multiprocess
@@ -102,6 +121,7 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # reference_backend, fault
     forced_from = json.load(open(args.forced)) if args.forced else None
     current = "slimserve" if args.multiprocess else "stock"
     for backend, kv in runs:
@@ -111,12 +131,14 @@ def main() -> int:
 
             if backend == "stock":
                 raise SystemExit("generate.py: stock runs must come first")
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             path = {"slimserve": "slimserve.vllm.backend.SlimserveAttentionBackend",
+                    "slimserve_host": "slimserve.vllm.backend.SlimserveAttentionBackend",
                     "reference": "reference_backend.ReferenceBackend"}[backend]
             register_backend(AttentionBackendEnum.CPU_ATTN, path)
             selector._cached_get_attn_backend.cache_clear()  # chosen again, now this one
             current = backend
+        # slimserve_host: the plugin's accuracy-measurement mode (its layers read the mode when made).
+        os.environ["SLIMSERVE_ATTENTION"] = "host" if backend == "slimserve_host" else "kernel"
         result = one_run(LLM, SamplingParams, TokensPrompt, args, backend, kv, forced_from)
         forced_from = forced_from or result  # later runs are scored on the first run's tokens
         name = f"{backend}_{kv}{'_mp' if args.multiprocess else ''}.json"

@@ -1,6 +1,7 @@
 """The plugin's pieces without vLLM running: the start-up refusals, and vLLM's per-layer cache
 tensor written by the step's append plan and read by paged attention, compared element by
-element with a float64 reference computed from the (already rounded) K/V it was given.
+element with a float64 reference computed from the (already rounded) K/V it was given; the
+host attention mode (SLIMSERVE_ATTENTION=host) over the same pages against the same reference.
 Run by run.sh in build/vllm-env (PyTorch + slimserve over the emulated library):
     python test_layout.py"""
 import math
@@ -10,7 +11,8 @@ import sys
 import numpy as np
 import torch
 
-from slimserve.vllm import support
+import slimserve as _s
+from slimserve.vllm import host_attention, support
 from slimserve.vllm.layout import LayerCache
 from slimserve.vllm.metadata import StepPlanner
 
@@ -40,7 +42,20 @@ def refusals():
     expect_refusal(lambda: support.check_model(dtype=torch.float32, block_size=128, head_size=64), "model dtype")
     expect_refusal(lambda: support.check_model(dtype=torch.bfloat16, block_size=16, head_size=64),
                    "block size 16", "32, 64, 128")
-    print("refusals: 9 checked")
+    saved = os.environ.get(host_attention.ENV)
+    try:
+        os.environ[host_attention.ENV] = "gpu"
+        host_attention.mode()
+    except ValueError as error:
+        assert "'gpu'" in str(error) and "kernel, host" in str(error), f"message {error}"
+    else:
+        raise AssertionError("SLIMSERVE_ATTENTION=gpu was not refused")
+    finally:
+        if saved is None:
+            del os.environ[host_attention.ENV]
+        else:
+            os.environ[host_attention.ENV] = saved
+    print("refusals: 10 checked")
 
 
 def one_step(rng, kv_dtype: str, block_size: int):
@@ -76,20 +91,38 @@ def one_step(rng, kv_dtype: str, block_size: int):
     k = torch.from_numpy(rng.standard_normal((len(slots), kv_heads, head), dtype=np.float32)).to(torch.bfloat16)
     v = torch.from_numpy(rng.standard_normal((len(slots), kv_heads, head), dtype=np.float32)).to(torch.bfloat16)
     planner = StepPlanner(num_heads=heads, num_kv_heads=kv_heads, head_size=head, block_size=block_size,
-                          kv_dtype=kv_dtype, activation="bfloat16")
+                          kv_dtype=kv_dtype, activation="bfloat16", max_num_seqs=8, max_num_tokens=len(slots),
+                          max_model_len=width * block_size)
     qo = np.concatenate([[0], np.cumsum(new)])
-    planner.plan(query_start_loc_cpu=torch.tensor(qo, dtype=torch.int32),
-                 seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=block_table,
-                 slot_mapping=torch.tensor(slots, dtype=torch.int64), num_reqs=len(seq_lens),
-                 num_actual_tokens=len(slots))
-    planner.append.run(layer.append, k, v, "bfloat16")
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    planner.plan(query_start_loc_cpu=torch.tensor(qo, dtype=torch.int32), seq_lens=lens, block_table=block_table,
+                 num_reqs=len(seq_lens))
+    # The append as do_kv_cache_update makes it: K/V rows handed as strided views (vLLM's fused
+    # QKV output), packed into the planner's staging rows, vLLM's int64 slots read in place.
+    fused = torch.cat([k.view(len(slots), -1), v.view(len(slots), -1)], dim=1)
+    k_view, v_view = fused[:, : kv_heads * head], fused[:, kv_heads * head:]
+    ks, vs = planner.staging(len(slots))
+    ks.copy_(k_view.view(ks.shape))
+    vs.copy_(v_view.view(vs.shape))
+    kr, vr = layer.attention.check_rows(ks, vs, "key", "value")
+    slot_tensor = torch.tensor(slots, dtype=torch.int64)
+    _s._kv_append(layer.attention, kr, vr, _s.ACTIVATION_DTYPES["bfloat16"],
+                  slot_mapping=_s._tensor(slot_tensor, name="slot_mapping", dtypes={"int64"}).ptr)
     # Blocks no request uses keep their bytes.
     untouched = sorted(set(range(num_blocks)) - {int(b) for t in tables for b in t})
     changed = [b for b in untouched if not torch.equal(cache[b].view(torch.uint8), poison[b].view(torch.uint8))]
     assert not changed, f"append wrote blocks {changed}, which no request holds (tables {tables})"
     q = torch.from_numpy(rng.standard_normal((int(qo[-1]), heads, head), dtype=np.float32)).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
-    planner.attention.run(q, layer.attention, out=out, sm_scale=1 / math.sqrt(head))
+    torch.ops.slimserve.paged_attention_run(q, layer.pages, None, block_table, lens, out, None, planner.attention.id,
+                                            kv_dtype, "NHD", 1 / math.sqrt(head), layer.k_scale, layer.v_scale)
+
+    # The host attention mode (SLIMSERVE_ATTENTION=host) over the same pages.
+    host = torch.full_like(q, float("nan"))
+    host_attention.attend(q=q, out=host, pages=layer.pages, kv_dtype=kv_dtype, k_scale=layer.k_scale,
+                          v_scale=layer.v_scale, k_token_scales=None, v_token_scales=None, query_start_loc=qo,
+                          seq_lens=seq_lens, block_table=block_table, num_reqs=len(seq_lens),
+                          sm_scale=1 / math.sqrt(head), statuses=None)
 
     def stored(x, s):  # what the cache holds, as real values
         x = x.double()
@@ -99,7 +132,7 @@ def one_step(rng, kv_dtype: str, block_size: int):
 
     kk = {w: stored(k[i], scale[0]) for i, w in enumerate(which) if w}
     vv = {w: stored(v[i], scale[1]) for i, w in enumerate(which) if w}
-    worst = 0.0
+    worst = worst_host = 0.0
     for r, (length, n) in enumerate(zip(seq_lens, new)):
         K = torch.stack([kk[(r, p)] for p in range(length)]).repeat_interleave(heads // kv_heads, 1)
         V = torch.stack([vv[(r, p)] for p in range(length)]).repeat_interleave(heads // kv_heads, 1)
@@ -112,8 +145,15 @@ def one_step(rng, kv_dtype: str, block_size: int):
             err = (got - ref).abs().max().item()
             worst = max(worst, err)
             assert math.isfinite(err) and err < 2e-2, f"{kv_dtype} block {block_size} request {r} row {i}: error {err}"
+            # Host mode: float32 throughout, then one BF16 rounding of the output: within half a
+            # BF16 ulp of the reference, element by element (2^-8 relative, float32's error aside).
+            diff = (host[qo[r] + i].double() - ref).abs()
+            excess = (diff - (2.0 ** -8 * 1.001 * ref.abs() + 1e-5)).max().item()
+            worst_host = max(worst_host, diff.max().item())
+            assert math.isfinite(excess) and excess <= 0, \
+                f"host mode {kv_dtype} block {block_size} request {r} row {i}: error {diff.max().item()} past half an ulp"
     print(f"layout {kv_dtype} block {block_size}: {int(qo[-1])} query rows over {len(seq_lens)} requests, "
-          f"worst |error| {worst:.2e}")
+          f"worst |error| {worst:.2e} (host mode {worst_host:.2e})")
 
 
 def main():

@@ -56,11 +56,43 @@ def _quote(key: str) -> str:
     return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _comments(path: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """The comment lines of a budget file, by table: those above its header (after the file's
+    HEADER or a blank line) and those inside it (below its header, before a blank line)."""
+    if not path.exists():
+        return {}
+    header = set(HEADER.splitlines())
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    above: list[str] = []
+    table = None  # the key of the table whose body this line is in
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped:
+            table = None
+        elif stripped.startswith("#"):
+            if table is not None:
+                out[table][1].append(line)
+            elif line not in header or out:
+                above.append(line)
+        elif stripped.startswith("["):
+            (table,) = tomllib.loads(stripped + "\n").keys()
+            out[table] = (above, [])
+            above = []
+    return out
+
+
 def dump(path: Path, budgets: dict[str, dict]) -> None:
+    """Writes `budgets`, keeping the comment lines the file already has around each table that
+    stays (a rebaselined table keeps its comments; a pruned one loses them)."""
+    comments = _comments(path)
     out = [HEADER]
     for key in sorted(budgets):
         b = budgets[key]
-        out.append(f"\n[{_quote(key)}]")
+        above, inside = comments.get(key, ([], []))
+        out.append("")
+        out.extend(above)
+        out.append(f"[{_quote(key)}]")
+        out.extend(inside)
         out.append(f"max_warp_instr_per_16B = {b['max_warp_instr_per_16B']}")
         out.append(f"max_spills = {b['max_spills']}")
         out.append(f"min_predicted_copy_bw_fraction = {b['min_predicted_copy_bw_fraction']}")

@@ -17,8 +17,9 @@ _BENCH = {"BM_Copy16": "copy16_kernel", "BM_AluCopy16": "alu_copy16_kernel",
           "BM_MmaLoop": "mma_loop_kernel", "BM_Copy16OneWarp": "copy16_one_warp_kernel",
           "BM_Copy16Small": "copy16_small_kernel", "BM_ImadCopy16": "imad_copy16_kernel",
           "BM_SsWgmma<16>": "ss_wgmma_loop_kernel<16>", "BM_SsWgmma<32>": "ss_wgmma_loop_kernel<32>",
-          "BM_SsWgmma<64>": "ss_wgmma_loop_kernel<64>", "BM_Phased": "phased_kernel"}
-_TENSOR_ROWS = ("ss_wgmma_loop_kernel", "phased_kernel")
+          "BM_SsWgmma<64>": "ss_wgmma_loop_kernel<64>", "BM_Phased": "phased_kernel",
+          "BM_PingPongPhased": "pingpong_phased_kernel"}
+_TENSOR_ROWS = ("ss_wgmma_loop_kernel", "phased_kernel", "pingpong_phased_kernel")
 
 
 def main(argv: list[str]) -> int:
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> int:
             fraction = 2 * result["fma_per_second"] / hopper.TENSOR_PEAK_FLOPS
             predicted = (f"{100 * row['predicted_tensor_fraction']:.0f}–"
                          f"{100 * row['predicted_tensor_fraction_optimistic']:.0f}% of peak")
-            implied = "tensor fraction (phases add / shared-memory operands)"
+            implied = "tensor fraction (phases add / ping-pong overlap / shared-memory operands)"
         if kernel == "copy16_kernel":
             implied = f"copy bandwidth {rate / 1e12:.2f} TB/s"
         elif kernel == "alu_copy16_kernel":

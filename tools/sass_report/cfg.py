@@ -218,3 +218,22 @@ def choose_main_loop(function: Function, blocks: list[Block], roots: list[Loop])
         return None
     candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
     return candidates[0][2]
+
+
+def choose_tensor_loop(function: Function, blocks: list[Block], roots: list[Loop]) -> Loop | None:
+    """The loop of a warp-specialized kernel's consumers: among the outermost loops that issue
+    wgmma, the one with the most wgmma instructions, then the largest."""
+    candidates = []
+    stack = list(roots)
+    while stack:
+        loop = stack.pop()
+        body = block_instructions(function, blocks, loop.blocks)
+        mmas = sum(1 for i in body if i.opcode in ("HGMMA", "QGMMA", "IGMMA", "BGMMA"))
+        if mmas:
+            candidates.append((mmas, len(loop.blocks), loop))
+        else:
+            stack.extend(loop.children)
+    if not candidates:
+        return None
+    candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
+    return candidates[0][2]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from . import hopper
-from .cfg import build_blocks, choose_main_loop, find_loops
+from .cfg import build_blocks, choose_main_loop, choose_tensor_loop, find_loops
 from .classify import (CLASSES, NEVER_EXECUTED, access_bytes, instruction_class, pipe_of,
                        tensor_fmas, wgmma_operand_bytes)
 from .ilp import chain_clocks
@@ -131,6 +131,9 @@ class Counts:
     bulk_bytes: float
     persistent_trips: float      # pipeline fills per persistent CTA (its segments; 0: not persistent)
     prologue: float              # instructions outside the main loop, per warp, once per CTA
+    turn_groups: int = 1         # warpgroups taking turns at the tensor cores, as proven by the
+                                 # steady path's turn barriers (Work.turn_groups)
+    producer_per16: float = 0.0  # the part of role_per16 a producer loop's own warps issue
 
 
 def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> tuple[Counts, dict]:
@@ -220,7 +223,7 @@ def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> t
                 role_pipes[pipe] += 1
             elif pipe == "lsu":
                 role_pipes["lsu"] += 1
-    warps = math.ceil(work.threads / 32)
+    warps = math.ceil((work.loop_threads or work.threads) / 32)
     fraction = work.role_warp_fraction if work.role_warp_fraction is not None else 1.0 / warps
     units = work.bytes_per_iteration / 16
     total = sum(by_class.values())
@@ -257,6 +260,94 @@ def _gather(function: Function, blocks, main, steady, work: Work, heaviest) -> t
     extra = {"by_class": by_class, "by_opcode": by_opcode, "total": total,
              "path_instructions": path_instructions}
     return counts, extra
+
+
+_TENSOR_ASYNC = ("HGMMA", "QGMMA", "IGMMA", "BGMMA")
+
+
+def _named_barrier(instruction, action: str) -> bool:
+    """BAR.SYNC / BAR.ARV on a named barrier (not barrier 0, __syncthreads')."""
+    if instruction.opcode != "BAR" or action not in instruction.modifiers:
+        return False
+    first = instruction.operands.split(",")[0].strip()
+    return first not in ("0x0", "0")
+
+
+def turn_barriers(path_instructions) -> bool:
+    """The ping-pong signature on a steady path (program order): a bar.sync on a named barrier
+    (wait for the turn), then wgmma, then a bar.arrive on a named barrier (pass the turn) before
+    the wgmma wait. Then the issuing warpgroup hands the tensor cores over while its products
+    run, and its CUDA-core phase can run under another warpgroup's products."""
+    state = 0
+    for instruction in sorted(path_instructions, key=lambda i: i.address):
+        if instruction.predicate in NEVER_EXECUTED:
+            continue
+        if state == 0 and _named_barrier(instruction, "SYNC"):
+            state = 1
+        elif state == 1 and instruction.opcode in _TENSOR_ASYNC:
+            state = 2
+        elif state == 2 and _named_barrier(instruction, "ARV"):
+            state = 3
+        elif state == 3 and instruction.opcode == "WARPGROUP" and "DEPBAR" in instruction.modifiers:
+            return True
+    return False
+
+
+def _producer_loop(function: Function, blocks, roots, main):
+    """A warp-specialized kernel's producer: the outermost loop other than the counted one
+    with the most global loads."""
+    best = None
+    for loop in roots:
+        if main is not None and (loop is main or main.header in loop.blocks):
+            continue
+        body = [i for b in sorted(loop.blocks) for i in function.instructions[blocks[b].start:blocks[b].end]]
+        loads = sum(1 for i in body if instruction_class(i) == "global_load" and i.predicate not in NEVER_EXECUTED)
+        if loads and (best is None or loads > best[0]):
+            best = (loads, loop, body)
+    return best
+
+
+def _with_producer(counts: Counts, function: Function, blocks, roots, main, work: Work) -> tuple[Counts, dict]:
+    """Fold a producer loop into the counts: each of its warps runs its steady path (chosen
+    as the counted loop's: the cheapest path that requests the DRAM bytes of an iteration)
+    once per counted iteration, as role work; its loads are the stages in flight (cp.async
+    groups waited down to N), and what they load beyond the DRAM bytes is served by L2."""
+    found = _producer_loop(function, blocks, roots, main)
+    if found is None or not work.producer_warps:
+        return counts, {"found": False}
+    _, loop, _ = found
+    path = steady_weights(function, blocks, loop_region(loop), lambda child: 1.0,
+                          traffic_per_thread=work.bytes_per_iteration / (32 * work.producer_warps))
+    body = []
+    for b, weight in path.weights.items():
+        body.extend([i for i in function.instructions[blocks[b].start:blocks[b].end]] * max(1, round(weight)))
+    role_pipes = dict(counts.role_pipes)
+    share = work.producer_warps / counts.warps
+    loaded = 0.0
+    waited = 0
+    for instruction in body:
+        pipe = pipe_of(instruction)
+        if pipe not in (None, "tensor"):
+            role_pipes[pipe] = role_pipes.get(pipe, 0.0) + share
+        if instruction_class(instruction) == "global_load" and instruction.predicate not in NEVER_EXECUTED:
+            loaded += 32 * access_bytes(instruction)
+        if instruction.opcode == "DEPBAR" and "LE" in instruction.modifiers:
+            match = _DEPBAR.search(instruction.operands)
+            if match:
+                waited = max(waited, int(match.group(1), 16) if match.group(1) else int(match.group(2)))
+    stage = work.producer_warps * loaded
+    producer_per16 = work.producer_warps * len(body) / counts.units
+    replaced = {
+        "role_per16": counts.role_per16 + producer_per16,
+        "producer_per16": producer_per16,
+        "role_pipes": role_pipes,
+    }
+    if counts.stage_bytes == 0 and stage > 0:
+        replaced.update(stage_bytes=stage, waited=waited,
+                        load_ratio=max(1.0, stage / work.bytes_per_iteration))
+    return Counts(**{**counts.__dict__, **replaced}), {
+        "found": True, "instructions": len(body), "stage_bytes": stage, "waited": waited,
+        "all_paths_counted": not path.covering}
 
 
 def _cheapest(blocks, sources: set[int], targets: set[int], avoid: set[int]) -> float:
@@ -324,7 +415,7 @@ def evaluate(c: Counts, work: Work, occ: Occupancy, end: int, off=()) -> dict:
         per_warp = c.issue_words / c.chain_words[end] if c.chain_words[end] else 1.0
         return hopper.SMSPS * min(hopper.ISSUE_CAP_PER_SMSP[end],
                                   warps_on_sm / hopper.SMSPS * per_warp)
-    issue_rate = issue_rate_of(c.warps * resident)
+    issue_rate = issue_rate_of(c.warps * c.turn_groups * resident)
     roles = "role warps" not in off
     issued = c.per16 + (c.role_per16 if roles else 0.0)
     cycles = {MEMORY: 16 / per_sm_clock, "issue": issued / issue_rate}
@@ -377,9 +468,18 @@ def evaluate(c: Counts, work: Work, occ: Occupancy, end: int, off=()) -> dict:
     compute = max(core, tensor, cycles["lsu"])
     bound_phases = False
     if "phases add" not in off and c.phase_wait and c.async_tensor_cycles > 0:
-        groups = max(1, c.warps // 4) if end == OPTIMISTIC else 1
+        if c.turn_groups > 1:
+            # warpgroups taking turns (ping-pong), each running the counted path: one's
+            # CUDA-core phase under the others' tensor phases, at both ends
+            groups, unit_warps = c.turn_groups, c.warps
+        else:
+            groups = max(1, c.warps // 4) if end == OPTIMISTIC else 1
+            unit_warps = c.warps / groups
         units = resident * groups
-        core_one = max(issued / issue_rate_of(c.warps / groups), pipes_max)
+        # a producer loop's instructions are issued by its own warps, not by a unit's: they
+        # count in the SM's issue term, not in a unit's phase
+        unit_issued = issued - (c.producer_per16 if roles else 0.0)
+        core_one = max(unit_issued / issue_rate_of(unit_warps), pipes_max)
         phased = (core_one + tensor) / units
         if phased > compute:
             compute, bound_phases = phased, True
@@ -431,7 +531,8 @@ def evaluate(c: Counts, work: Work, occ: Occupancy, end: int, off=()) -> dict:
 def analyse(function: Function, resources: Resources | None, work: Work) -> dict:
     blocks = build_blocks(function)
     roots = find_loops(blocks)
-    main = None if work.whole_kernel else choose_main_loop(function, blocks, roots)
+    chooser = choose_tensor_loop if work.main_loop == "tensor" else choose_main_loop
+    main = None if work.whole_kernel else chooser(function, blocks, roots)
 
     heaviest = None
     outer_children = main.children if main is not None else roots
@@ -449,6 +550,10 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
                             traffic_per_thread=work.bytes_per_iteration / work.threads)
     counts, extra = _gather(function, blocks, main, steady,
                             work, heaviest if work.inner_trips is not None else None)
+    counts, producer = _with_producer(counts, function, blocks, roots, main, work)
+    turns = work.turn_groups > 1 and turn_barriers(extra["path_instructions"])
+    if turns:
+        counts = Counts(**{**counts.__dict__, "turn_groups": work.turn_groups})
     by_class, by_opcode, total = extra["by_class"], extra["by_opcode"], extra["total"]
     path_instructions = extra["path_instructions"]
     warps, units = counts.warps, counts.units
@@ -506,6 +611,8 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
             "one_warp_issue_rate": [round(counts.issue_words / w, 3) if w else 1.0
                                     for w in counts.chain_words],
             "prologue_instructions": counts.prologue,
+            "turn_groups": counts.turn_groups,
+            "producer": producer,
         },
         "dram_bytes_per_iteration": round(work.bytes_per_iteration, 1),
         "bytes_formula": work.bytes_formula,

@@ -76,6 +76,16 @@ inline constexpr std::int32_t mla_max_query_tokens = 8;
 /// chunks below ~170 tokens; past that, gather_mla_latent and non-absorbed prefill.
 inline constexpr std::int32_t mla_max_chunk_query_tokens = 128;
 
+/// CTAs of the decode kernel for (latent type, warps_m: MlaDecodePlan::warps_m) that one SM
+/// holds at once: what a plan's `ctas_per_sm = 0` means, so that a split fills the device's
+/// CTA slots rather than its SMs. The kernels guarantee it (`__launch_bounds__` minimum, and
+/// the dispatch table checks their shared memory against it): the 16-row FP8 kernel (77 KB,
+/// 128 threads) runs two per SM; every other one (16-row BF16: 126 KB; 32 rows: 256 threads of
+/// 240 registers; wgmma: 179-195 KB) one.
+constexpr std::int32_t mla_decode_resident_ctas(KvDtype kv_dtype, std::int32_t warps_m) noexcept {
+  return kv_dtype == KvDtype::fp8_e4m3 && warps_m == 1 ? 2 : 1;
+}
+
 /// Shapes and types shared by plan and run; run refuses a plan made for another problem.
 struct MlaDecodeProblem {
   std::int32_t batch_size = 0;
@@ -110,7 +120,7 @@ struct MlaDecodePlanArguments {
   /// Ragged form only (problem.ragged_queries): query rows per request, [batch_size + 1].
   std::span<const std::int32_t> qo_indptr_host;
   std::int32_t num_sms = 0;  ///< 0 = ask the current device (plan_mla_decode, mla_decode_workspace_size)
-  std::int32_t ctas_per_sm = 1;
+  std::int32_t ctas_per_sm = 0;  ///< 0 = the chosen kernel's (mla_decode_resident_ctas)
   std::int32_t min_chunk_tokens = 256;  ///< no split chunk shorter than this
   bool allow_split = true;
 };
@@ -150,7 +160,7 @@ Result<std::size_t> mla_decode_workspace_size(const MlaDecodePlanArguments& args
 struct MlaDecodeWorkspaceBound {
   MlaDecodeProblem problem;  ///< batch_size = the maximum batch
   std::int32_t num_sms = 0;  ///< 0 = the current device
-  std::int32_t ctas_per_sm = 1;
+  std::int32_t ctas_per_sm = 0;  ///< 0 = the plans' kernel's (mla_decode_resident_ctas)
 };
 Result<std::size_t> mla_decode_workspace_bound(const MlaDecodeWorkspaceBound& bound);
 

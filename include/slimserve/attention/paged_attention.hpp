@@ -78,6 +78,16 @@ struct AttentionKernelChoice {
 AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& problem,
                                               std::int32_t max_qo_len);
 
+/// The wgmma prefill kernels (both take the plan's 64-row work items and give the same results):
+///   automatic: the one the static model predicts faster without spilling (the default):
+///     ping_pong for 16-bit KV, one_warpgroup for FP8 KV (the ping-pong consumer spills with
+///     FP8's widening and predicts 0.46 of the tensor peak against 0.51; docs/attention.md);
+///   ping_pong: kernels/paged_prefill_pingpong_kernel.cuh, a producer warpgroup and two consumer
+///     warpgroups whose softmax and tensor work alternate (one CTA per SM);
+///   one_warpgroup: kernels/paged_prefill_wgmma_kernel.cuh, one warpgroup per CTA, two CTAs per
+///     SM, each product waited for before its softmax.
+enum class PrefillWgmmaKernel : std::uint8_t { automatic, ping_pong, one_warpgroup };
+
 struct PagedAttentionPlanArguments {
   PagedAttentionProblem problem;
   std::span<const std::int32_t> qo_indptr_host;      ///< [batch_size + 1]
@@ -99,6 +109,8 @@ struct PagedAttentionPlanArguments {
   /// says whether it was taken, and the run keeps the mma.sync kernel for per-token scales
   /// and fused chunk K/V (runs_warpgroup_mma).
   bool warpgroup_mma = false;
+  /// Which wgmma prefill kernel runs when warpgroup_mma applies (PrefillWgmmaKernel).
+  PrefillWgmmaKernel wgmma_kernel = PrefillWgmmaKernel::automatic;
 };
 
 struct PagedAttentionWorkspaceLayout {
@@ -131,6 +143,7 @@ struct PagedAttentionPlan {
   /// The tensor-core work runs on the wgmma kernel (asked for and applicable; see
   /// PagedAttentionPlanArguments::warpgroup_mma).
   bool warpgroup_mma = false;
+  PrefillWgmmaKernel wgmma_kernel = PrefillWgmmaKernel::ping_pong;  ///< the arguments' choice, resolved
   /// choice == cuda_core: the CUDA-core decode schedule, uploaded at `decode_offset` of the
   /// same workspace. run_paged_attention runs it unless the run asks for what only the
   /// tensor-core kernel has (window, soft-cap, sinks, strided q/o, fused chunk K/V).

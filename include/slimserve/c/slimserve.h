@@ -16,8 +16,9 @@
  *  - Streams are cudaStream_t values passed as slimserve_stream (NULL: the default stream).
  *  - Symbols are versioned and nothing else is exported: the entry points of ABI 1 under the
  *    ELF version node SLIMSERVE_C_1, those added by ABI 2 under SLIMSERVE_C_2, so a binary
- *    built against an earlier header keeps loading. slimserve_c_abi_version() must be at least
- *    the SLIMSERVE_C_ABI_VERSION the caller was compiled with.
+ *    built against an earlier header keeps loading (ABI 3: SLIMSERVE_C_3, the cache layouts,
+ *    transfer lists, page write ownership and record identities). slimserve_c_abi_version()
+ *    must be at least the SLIMSERVE_C_ABI_VERSION the caller was compiled with.
  *  - The argument structs added in ABI 2 (*_args, *_bound, *_plan_info) begin with
  *    `size_t struct_size`, which the caller sets to sizeof of the struct it compiled (memset
  *    to 0 first: 0 is every field's default). The views they hold (block table, problem, MLA
@@ -36,7 +37,7 @@
 extern "C" {
 #endif
 
-#define SLIMSERVE_C_ABI_VERSION 2
+#define SLIMSERVE_C_ABI_VERSION 3
 
 #if defined(__GNUC__) || defined(__clang__)
 #define SLIMSERVE_C_API __attribute__((visibility("default")))
@@ -224,6 +225,16 @@ SLIMSERVE_C_API slimserve_status slimserve_request_sets_pages(const slimserve_re
                                                               size_t capacity, size_t* count);
 SLIMSERVE_C_API int64_t slimserve_request_sets_tokens(const slimserve_request_sets* sets,
                                                       slimserve_request_ref request);
+/* A request for `count` pages filled elsewhere (a transfer engine moved another engine's KV
+ * into them; ABI 3): takes over the caller's reference to each page (sequence order, each
+ * live, held by the caller alone, not cached, read-only) for num_tokens tokens, under a new
+ * identity that may write them. All or nothing: a wrong count, a stale, shared, cached or
+ * writable page, a page listed twice or no free slot is refused and the caller keeps its pages.
+ * The device fills of the pages are the engine's to record (slimserve_device_tags_fills). */
+SLIMSERVE_C_API slimserve_status slimserve_request_sets_adopt(slimserve_request_sets* sets,
+                                                              const slimserve_page* pages,
+                                                              size_t count, int64_t num_tokens,
+                                                              slimserve_request_ref* out);
 
 /* ---- Page tables and the GPU tag check --------------------------------------------------- */
 
@@ -278,7 +289,11 @@ enum {
   SLIMSERVE_REQUEST_BAD_PAGE_TABLE = 3,
   SLIMSERVE_REQUEST_GUARD_PAGE = 4,   /* the guard page (page 0) inside a request's pages */
   SLIMSERVE_REQUEST_WRITE_DENIED = 5, /* a page this step writes is not the request's own */
-  SLIMSERVE_REQUEST_READ_DENIED = 6   /* a page another request holds write rights to */
+  SLIMSERVE_REQUEST_READ_DENIED = 6,  /* a page another request holds write rights to */
+  SLIMSERVE_REQUEST_UNWRITTEN_SLOTS = 7, /* a length past the slots the device recorded written */
+  SLIMSERVE_REQUEST_APPEND_NOT_NEXT = 8, /* an append not at the page's next unwritten slot */
+  SLIMSERVE_REQUEST_RECORD_MISMATCH = 9, /* swap-in / import: another request's, stale or corrupted record */
+  SLIMSERVE_REQUEST_TAGS_NOT_SYNCED = 10 /* a table built after changes the device tags lack */
 };
 /* The tag check's verdict per request (8 bytes; arrays of it live in device memory). */
 typedef struct slimserve_request_status {
@@ -302,8 +317,49 @@ SLIMSERVE_C_API slimserve_status slimserve_check_page_tags_owned(
     const uint32_t* writers, const int32_t* append_indptr, slimserve_request_status* statuses,
     int32_t* aborted_count, slimserve_stream stream);
 
+/* The check with every option of the C++ one (ABI 3; set struct_size = sizeof the struct after
+ * zeroing it: 0 is each field's default).
+ *  - num_entries (device int, [1]) and entry_capacity (the indices buffer's length) bound
+ *    every row: a row whose indptr range leaves [0, *num_entries) or [0, entry_capacity) is
+ *    refused (bad_page_table), so it cannot reach entries an earlier, larger table left.
+ *  - check_fill = 1: rows are compared with the device-held fills (unwritten_slots: a length
+ *    past what was written; append_not_next: an append not at the next unwritten slot). Only
+ *    for engines whose page-writing kernels all record fills (slimserve_device_tags_fills).
+ *  - built_at_epoch / built_at_pool: the pool's age when the table was built
+ *    (slimserve_page_pool_table_age); a table newer than the last sync, or of another pool, is
+ *    refused on the host (SLIMSERVE_FAILED_PRECONDITION, nothing launched). epoch 0: not compared.
+ *  - device_built_at (device, 16 bytes: uint64 epoch, uint32 pool, uint32 0): the same age as
+ *    a device word the engine rewrites each step, compared on the device with the age the last
+ *    sync uploaded, for replays of a captured graph (tags_not_synced for every request). */
+typedef struct slimserve_tag_check_args {
+  size_t struct_size;
+  const slimserve_page_table_view* table; /* device arrays */
+  const slimserve_device_tags* tags;
+  const uint32_t* writers;                /* device [batch_size], or NULL */
+  const int32_t* append_indptr;           /* device [batch_size + 1], or NULL */
+  slimserve_request_status* statuses;     /* device [batch_size] */
+  int32_t* aborted_count;                 /* device [1], or NULL */
+  const int32_t* num_entries;             /* device [1], or NULL */
+  int64_t entry_capacity;                 /* 0: not bounded by it */
+  int32_t check_fill;                     /* 0 or 1 */
+  uint32_t built_at_pool;
+  uint64_t built_at_epoch;                /* 0: no host comparison */
+  const void* device_built_at;            /* device [16 bytes], or NULL */
+} slimserve_tag_check_args;
+SLIMSERVE_C_API slimserve_status slimserve_check_page_tags_with(const slimserve_tag_check_args* args,
+                                                                 slimserve_stream stream);
+/* The pool's age now: what to record when building a step's tables. */
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_table_age(const slimserve_page_pool* pool,
+                                                               uint64_t* epoch, uint32_t* pool_id);
+/* The device-held fill of every page (device, [num_pages] uint64: written slots << 32 | the
+ * tag of the generation that wrote them), written by the library's page-writing kernels. */
+SLIMSERVE_C_API slimserve_status slimserve_device_tags_fills(const slimserve_device_tags* tags,
+                                                             void** fills);
+
 /* ---- KV cache, append and decode attention ------------------------------------------------ */
 
+/* slimserve_kv_dtype's values come from the library's one list of KV formats
+ * (SLIMSERVE_KV_FORMAT_LIST, slimserve/kv/kv_format.hpp) through tools/gen_kv_formats.py. */
 typedef int32_t slimserve_kv_dtype;
 enum { SLIMSERVE_KV_BF16 = 0, SLIMSERVE_KV_FP16 = 1, SLIMSERVE_KV_FP8_E4M3 = 2, SLIMSERVE_KV_FP8_E5M2 = 3 };
 typedef int32_t slimserve_activation_dtype;
@@ -423,14 +479,17 @@ typedef struct slimserve_page_swap {
 } slimserve_page_swap;
 typedef int32_t slimserve_swap_direction;
 enum { SLIMSERVE_SWAP_OUT = 0, SLIMSERVE_SWAP_IN = 1 };
-/* Bytes of one page record (K, V and per-token scales when the cache has them). */
+/* Bytes of one host slot: a 32-byte identity header (the swapping request, pool, sequence 0,
+ * slot, filled slots, checksum) and the page record (K, V and per-token scales when the cache
+ * has them). Swap-in verifies the header on the device before writing: only the identity that
+ * swapped a record out can swap it back in (record_mismatch otherwise, nothing written). */
 SLIMSERVE_C_API int64_t slimserve_page_record_bytes(const slimserve_kv_cache* cache);
 SLIMSERVE_C_API slimserve_status slimserve_check_page_swaps(const slimserve_kv_cache* cache,
                                                             const slimserve_page_swap* host_swaps,
                                                             int32_t num_swaps,
                                                             slimserve_swap_direction direction,
                                                             int32_t host_slots);
-/* host_records: pinned host memory [host_slots, record bytes]; swaps/statuses device arrays. */
+/* host_records: pinned host memory [host_slots, slot bytes]; swaps/statuses device arrays. */
 SLIMSERVE_C_API slimserve_status slimserve_swap_pages(
     const slimserve_kv_cache* cache, const slimserve_device_tags* tags, void* host_records,
     int32_t host_slots, const slimserve_page_swap* swaps, int32_t num_swaps,
@@ -454,12 +513,91 @@ SLIMSERVE_C_API slimserve_status slimserve_export_request(
     const slimserve_request_pages_view* request, void* buffer, int64_t buffer_bytes,
     slimserve_request_status* status, slimserve_stream stream);
 /* Imports an exported buffer; `header` is a host copy of its first 64 bytes, checked against
- * the cache (dtype, layout, scales, page size, heads, head_dim) before any launch. */
+ * the cache (dtype, layout, scales, page size, heads, head_dim) before any launch. Every
+ * record carries an identity header; the device verifies each record's checksum, index and
+ * length against the identity the header claims before any page is written. */
 SLIMSERVE_C_API slimserve_status slimserve_import_request(
     const slimserve_kv_cache* cache, const slimserve_device_tags* tags,
     const slimserve_request_pages_view* request, const void* buffer, int64_t buffer_bytes,
     const void* header, size_t header_bytes, slimserve_request_status* status,
     slimserve_stream stream);
+
+/* Identity on every record that leaves the cache (ABI 3). The entry points above name no
+ * identity: swap records carry the mover's own, exports the exporter's, and import checks
+ * each record only against the identity the buffer's header claims, so another request's
+ * buffer of the same shape is not refused. The *_with forms below take the identities. */
+
+/* Whose a record is (12 bytes, the C++ RecordIdentity; arrays of it live in device memory):
+ * the pool it left (the pool id slimserve_page_pool_table_age reports), the request identity
+ * that wrote it (the swap-out / export mover) and the engine's number for this record set
+ * (e.g. the request's preemption count, so that a stale record of the same request differs). */
+typedef struct slimserve_record_identity {
+  uint32_t pool;
+  uint32_t writer;
+  uint32_t sequence;
+} slimserve_record_identity;
+
+/* slimserve_swap_pages with one identity per swap (set struct_size = sizeof the struct after
+ * zeroing it). identities (device, [num_swaps]): swap-out writes identities[i] into swap i's
+ * slot header; swap-in refuses (record_mismatch, the page keeps every byte) a slot whose
+ * header says otherwise. NULL: {the synced pool, the swap's writer, 0}, as slimserve_swap_pages
+ * (a request resumed under a new identity passes the one it swapped out with). */
+typedef struct slimserve_swap_args {
+  size_t struct_size;
+  slimserve_kv_cache cache;
+  const slimserve_device_tags* tags;
+  void* host_records;                          /* pinned host [host_slots, slot bytes] */
+  int32_t host_slots;
+  int32_t num_swaps;
+  const slimserve_page_swap* swaps;            /* device [num_swaps] */
+  slimserve_swap_direction direction;
+  slimserve_request_status* statuses;          /* device [num_swaps] */
+  const slimserve_record_identity* identities; /* device [num_swaps], or NULL */
+} slimserve_swap_args;
+SLIMSERVE_C_API slimserve_status slimserve_swap_pages_with(const slimserve_swap_args* args,
+                                                           slimserve_stream stream);
+
+/* slimserve_export_request with the identity written into the buffer's header and every
+ * record's; identity.writer 0: {the synced pool, request.writer, 0}, as slimserve_export_request.
+ * The transfer's own metadata carries it to the importer. */
+typedef struct slimserve_export_args {
+  size_t struct_size;
+  slimserve_kv_cache cache;
+  const slimserve_device_tags* tags;
+  slimserve_request_pages_view request;
+  void* buffer;                       /* device or pinned host, 16-byte aligned */
+  int64_t buffer_bytes;
+  slimserve_request_status* status;   /* device [1] */
+  slimserve_record_identity identity;
+} slimserve_export_args;
+SLIMSERVE_C_API slimserve_status slimserve_export_request_with(const slimserve_export_args* args,
+                                                               slimserve_stream stream);
+
+/* slimserve_import_request against the identity the importer expects (the exporter's, from
+ * the transfer's metadata, not from the buffer): every record must carry it, its page index,
+ * its token count and a matching checksum, else the request is refused (record_mismatch) and
+ * no page is written. expected.writer 0 is refused (SLIMSERVE_INVALID_ARGUMENT). */
+typedef struct slimserve_import_args {
+  size_t struct_size;
+  slimserve_kv_cache cache;
+  const slimserve_device_tags* tags;
+  slimserve_request_pages_view request;
+  const void* buffer;                 /* as exported (device or pinned host) */
+  int64_t buffer_bytes;
+  const void* header;                 /* host copy of the buffer's first 64 bytes */
+  size_t header_bytes;
+  slimserve_request_status* status;   /* device [1] */
+  slimserve_record_identity expected;
+} slimserve_import_args;
+SLIMSERVE_C_API slimserve_status slimserve_import_request_with(const slimserve_import_args* args,
+                                                               slimserve_stream stream);
+
+/* The exporter's identity a buffer's header claims (`header`: a host copy of its first 64
+ * bytes), for messages and for the transfer's metadata on the sending side. An importer
+ * should expect what its own metadata says, not this claim. */
+SLIMSERVE_C_API slimserve_status slimserve_read_buffer_identity(const void* header,
+                                                                size_t header_bytes,
+                                                                slimserve_record_identity* out);
 
 /* ---- INT4 weights ------------------------------------------------------------------------ */
 
@@ -748,6 +886,22 @@ typedef struct slimserve_runtime_counters {
 } slimserve_runtime_counters;
 SLIMSERVE_C_API slimserve_status slimserve_get_runtime_counters(slimserve_runtime_counters* out);
 
+/* ---- Write ownership of a pool's pages, for engines that keep their own page lists ------- */
+
+/* An engine that allocates pages itself (vLLM's block pool) and mirrors each page's owner in a
+ * slimserve pool (the device tags the check reads) names each of its requests by a new writer
+ * identity (never reused within 2^32 - 1 identities, never 0) and grants it the right to write
+ * the pages it alone holds. grant_write needs a sole holder of a page the prefix cache does not
+ * index (else SLIMSERVE_FAILED_PRECONDITION, nothing changed); revoke_write makes the page
+ * read-only. slimserve_device_tags_sync carries the change to the device. */
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_new_writer(slimserve_page_pool* pool,
+                                                                uint32_t* out);
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_grant_write(slimserve_page_pool* pool,
+                                                                 slimserve_page page,
+                                                                 uint32_t writer);
+SLIMSERVE_C_API slimserve_status slimserve_page_pool_revoke_write(slimserve_page_pool* pool,
+                                                                  slimserve_page page);
+
 /* ---- MLA: multi-head latent attention (DeepSeek-V3 / Kimi K2) --------------------------- */
 
 /* A paged latent cache: one record per token, [num_pages, page_size, record bytes]
@@ -816,7 +970,7 @@ typedef struct slimserve_mla_plan_args {
   const int32_t* seq_lens_host;
   const int32_t* qo_indptr_host; /* ragged_queries only: [batch_size + 1] */
   int32_t num_sms;          /* 0: the current device */
-  int32_t ctas_per_sm;      /* 0: 1 */
+  int32_t ctas_per_sm;      /* 0: the kernel's residency (2 for 16-row FP8, else 1) */
   int32_t min_chunk_tokens; /* 0: 256 */
   int32_t disable_split;
   int32_t warpgroup_mma;    /* 1: the sm_90a wgmma kernel for requests of >= 64 rows (docs/mla.md) */
@@ -826,7 +980,7 @@ typedef struct slimserve_mla_bound {
   size_t struct_size;
   slimserve_mla_problem problem; /* batch_size: the largest batch */
   int32_t num_sms;               /* 0: the current device */
-  int32_t ctas_per_sm;           /* 0: 1 */
+  int32_t ctas_per_sm;           /* 0: the kernel's residency, as the plan */
   int32_t warpgroup_mma;         /* as slimserve_mla_plan_args (the plans this bound serves) */
 } slimserve_mla_bound;
 
@@ -1032,6 +1186,94 @@ SLIMSERVE_C_API slimserve_status slimserve_moe_gemm_run(const slimserve_moe_gemm
                                                         void* workspace,
                                                         size_t workspace_bytes,
                                                         slimserve_stream stream);
+
+/* ---- Moving a request's pages between engines: cache layouts and transfer lists (ABI 3) ---
+ *
+ * For a transfer engine (NIXL, UCX, RDMA verbs) that moves bytes between two processes'
+ * registered memory: each engine describes its cache once (slimserve_describe_*_cache) and
+ * registers the regions slimserve_cache_registration_regions names, once per cache. Per request
+ * the receiving side checks the peer's layout (slimserve_cache_layout_check_compatible; a
+ * mismatch names the field) and slimserve_build_transfer_list gives the (source, destination,
+ * bytes) entries over the two caches, one per page piece (a page's filled slots in one array),
+ * merged where both sides are contiguous. Host code only: nothing is launched or read from the
+ * pages. A layout's bytes are its wire form: send sizeof(slimserve_cache_layout) bytes and
+ * parse them on the other side with slimserve_cache_layout_parse (docs/disaggregation.md). */
+typedef int32_t slimserve_cache_kind;
+enum { SLIMSERVE_CACHE_PAGED_KV = 0, SLIMSERVE_CACHE_MLA_LATENT = 1 };
+
+/* One array of a cache: page p starts at address + p * page_stride (address 0: no such array). */
+typedef struct slimserve_cache_array {
+  uint64_t address;
+  int64_t page_stride; /* bytes */
+  int64_t bytes;       /* (num_pages - 1) * page_stride + the bytes of one page */
+} slimserve_cache_array;
+
+/* A cache's geometry (136 bytes, no padding; the same bytes on both sides of a transfer). */
+typedef struct slimserve_cache_layout {
+  uint32_t magic;      /* 0x444C5353 ("SSLD") */
+  uint32_t version;    /* 1 */
+  uint8_t kind;        /* slimserve_cache_kind */
+  uint8_t dtype;       /* slimserve_kv_dtype */
+  uint8_t layout;      /* slimserve_kv_layout (MLA: NHD, token-major records) */
+  uint8_t scale_mode;  /* slimserve_kv_scale_mode, or slimserve_mla_scale_mode for MLA */
+  int32_t num_pages;
+  int32_t page_size;
+  int32_t num_kv_heads; /* MLA: 1 */
+  int32_t head_dim;     /* MLA: 512 */
+  int32_t token_bytes;  /* one (token, head) row of K; MLA: one token record */
+  int32_t num_arrays;   /* 2 (K, V), 4 (+ per-token K and V scales), MLA 1 */
+  int32_t reserved;
+  slimserve_cache_array k; /* MLA: the record array */
+  slimserve_cache_array v;
+  slimserve_cache_array k_scales;
+  slimserve_cache_array v_scales;
+} slimserve_cache_layout;
+
+/* One contiguous move of `bytes` from address src (source cache) to dst (destination cache). */
+typedef struct slimserve_transfer_entry {
+  uint64_t src;
+  uint64_t dst;
+  int64_t bytes;
+} slimserve_transfer_entry;
+
+/* The layout of a paged K/V cache whose pages are page_stride elements apart (0: packed). */
+SLIMSERVE_C_API slimserve_status slimserve_describe_kv_cache(const slimserve_kv_cache* cache,
+                                                             int64_t page_stride,
+                                                             slimserve_cache_layout* out);
+SLIMSERVE_C_API slimserve_status slimserve_describe_mla_cache(const slimserve_mla_cache* cache,
+                                                              slimserve_cache_layout* out);
+/* Checks bytes received from a peer (size, magic, version, enums, geometry, arrays). */
+SLIMSERVE_C_API slimserve_status slimserve_cache_layout_parse(const void* bytes, size_t num_bytes,
+                                                              slimserve_cache_layout* out);
+/* SLIMSERVE_OK when pages move between the two byte for byte; else SLIMSERVE_INVALID_ARGUMENT
+ * naming the first field that differs (kind, dtype, layout, scale_mode, page_size,
+ * num_kv_heads, head_dim, token_bytes). Page counts, addresses and strides may differ. */
+SLIMSERVE_C_API slimserve_status slimserve_cache_layout_check_compatible(
+    const slimserve_cache_layout* local, const slimserve_cache_layout* remote);
+/* Entries slimserve_build_transfer_list may need for a request of num_pages pages. */
+SLIMSERVE_C_API int64_t slimserve_transfer_list_capacity(const slimserve_cache_layout* layout,
+                                                         int32_t num_pages);
+/* One request's list: src_pages and dst_pages (host, [num_pages] each, sequence order) hold
+ * num_tokens tokens. Refuses incompatible layouts, page counts that do not fit num_tokens, ids
+ * outside 1..num_pages - 1, a page listed twice, capacity below the bound; *count = 0 then. */
+SLIMSERVE_C_API slimserve_status slimserve_build_transfer_list(
+    const slimserve_cache_layout* src, const int32_t* src_pages, const slimserve_cache_layout* dst,
+    const int32_t* dst_pages, int32_t num_pages, int64_t num_tokens, slimserve_transfer_entry* out,
+    size_t capacity, size_t* count);
+/* The fewest entries that move the same bytes as entries[0..count) (any order, pieces that do
+ * not overlap on either side), in place: sorted by source address, an entry merged into the
+ * previous one when its source and destination both continue it, across arrays too (a
+ * combined K/V allocation's run of pages is one entry); *out_count gets the count (ABI 3). */
+SLIMSERVE_C_API slimserve_status slimserve_coalesce_transfer_list(slimserve_transfer_entry* entries,
+                                                                  size_t count, size_t* out_count);
+/* A page's current writer (0: read-only, or an id out of range): a transfer's reservation is
+ * granted with slimserve_page_pool_new_writer / _grant_write once its bytes are verified. */
+SLIMSERVE_C_API uint32_t slimserve_page_pool_writer(const slimserve_page_pool* pool, int32_t page);
+/* The memory to register with the transfer engine, once per cache: up to 4 regions into
+ * out[0..3] (address, bytes; page_stride 0), arrays merged where they overlap or touch.
+ * Returns the count, 0 for an invalid layout. */
+SLIMSERVE_C_API int32_t slimserve_cache_registration_regions(const slimserve_cache_layout* layout,
+                                                             slimserve_cache_array* out);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -129,8 +129,9 @@ Result<GemmPlan> plan_gemm(const GemmArguments& args, const GemmOptions& options
 Status run_gemm(const GemmArguments& args, const GemmPlan& plan, void* workspace,
                 std::size_t workspace_bytes, CUstream_st* stream);
 
-/// Registers and shared memory are compile-time facts of a tile; this reports the shared
-/// memory one block of `tile` asks for (sizeof its SharedStorage).
+/// Registers and shared memory are compile-time facts of a tile; this reports the most shared
+/// memory one block of `tile` asks for (sizeof its SharedStorage; the stream-K kernel's,
+/// with its deeper pipeline, where that is larger).
 std::size_t gemm_shared_memory_bytes(ActivationType activation, GemmTile tile);
 
 /// Act-order weights (GemmWeights::k_order non-empty) need A's columns in the packed row

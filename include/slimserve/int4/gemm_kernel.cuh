@@ -320,8 +320,113 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void reduce_shared_tile(
   discard_tile_slots<Config>(p, workspace, first, first_slot, last, unstored, m0);
 }
 
+/// One segment of a stream-K block: the steps [step_begin, step_end) of one tile.
+struct StreamKSegment {
+  int tile;
+  int step_begin;
+  int step_end;
+  int m0;
+  int n0;
+};
+
+/// The segment that starts at `unit` in a block whose range ends at `end`.
+template <class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE StreamKSegment stream_k_segment(const StreamKSchedule& schedule,
+                                                                       int unit, int end) {
+  // The decode tile divides with FastDivisor (two `/` of ~35 instructions each per segment
+  // would undo what its L2 partials save); the wide tile keeps `/`: with the multiply-high
+  // ptxas allocated its mainloop ~2% worse (sm_90a SASS report).
+  constexpr bool fast = Config::m16_per_warp == 1;
+  StreamKSegment segment;
+  segment.tile = fast ? schedule.by_k_steps.divide(unit) : unit / schedule.k_steps;
+  segment.step_begin = unit - segment.tile * schedule.k_steps;
+  segment.step_end = detail::min_int(schedule.k_steps, segment.step_begin + (end - unit));
+  const int tile_m = fast ? schedule.by_tiles_n.divide(segment.tile) : segment.tile / schedule.tiles_n;
+  segment.m0 = tile_m * Config::block_m;
+  segment.n0 = (segment.tile - tile_m * schedule.tiles_n) * Config::block_n;
+  return segment;
+}
+
+/// The copies of a persistent block's whole unit range, one pipeline for all its segments:
+/// the copy that reaches the next segment moves the loader to it and issues its first stage,
+/// so the next segment's first stages are in flight while the block still computes (and
+/// reduces) the current one — the pipeline fills once per block and never drains between
+/// segments. Pipeline steps are counted from the block's first unit (one unit per step).
+/// Only for the decode tile, whose grid has one row tile (m <= block_m, checked by the
+/// launcher): every segment after a block's first starts at step 0 of the next column tile.
+template <class Config, GroupSpan Span>
+struct StreamKLoader {
+  using Loader = detail::StageLoader<Config, Span, detail::contiguous_columns_v<DenseColumns>>;
+  using Stage = typename GemmSharedStorage<Config, Span>::Stage;
+
+  int next_segment;  ///< pipeline step where the segment after the one being loaded starts
+  int units_left;    ///< units of the block after the segment being loaded
+  int first_tile;    ///< first 16-column tile of the segment being loaded
+  Loader loader;
+
+  /// Ready to copy `first`, the block's first segment (of `units` in all), from step 0.
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE StreamKLoader(const GemmParams& p,
+                                                       const StreamKSegment& first, int units)
+      : next_segment(first.step_end - first.step_begin),
+        units_left(units - (first.step_end - first.step_begin)),
+        first_tile(first.n0 / gemm_layout::tile_n),
+        loader(dense_tile_sources<Config>(p, first.m0, first.step_begin * Config::block_k,
+                                          detail::min_int(p.k, first.step_end * Config::block_k)),
+               DenseColumns{first.n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n}) {}
+
+  /// Issues pipeline step `step` (> 0, every step in order; step 0 is `load_first`) into
+  /// `stage`, or nothing once the block's range is loaded (then every later step lands in
+  /// the first branch and finds nothing left: one test per step in all).
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load(const GemmParams& p,
+                                                   const StreamKSchedule& schedule, int step,
+                                                   Stage& stage) {
+    if (step == next_segment) {  // the loaded segment is done: the next tile starts here
+      if (units_left == 0) {
+        next_segment = step + 1;
+        return;
+      }
+      const int steps = detail::min_int(schedule.k_steps, units_left);
+      units_left -= steps;
+      next_segment = step + steps;
+      first_tile += Config::n16_per_block;
+      loader.advance_to_next_tile(schedule.k_steps, first_tile, p.n / gemm_layout::tile_n,
+                                  detail::min_int(p.k, steps * Config::block_k));
+      loader.template load<true>(stage);
+    } else {
+      loader.load(stage);
+    }
+  }
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void load_first(Stage& stage) {
+    loader.template load<true>(stage);
+  }
+};
+
+/// A segment's epilogue: straight to C when the block covered the whole tile, else the
+/// in-place reduction of the shared tile.
+template <class T, class Config>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void finish_segment(const GemmParams& p,
+                                                           const StreamKSchedule& schedule,
+                                                           const StreamKWorkspace& workspace,
+                                                           const WarpAccumulators<Config>& acc,
+                                                           int block,
+                                                           const StreamKSegment& segment) {
+  if (segment.step_begin == 0 && segment.step_end == schedule.k_steps) {
+    store_tile<T, Config>(p, acc, segment.m0, segment.n0, nullptr, 0, false);
+  } else {
+    reduce_shared_tile<T, Config>(p, schedule, workspace, acc, block, segment.tile, segment.m0,
+                                  segment.n0);
+  }
+}
+
 /// Min blocks 1, as the split-K kernel: the 64 x 128 group-16 BF16 tile spilled at ptxas's
 /// default register target.
+///
+/// The decode tile runs one cp.async pipeline over the block's whole unit range
+/// (`StreamKLoader`): a segment's epilogue runs while the next segment's first
+/// `stages - 1` steps are already in flight, so the block waits for DRAM once, at its start,
+/// not once per segment (the epilogue touches no shared memory, so the stages in flight are
+/// safe). The wide tile (issue-bound; its epilogue a flat pass over the slots) keeps a
+/// pipeline per segment: the longer-lived loader cost it registers and ~4% more instructions.
 template <class T, class Config, GroupSpan Span>
 __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_stream_k_kernel(
     const __grid_constant__ GemmParams p, const __grid_constant__ StreamKSchedule schedule,
@@ -329,32 +434,51 @@ __global__ void __launch_bounds__(Config::threads, 1) w4a16_gemm_stream_k_kernel
   using Storage = GemmSharedStorage<Config, Span>;
   Storage& smem = rt::shared_storage<Storage>();
   const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int warp_row = (warp / Config::warps_n) * Config::warp_m;
+  const int warp_col = (warp % Config::warps_n) * Config::warp_n;
   const int block = static_cast<int>(blockIdx.x);
+  const int begin = schedule.first_unit(block);
   const int end = schedule.first_unit(block + 1);
-  for (int unit = schedule.first_unit(block); unit < end;) {
-    // The decode tile divides with FastDivisor (two `/` of ~35 instructions each per
-    // segment would undo what its L2 partials save); the wide tile keeps `/`: with the
-    // multiply-high ptxas allocated its mainloop ~2% worse (sm_90a SASS report).
-    constexpr bool fast = Config::m16_per_warp == 1;
-    const int tile = fast ? schedule.by_k_steps.divide(unit) : unit / schedule.k_steps;
-    const int step_begin = unit - tile * schedule.k_steps;
-    const int step_end = detail::min_int(schedule.k_steps, step_begin + (end - unit));
-    const int tile_m = fast ? schedule.by_tiles_n.divide(tile) : tile / schedule.tiles_n;
-    const int m0 = tile_m * Config::block_m;
-    const int n0 = (tile - tile_m * schedule.tiles_n) * Config::block_n;
-    const TileSources<Config> src = dense_tile_sources<Config>(
-        p, m0, step_begin * Config::block_k, detail::min_int(p.k, step_end * Config::block_k));
-    const DenseColumns columns{n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n};
-    __syncthreads();  // the previous tile's last stage has been read by every warp
-    WarpAccumulators<Config> acc = {};
-    w4a16_mainloop<T, Config, Span>(smem, src, columns, (warp / Config::warps_n) * Config::warp_m,
-                                    (warp % Config::warps_n) * Config::warp_n, acc);
-    if (step_begin == 0 && step_end == schedule.k_steps) {
-      store_tile<T, Config>(p, acc, m0, n0, nullptr, 0, false);
-    } else {
-      reduce_shared_tile<T, Config>(p, schedule, workspace, acc, block, tile, m0, n0);
+  if constexpr (Config::m16_per_warp == 1) {
+    if (begin >= end) return;  // the plan gives every block a unit
+    StreamKSegment segment = stream_k_segment<Config>(schedule, begin, end);
+    StreamKLoader<Config, Span> copies(p, segment, end - begin);  // one 64-row step per unit
+    copies.load_first(smem.stages[0]);
+    arch::cp_async_commit();
+    // Not unrolled: each copy may start a segment, a large body to repeat stages - 2 times.
+    SLIMSERVE_INT4_NO_UNROLL
+    for (int s = 1; s < Config::stages - 1; ++s) {
+      copies.load(p, schedule, s, smem.stages[s]);
+      arch::cp_async_commit();
     }
-    unit += step_end - step_begin;
+    auto refill = [&](int step) {
+      copies.load(p, schedule, step, smem.stages[detail::stage_index<Config>(step)]);
+    };
+    const bool has_zeros = p.zeros != nullptr;
+    for (int unit = begin; unit < end;) {
+      const int steps = segment.step_end - segment.step_begin;
+      WarpAccumulators<Config> acc = {};
+      detail::consume_slice<T, Config, Span>(smem, unit - begin, steps, segment.step_begin,
+                                             p.group_shift, has_zeros, warp_row, warp_col,
+                                             refill, acc);
+      finish_segment<T, Config>(p, schedule, workspace, acc, block, segment);
+      unit += steps;
+      if (unit < end) segment = stream_k_segment<Config>(schedule, unit, end);
+    }
+    arch::cp_async_wait<0>();
+  } else {
+    for (int unit = begin; unit < end;) {
+      const StreamKSegment segment = stream_k_segment<Config>(schedule, unit, end);
+      const TileSources<Config> src = dense_tile_sources<Config>(
+          p, segment.m0, segment.step_begin * Config::block_k,
+          detail::min_int(p.k, segment.step_end * Config::block_k));
+      const DenseColumns columns{segment.n0 / gemm_layout::tile_n, p.n / gemm_layout::tile_n};
+      __syncthreads();  // the previous tile's last stage has been read by every warp
+      WarpAccumulators<Config> acc = {};
+      w4a16_mainloop<T, Config, Span>(smem, src, columns, warp_row, warp_col, acc);
+      finish_segment<T, Config>(p, schedule, workspace, acc, block, segment);
+      unit += segment.step_end - segment.step_begin;
+    }
   }
 }
 

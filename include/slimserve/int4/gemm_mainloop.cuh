@@ -39,8 +39,10 @@
 // frame); the emulator's compiler needs no hint.
 #if defined(__CUDACC__)
 #define SLIMSERVE_INT4_UNROLL _Pragma("unroll")
+#define SLIMSERVE_INT4_NO_UNROLL _Pragma("unroll 1")
 #else
 #define SLIMSERVE_INT4_UNROLL
+#define SLIMSERVE_INT4_NO_UNROLL
 #endif
 
 SLIMSERVE_NAMESPACE_BEGIN
@@ -281,6 +283,38 @@ struct StageLoader {
     group_mask = (1u << src.group_shift) - 1u;
   }
 
+  /// Dense column maps with one row tile (a stream-K block of the decode tile): points the
+  /// loader, which has just issued the last stage of a tile (k_next past the tile's last
+  /// 64-row step, `k_steps` of them), at the next column tile's rows 0 .. k_end - 1. Moves
+  /// the pointers by what the layout says instead of recomputing them from the tile's
+  /// sources, so the persistent loop needs none of the parameters that builds them.
+  /// `first_tile`: the next tile's first 16-column tile; `tiles`: n / 16.
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void advance_to_next_tile(int k_steps, int first_tile,
+                                                                   int tiles, int next_k_end) {
+    static_assert(ContiguousB, "a dense column map: the next tile's columns follow");
+    const int tid = static_cast<int>(threadIdx.x);
+    SLIMSERVE_INT4_UNROLL
+    for (int i = 0; i < a_per_thread; ++i) a_src[i] -= k_steps * Config::block_k;  // same rows, k 0
+    // [k/16, n/16, 32]: back k_steps stages of rows, on by the block's 16-column tiles
+    b_src[0] += Config::n16_per_block * gemm_layout::words_per_tile -
+                static_cast<std::int64_t>(k_steps) * b_step;
+    b_complete = true;
+    SLIMSERVE_INT4_UNROLL
+    for (int i = 0; i < b_per_thread; ++i) {
+      const int v = (b_chunk(tid, i) % b_chunks_per_k16) / 8;
+      b_valid[i] = first_tile + v < tiles;
+      b_complete = b_complete && b_valid[i];
+    }
+    if (scale_src != nullptr) {  // null stays null: no zero points, or columns past n
+      const int index = tid >= scale_chunks ? tid - scale_chunks : tid;
+      const int v = ((index % (Config::block_n / 8)) * 8) / 16;
+      scale_src = first_tile + v < tiles ? scale_src + Config::block_n : nullptr;
+    }
+    scale_next = scale_src == nullptr ? dummy_src : scale_src;  // group 0
+    k_next = 0;
+    k_end = next_k_end;
+  }
+
   /// Issues the copies of the next stage (rows k_next .. k_next + 63) into `stage`. The last
   /// stage of a slice (which may be short) takes the path that checks rows and columns; the
   /// others check neither (see load_rows). `First`: the slice's first stage (its scale rows
@@ -496,36 +530,102 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE int stage_index(int step) {
   return static_cast<int>(static_cast<unsigned>(step) % static_cast<unsigned>(Config::stages));
 }
 
-/// The start of pipeline step `step`: waits for its stage, then refills the stage that every
-/// warp finished with (step - 1's) with step + stages - 1.
-template <class Config, GroupSpan Span, class Loader>
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void begin_step(GemmSharedStorage<Config, Span>& smem,
-                                                       Loader& loader,
-                                                       int step, int k_steps) {
+/// The start of pipeline step `step` (>= 0, counted over everything the pipeline has
+/// consumed): waits for its stage, then lets `refill(step + stages - 1)` refill the stage that
+/// every warp finished with (step - 1's) if that step exists.
+template <class Config, class Refill>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void begin_step(int step, Refill& refill) {
   arch::cp_async_wait<Config::stages - 2>();
   __syncthreads();  // step's data visible; everyone is done with the stage refilled below
-  if (step + Config::stages - 1 < k_steps) {
-    loader.load(smem.stages[stage_index<Config>(step + Config::stages - 1)]);
-  }
+  refill(step + Config::stages - 1);
   arch::cp_async_commit();
 }
 
-}  // namespace detail
-
-/// Runs the pipeline over the K slice of `src` and adds the products into `acc` (which the
-/// caller zeroes). `warp_row`, `warp_col`: the warp's offset inside the block tile.
+/// Consumes the `k_steps` 64-row steps of one K slice from a running pipeline and adds the
+/// products into `acc` (which the caller zeroes). `pipe_step`: the pipeline step of the
+/// slice's first step (its stage is stage_index(pipe_step)); `first_step`: its 64-row step in
+/// the matrix (where the groups start). `refill(s)` issues pipeline step s's copies into
+/// stage_index(s) when step s exists (the slice's own later steps, or, for a persistent
+/// block, the next slice's first ones: the pipeline then never drains between slices).
 ///
 /// Groups of 64 rows or more (`GroupSpan::stage`) are an outer loop over the slice's groups
 /// around an inner loop over the group's remaining stages: the per-group work (fold of the
 /// group sums, scale loads, zero splats) sits in the outer loop with the group's first stage
 /// and runs once per group, and the inner loop, the steady state, is the bare stage.
+template <class T, class Config, GroupSpan Span, class Refill>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void consume_slice(GemmSharedStorage<Config, Span>& smem,
+                                                          int pipe_step, int k_steps,
+                                                          int first_step, int group_shift,
+                                                          bool has_zeros, int warp_row,
+                                                          int warp_col, Refill& refill,
+                                                          WarpAccumulators<Config>& acc) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  // ldmatrix row addresses for B: lane l points at row l % 8 (16 bytes) of k-tile l / 8.
+  const int b_lane_word = ((lane / 8) * Config::n16_per_block) * 32 + (lane % 8) * 4;
+
+  TileColumns tile_columns[Config::n16_per_warp];
+  // Per group sum: the mma adds A . (q - z) into group_sums; at each group's end they are
+  // scaled into acc. Per weight: the mma adds A . w into acc directly.
+  constexpr bool scale_sums = group_scaling_of<Config, Span> == GroupScaling::per_group_sum;
+  WarpAccumulators<Config> group_sums = {};
+  SumScales<T, Config> sum_scales = {};
+  WarpAccumulators<Config>& sums = *(scale_sums ? &group_sums : &acc);
+  if constexpr (Span == GroupSpan::stage) {
+    // Groups start on stage boundaries (k_begin and every group size are multiples of 64), so
+    // the loop counts in 64-row steps, 32-bit: a group is 1 << step_shift steps (per-channel:
+    // 2^25, more than any k < 2^31 has).
+    const int step_shift = group_shift - 6;
+    int step = 0;
+    while (step < k_steps) {
+      // One past the group's last step inside the slice (relative to the slice).
+      const int group_last = min_int(
+          k_steps, ((((first_step + step) >> step_shift) + 1) << step_shift) - first_step);
+
+      begin_step<Config>(pipe_step + step, refill);
+      const auto& first = smem.stages[stage_index<Config>(pipe_step + step)];
+      if constexpr (scale_sums) {
+        load_sum_scales<T, Config>(first.scales, warp_col, lane, sum_scales);
+      }
+      SLIMSERVE_INT4_UNROLL
+      for (int j = 0; j < Config::n16_per_warp; ++j) {
+        tile_columns[j] = make_tile_columns<T, Config>(first.scales, first.zeros, has_zeros,
+                                                       warp_col / 16 + j, lane);
+      }
+      stage_mma<T, Config, Span, scale_sums, scale_sums>(first, tile_columns, has_zeros,
+                                                         b_lane_word, warp_row, warp_col, lane,
+                                                         sums);
+      ++step;
+      // The steady state: the group's other stages.
+      for (; step < group_last; ++step) {
+        begin_step<Config>(pipe_step + step, refill);
+        stage_mma<T, Config, Span, scale_sums>(smem.stages[stage_index<Config>(pipe_step + step)],
+                                               tile_columns, has_zeros, b_lane_word, warp_row,
+                                               warp_col, lane, sums);
+      }
+      // The group's end: its sums, scaled, into acc (every group, so the report counts it).
+      if constexpr (scale_sums) fold_group_sums<T, Config>(acc, group_sums, sum_scales);
+    }
+  } else {
+    for (int step = 0; step < k_steps; ++step) {
+      begin_step<Config>(pipe_step + step, refill);
+      stage_mma<T, Config, Span, scale_sums>(smem.stages[stage_index<Config>(pipe_step + step)],
+                                             tile_columns, has_zeros, b_lane_word, warp_row,
+                                             warp_col, lane, sums);
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Runs the pipeline over the K slice of `src` and adds the products into `acc` (which the
+/// caller zeroes). `warp_row`, `warp_col`: the warp's offset inside the block tile. The
+/// pipeline fills at the start and drains at the end (a persistent stream-K block instead
+/// keeps one pipeline over all its slices: w4a16_gemm_stream_k_kernel).
 template <class T, class Config, GroupSpan Span, class ColumnMap>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
     GemmSharedStorage<Config, Span>& smem, const TileSources<Config>& src,
     const ColumnMap& columns, int warp_row, int warp_col, WarpAccumulators<Config>& acc) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
   const int k_steps = (src.k_end - src.k_begin + Config::block_k - 1) / Config::block_k;
-  const bool has_zeros = src.zeros != nullptr;
 
   detail::StageLoader<Config, Span, detail::contiguous_columns_v<ColumnMap>> loader(src, columns);
   SLIMSERVE_INT4_UNROLL
@@ -537,61 +637,12 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void w4a16_mainloop(
     }
     arch::cp_async_commit();
   }
-
-  // Per-lane byte offsets that do not change from stage to stage.
-  // ldmatrix row addresses for B: lane l points at row l % 8 (16 bytes) of k-tile l / 8.
-  const int b_lane_word = ((lane / 8) * Config::n16_per_block) * 32 + (lane % 8) * 4;
-
-  detail::TileColumns tile_columns[Config::n16_per_warp];
-  // Per group sum: the mma adds A . (q - z) into group_sums; at each group's end they are
-  // scaled into acc. Per weight: the mma adds A . w into acc directly.
-  constexpr bool scale_sums = group_scaling_of<Config, Span> == GroupScaling::per_group_sum;
-  WarpAccumulators<Config> group_sums = {};
-  detail::SumScales<T, Config> sum_scales = {};
-  WarpAccumulators<Config>& sums = *(scale_sums ? &group_sums : &acc);
-  if constexpr (Span == GroupSpan::stage) {
-    // Groups start on stage boundaries (k_begin and every group size are multiples of 64), so
-    // the loop counts in 64-row steps, 32-bit: a group is 1 << step_shift steps (per-channel:
-    // 2^25, more than any k < 2^31 has).
-    const int step_shift = src.group_shift - 6;
-    const int first_step = src.k_begin / Config::block_k;  // absolute step of `step` 0
-    int step = 0;
-    while (step < k_steps) {
-      // One past the group's last step inside the slice (relative to the slice).
-      const int group_last = detail::min_int(
-          k_steps, ((((first_step + step) >> step_shift) + 1) << step_shift) - first_step);
-
-      detail::begin_step<Config, Span>(smem, loader, step, k_steps);
-      const auto& first = smem.stages[detail::stage_index<Config>(step)];
-      if constexpr (scale_sums) {
-        detail::load_sum_scales<T, Config>(first.scales, warp_col, lane, sum_scales);
-      }
-      SLIMSERVE_INT4_UNROLL
-      for (int j = 0; j < Config::n16_per_warp; ++j) {
-        tile_columns[j] = detail::make_tile_columns<T, Config>(first.scales, first.zeros,
-                                                               has_zeros, warp_col / 16 + j, lane);
-      }
-      detail::stage_mma<T, Config, Span, scale_sums, scale_sums>(
-          first, tile_columns, has_zeros, b_lane_word, warp_row, warp_col, lane, sums);
-      ++step;
-      // The steady state: the group's other stages.
-      for (; step < group_last; ++step) {
-        detail::begin_step<Config, Span>(smem, loader, step, k_steps);
-        detail::stage_mma<T, Config, Span, scale_sums>(smem.stages[detail::stage_index<Config>(step)],
-                                                       tile_columns, has_zeros, b_lane_word,
-                                                       warp_row, warp_col, lane, sums);
-      }
-      // The group's end: its sums, scaled, into acc (every group, so the report counts it).
-      if constexpr (scale_sums) detail::fold_group_sums<T, Config>(acc, group_sums, sum_scales);
-    }
-  } else {
-    for (int step = 0; step < k_steps; ++step) {
-      detail::begin_step<Config, Span>(smem, loader, step, k_steps);
-      detail::stage_mma<T, Config, Span, scale_sums>(smem.stages[detail::stage_index<Config>(step)],
-                                                     tile_columns, has_zeros, b_lane_word,
-                                                     warp_row, warp_col, lane, sums);
-    }
-  }
+  auto refill = [&](int step) {
+    if (step < k_steps) loader.load(smem.stages[detail::stage_index<Config>(step)]);
+  };
+  detail::consume_slice<T, Config, Span>(smem, 0, k_steps, src.k_begin / Config::block_k,
+                                         src.group_shift, src.zeros != nullptr, warp_row,
+                                         warp_col, refill, acc);
   arch::cp_async_wait<0>();
 }
 

@@ -30,6 +30,9 @@ struct PageTableDeviceBuffers {
   /// [1], optional: receives the entry count, so the tag check bounds every row by it
   /// (PageTableView::num_entries) and by max_entries.
   std::int32_t* num_entries = nullptr;
+  /// [1], optional: receives the table's age (PageTableView::built_at) when the host table
+  /// has one, for the check's device-side comparison with the tags' synced_age().
+  TableAge* built_at = nullptr;
 };
 
 /// Caller-owned device arrays for the 2-D form.
@@ -39,6 +42,9 @@ struct BlockTableDeviceBuffers {
   std::int32_t* seq_lens = nullptr;  ///< [max_batch]
   std::int32_t max_batch = 0;
   std::int32_t max_pages_per_request = 0;
+  /// [1], optional: receives the table's age (upload_block_table's `built_at`), for
+  /// BlockTagCheckArguments::device_built_at.
+  TableAge* built_at = nullptr;
 };
 
 namespace detail {
@@ -76,15 +82,18 @@ class PageTableStorage {
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_tags_, entries));
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_count_, 1));
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_count_, 1));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_age_, 1));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_age_, 1));
+    *storage.h_age_.data() = TableAge{};  // not recorded until the engine writes it
     return Result<PageTableStorage>(std::move(storage));
   }
   PageTableHostBuffers host() const noexcept {
     return {h_indptr_.data(), h_indices_.data(), h_last_.data(), h_tags_.data(), max_batch_,
-            max_entries_,     h_count_.data()};
+            max_entries_,     h_count_.data(), h_age_.data()};
   }
   PageTableDeviceBuffers device() const noexcept {
     return {d_indptr_.data(), d_indices_.data(), d_last_.data(), d_tags_.data(), max_batch_,
-            max_entries_,     d_count_.data()};
+            max_entries_,     d_count_.data(), d_age_.data()};
   }
 
  private:
@@ -93,9 +102,11 @@ class PageTableStorage {
   detail::PinnedArray<std::int32_t> h_indptr_, h_last_, h_count_;
   detail::PinnedArray<PageId> h_indices_;
   detail::PinnedArray<PageTag> h_tags_;
+  detail::PinnedArray<TableAge> h_age_;
   rt::DeviceBuffer<std::int32_t> d_indptr_, d_last_, d_count_;
   rt::DeviceBuffer<PageId> d_indices_;
   rt::DeviceBuffer<PageTag> d_tags_;
+  rt::DeviceBuffer<TableAge> d_age_;
 };
 
 /// The 2-D form's twin of PageTableStorage: pinned host staging for build_block_table and
@@ -121,16 +132,19 @@ class BlockTableStorage {
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_block_table_, entries));
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_tags_, entries));
     SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_seq_lens_, rows));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.h_age_, 1));
+    SLIMSERVE_RETURN_IF_ERROR(detail::assign_buffer(storage.d_age_, 1));
+    storage.h_age_.data()[0] = TableAge{};  // not recorded until the caller writes it
     return Result<BlockTableStorage>(std::move(storage));
   }
 
   BlockTableHostBuffers host() const noexcept {
     return {h_block_table_.data(), h_tags_.data(), h_seq_lens_.data(), max_batch_,
-            max_pages_per_request_};
+            max_pages_per_request_, h_age_.data()};
   }
   BlockTableDeviceBuffers device() const noexcept {
     return {d_block_table_.data(), d_tags_.data(), d_seq_lens_.data(), max_batch_,
-            max_pages_per_request_};
+            max_pages_per_request_, d_age_.data()};
   }
 
  private:
@@ -139,9 +153,11 @@ class BlockTableStorage {
   detail::PinnedArray<PageId> h_block_table_;
   detail::PinnedArray<PageTag> h_tags_;
   detail::PinnedArray<std::int32_t> h_seq_lens_;
+  detail::PinnedArray<TableAge> h_age_;
   rt::DeviceBuffer<PageId> d_block_table_;
   rt::DeviceBuffer<PageTag> d_tags_;
   rt::DeviceBuffer<std::int32_t> d_seq_lens_;
+  rt::DeviceBuffer<TableAge> d_age_;
 };
 
 inline Result<PageTableView> upload_page_table(const PageTableView& host_table,
@@ -180,15 +196,25 @@ inline Result<PageTableView> upload_page_table(const PageTableView& host_table,
     SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.num_entries, count, ints,
                                              CopyDirection::host_to_device, stream));
   }
+  const bool aged = device.built_at != nullptr && host_table.built_at != nullptr;
+  if (aged) {
+    SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.built_at, host_table.built_at, sizeof(TableAge),
+                                             CopyDirection::host_to_device, stream));
+  }
   return PageTableView{device.indptr,        device.indices, device.last_page_len,
                        device.expected_tags, batch,          host_table.page_size,
-                       device.num_entries,   device.max_entries};
+                       device.num_entries,   device.max_entries,
+                       aged ? device.built_at : nullptr};
 }
 
+/// Uploads a 2-D table; with `built_at` (host, [1]: the table's age, e.g.
+/// BlockTableStorage::host().built_at) and device.built_at, also its age word (the view has
+/// no field for it: pass device.built_at as BlockTagCheckArguments::device_built_at).
 inline Result<BlockTableView> upload_block_table(const BlockTableView& host_table,
                                                  std::int32_t num_pages,
                                                  const BlockTableDeviceBuffers& device,
-                                                 cudaStream_t stream) {
+                                                 cudaStream_t stream,
+                                                 const TableAge* built_at = nullptr) {
   SLIMSERVE_RETURN_IF_ERROR(validate_block_table(host_table, num_pages));
   if (host_table.batch_size > device.max_batch ||
       host_table.max_pages_per_request != device.max_pages_per_request) {
@@ -215,6 +241,10 @@ inline Result<BlockTableView> upload_block_table(const BlockTableView& host_tabl
   SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.seq_lens, host_table.seq_lens,
                                            host_table.batch_size * sizeof(std::int32_t),
                                            CopyDirection::host_to_device, stream));
+  if (built_at != nullptr && device.built_at != nullptr) {
+    SLIMSERVE_RETURN_IF_ERROR(rt::copy_async(device.built_at, built_at, sizeof(TableAge),
+                                             CopyDirection::host_to_device, stream));
+  }
   return BlockTableView{device.block_table,     device.expected_tags,
                         device.seq_lens,        host_table.batch_size,
                         host_table.max_pages_per_request, host_table.page_size};

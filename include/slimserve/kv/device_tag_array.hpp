@@ -24,14 +24,7 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace kv {
 
-/// The age of a step's tables: the pool's epoch (PagePool::change_epoch) and identity
-/// (tag_base) when they were built. The tag check refuses tables built at a later epoch than
-/// the device tags were synced at (changes the device has not seen), or for another pool.
-struct TableAge {
-  std::uint64_t epoch = 0;  ///< 0: not recorded (no refusal)
-  PageTag pool = 0;
-};
-/// What to record when building a step's tables from `pool`.
+/// What to record when building a step's tables from `pool` (TableAge: page_table_view.hpp).
 inline TableAge table_age(const PagePool& pool) noexcept {
   return TableAge{pool.change_epoch(), pool.tag_base()};
 }
@@ -58,17 +51,24 @@ class DeviceTagArray {
   std::uint64_t synced_epoch() const noexcept { return synced_epoch_; }
   PageTag synced_pool() const noexcept { return synced_pool_; }
   bool synced() const noexcept { return synced_; }
+  /// The same on the device ([1], written by every sync on its stream; epoch 0 before the
+  /// first): what the check compares a table's PageTableView::built_at with.
+  const TableAge* synced_age() const noexcept { return age_.data(); }
 
   /// For tests: how the last sync travelled.
   enum class LastSync { nothing, scatter, whole_array };
   LastSync last_sync() const noexcept { return last_sync_; }
 
  private:
+  Status upload_age(const PagePool& pool, cudaStream_t stream);
+
   rt::DeviceBuffer<DevicePageTag> tags_;        // [num_pages]
   rt::DeviceBuffer<PageFillWord> fills_;        // [num_pages], device-written only
   rt::DeviceBuffer<TagUpdate> updates_;         // [2, 1 + scatter_capacity]: header, entries
   detail::PinnedArray<TagUpdate> staging_;      // [2, 1 + scatter_capacity]: header, entries
   detail::PinnedArray<DevicePageTag> mirror_;   // [2, num_pages]
+  rt::DeviceBuffer<TableAge> age_;              // [1]: the epoch and pool of the last sync
+  detail::PinnedArray<TableAge> age_staging_;   // [2], used in turn like the staging above
   std::int32_t num_pages_ = 0;
   std::int32_t scatter_capacity_ = 0;
   int next_slot_ = 0;

@@ -35,6 +35,10 @@ struct PageTableHostBuffers {
   /// [1], optional: the builder writes the entry count here too, so the table carries it
   /// apart from indptr (PageTableView::num_entries).
   std::int32_t* num_entries = nullptr;
+  /// [1], optional: the table's age. The caller writes `*built_at = kv::table_age(pool)` when
+  /// it builds the step's table; the table view carries the pointer and upload_page_table
+  /// copies the word, so the check compares it with the device tags' age on the device.
+  TableAge* built_at = nullptr;
 };
 
 /// Caller-owned host arrays for the 2-D form; unused entries of a row get the guard page.
@@ -44,6 +48,10 @@ struct BlockTableHostBuffers {
   std::int32_t* seq_lens = nullptr;   ///< [max_batch]
   std::int32_t max_batch = 0;
   std::int32_t max_pages_per_request = 0;
+  /// [1], optional: the table's age, as PageTableHostBuffers::built_at (the caller writes
+  /// `*built_at = kv::table_age(pool)` when it builds the step's table); upload_block_table
+  /// copies it when given it.
+  TableAge* built_at = nullptr;
 };
 
 /// The shape every table shares: tokens per page and the pool's page count (ids are checked

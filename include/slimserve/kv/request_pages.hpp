@@ -77,6 +77,14 @@ class RequestPageSets {
   /// nothing taken).
   Result<RequestRef> admit(std::span<const TokenId> tokens, const CacheKeyExtras& extras,
                            PagePlan* plan = nullptr);
+  /// A request whose pages were filled elsewhere (a transfer engine moved another engine's KV
+  /// into them, docs/disaggregation.md): takes over the caller's reference to each of `pages`
+  /// (sequence order, pages_for(tokens) of them, each live, held by the caller alone, not
+  /// indexed by the prefix cache, read-only) for `tokens` tokens, under a new identity that
+  /// may write them from now on. All or nothing: refused (the caller keeps its references,
+  /// nothing changed) for a wrong page count, a stale, shared, cached or writable page, a page
+  /// listed twice, or no free slot.
+  Result<RequestRef> adopt(std::span<const PageHandle> pages, std::int64_t tokens);
   /// Room for `new_tokens` more tokens: copy-on-write of a shared or cached last page (see
   /// the plan), then fresh pages, all writable by the request. All or nothing.
   Result<PagePlan> append(RequestRef request, std::int32_t new_tokens);

@@ -27,6 +27,10 @@ enum class RequestState : std::int32_t {
                           ///< written in its generation (a length past the request: +1)
   append_not_next = 8,    ///< an append that does not start at the page's next unwritten slot
                           ///< (a shortened or replayed table would overwrite written tokens)
+  record_mismatch = 9,    ///< swap-in / import: the record's header names another request, pool,
+                          ///< sequence, index or length, or its checksum fails (nothing written)
+  tags_not_synced = 10,   ///< the table was built after changes the device tags were never
+                          ///< synced with, or from another pool (a replay after a skipped sync)
 };
 
 struct RequestStatus {

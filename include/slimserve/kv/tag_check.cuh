@@ -51,12 +51,14 @@ struct CsrRows {
   }
   SLIMSERVE_DEVICE PageId page(std::int64_t entry) const { return table.indices[entry]; }
   SLIMSERVE_DEVICE PageTag expected(std::int64_t entry) const { return table.expected_tags[entry]; }
+  SLIMSERVE_DEVICE const TableAge* built_at() const { return table.built_at; }
 };
 
 /// The same for a 2-D block table: row b starts at b * max_pages_per_request and holds
 /// ceil(seq_lens[b] / page_size) pages.
 struct BlockRows {
   BlockTableView table;  // device arrays
+  const TableAge* age;   // [1] or null: the table's age (BlockTagCheckArguments::device_built_at)
   SLIMSERVE_HOST_DEVICE std::int32_t batch_size() const { return table.batch_size; }
   SLIMSERVE_HOST_DEVICE std::int32_t page_size() const { return table.page_size; }
   SLIMSERVE_DEVICE bool row(int b, std::int64_t& begin, std::int32_t& count,
@@ -71,6 +73,7 @@ struct BlockRows {
   }
   SLIMSERVE_DEVICE PageId page(std::int64_t entry) const { return table.block_table[entry]; }
   SLIMSERVE_DEVICE PageTag expected(std::int64_t entry) const { return table.expected_tags[entry]; }
+  SLIMSERVE_DEVICE const TableAge* built_at() const { return age; }
 };
 
 template <class Rows>
@@ -81,6 +84,7 @@ struct TagCheckParams {
   const WriterId* writers;            // [rows.batch_size()] or null: nobody (reads only)
   const std::int32_t* append_indptr;  // [rows.batch_size() + 1] or null: no request writes
   const PageFillWord* page_fills;     // [num_pages] or null: lengths are not checked
+  const TableAge* synced_age;         // [1]: what the last sync uploaded (DeviceTagArray)
   RequestStatus* statuses;            // [rows.batch_size()]
   std::int32_t* aborted_count;        // [1] or null; incremented once per failing request
 };
@@ -131,9 +135,16 @@ __global__ void __launch_bounds__(BlockThreads)
       first_write = static_cast<std::int32_t>((tokens - appended) / params.rows.page_size());
     }
   }
-  if (!shape_ok) {  // the host validates; this is the backstop (block-uniform branch)
+  // A mirror that knows its age: a table built after changes the device tags never received
+  // (a graph replayed after a skipped sync) is refused whole. One word per request, beside
+  // the row's own loads (block-uniform).
+  RequestState refusal = shape_ok ? RequestState::ok : RequestState::bad_page_table;
+  if (const TableAge* built = params.rows.built_at(); built != nullptr && params.synced_age != nullptr) {
+    if (table_is_newer_than_tags(*built, *params.synced_age)) refusal = RequestState::tags_not_synced;
+  }
+  if (refusal != RequestState::ok) {  // the host validates; this is the backstop (block-uniform branch)
     if (thread == 0) {
-      params.statuses[request] = RequestStatus{RequestState::bad_page_table, 0};
+      params.statuses[request] = RequestStatus{refusal, 0};
       if (params.aborted_count != nullptr) atomicAdd(params.aborted_count, 1);
     }
     return;

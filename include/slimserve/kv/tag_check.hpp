@@ -60,6 +60,11 @@ struct BlockTagCheckArguments {
   const std::int32_t* append_indptr = nullptr;  ///< device, [table.batch_size + 1], optional
   bool check_fill = false;                  ///< as TagCheckArguments::check_fill
   TableAge built_at{};                      ///< as TagCheckArguments::built_at
+  /// As PageTableView::built_at (the 2-D view has no room for it): the table's age on the
+  /// device, [1] (BlockTableStorage::device().built_at after upload_block_table copied it),
+  /// compared with the device tags' synced_age(); every request is refused
+  /// (tags_not_synced) when it is newer. Null: not compared on the device.
+  const TableAge* device_built_at = nullptr;
 };
 
 /// Preflight only (pointers, sizes); nothing is launched. check_page_tags runs it first.
@@ -87,6 +92,8 @@ constexpr std::string_view to_string(RequestState state) noexcept {
     case RequestState::read_denied: return "read of a page another request is writing";
     case RequestState::unwritten_slots: return "length past the slots written in the page";
     case RequestState::append_not_next: return "append not at the page's next unwritten slot";
+    case RequestState::record_mismatch: return "record of another request, stale or corrupted";
+    case RequestState::tags_not_synced: return "table built after changes the device tags lack";
   }
   return "unknown";
 }

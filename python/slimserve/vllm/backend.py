@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionMetadataBuilder,
                                        AttentionType, CommonAttentionMetadata, MultipleOf)
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
-from . import stats, support
-from .impl import SlimserveAttentionImpl, set_current
+from . import guard, hooks, stats, support
+from .impl import SlimserveAttentionImpl, _stream_of, set_current
 from .metadata import SlimserveMetadata, StepPlanner
 
 
@@ -68,24 +69,53 @@ class SlimserveMetadataBuilder(AttentionMetadataBuilder[SlimserveMetadata]):
         self.activation = support.check_model(dtype=model.dtype, block_size=kv_cache_spec.block_size,
                                               head_size=kv_cache_spec.head_size)
         kv_dtype = support.KV_CACHE_DTYPES.get(vllm_config.cache_config.cache_dtype) or self.activation
+        scheduler = vllm_config.scheduler_config
+        self.max_num_seqs = scheduler.max_num_seqs
         self.planner = StepPlanner(
             num_heads=model.get_num_attention_heads(vllm_config.parallel_config),
             num_kv_heads=kv_cache_spec.num_kv_heads, head_size=kv_cache_spec.head_size,
-            block_size=kv_cache_spec.block_size, kv_dtype=kv_dtype, activation=self.activation)
+            block_size=kv_cache_spec.block_size, kv_dtype=kv_dtype, activation=self.activation,
+            max_num_seqs=scheduler.max_num_seqs, max_num_tokens=scheduler.max_num_batched_tokens,
+            max_model_len=model.max_model_len, device=device)
+        self.guard = None
+        guard.ACTIVE["guard"] = None
+        if guard.enabled():
+            hooks.install_worker_hooks()
+            hooks.install_engine_hooks()  # the in-process engine core (register() does it elsewhere)
+            # vLLM has sized the cache before it makes the builders; the block table is
+            # max_model_len / block_size blocks wide. From here on the worker's hook feeds the
+            # guard every step's deltas, the first step's admissions included.
+            block = kv_cache_spec.block_size
+            self.guard = guard.BlockGuard(num_blocks=vllm_config.cache_config.num_gpu_blocks, block_size=block,
+                                          max_num_seqs=self.max_num_seqs,
+                                          max_blocks_per_req=-(-model.max_model_len // block), device=device)
+            guard.ACTIVE["guard"] = self.guard
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> SlimserveMetadata:
         cm = common_attn_metadata
         if isinstance(cm.causal, torch.Tensor) or not cm.causal:
             raise NotImplementedError("slimserve vLLM backend: only causal decoder attention")
-        step = self.planner.plan(query_start_loc_cpu=cm.query_start_loc_cpu, seq_lens=cm.seq_lens,
-                                 block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping,
-                                 num_reqs=cm.num_reqs, num_actual_tokens=cm.num_actual_tokens)
-        meta = SlimserveMetadata(num_actual_tokens=cm.num_actual_tokens, num_reqs=cm.num_reqs,
-                                 max_query_len=cm.max_query_len, query_start_loc=cm.query_start_loc,
-                                 seq_lens=cm.seq_lens, block_table=cm.block_table_tensor,
-                                 slot_mapping=cm.slot_mapping, step=step, attention=self.planner.attention,
-                                 append=self.planner.append, planner=self.planner)
+        n, num_reqs = cm.num_actual_tokens, cm.num_reqs
+        block_table, seq_lens = cm.block_table_tensor[:num_reqs], cm.seq_lens[:num_reqs]
+        step = self.planner.plan(query_start_loc_cpu=cm.query_start_loc_cpu, seq_lens=seq_lens,
+                                 block_table=block_table, num_reqs=num_reqs)
+        slots, statuses = cm.slot_mapping[:n], None
+        g = self.guard
+        req_ids = hooks.current_req_ids() if g is not None else None
+        if g is not None and req_ids is not None and len(req_ids) >= num_reqs:
+            slots = g.check(list(req_ids[:num_reqs]), num_reqs=num_reqs,
+                            seq_lens=np.asarray(self.planner.last_seq_lens), block_table=block_table,
+                            seq_lens_device=seq_lens, query_start_loc=cm.query_start_loc, slot_mapping=cm.slot_mapping,
+                            num_tokens=n, stream=_stream_of(block_table))
+            statuses = g.statuses
+        elif g is not None:  # a warm-up or profiling batch: no request of the scheduler's
+            stats.count("guard_unchecked_steps")
+        meta = SlimserveMetadata(num_actual_tokens=n, num_reqs=num_reqs, max_query_len=cm.max_query_len,
+                                 query_start_loc=cm.query_start_loc, seq_lens=seq_lens, block_table=block_table,
+                                 slot_mapping=slots, step=step, attention=self.planner.attention,
+                                 planner=self.planner, statuses=statuses,
+                                 extra={"vllm_slot_mapping": cm.slot_mapping})
         set_current(meta)
         stats.count("build")
         return meta

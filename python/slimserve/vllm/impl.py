@@ -7,11 +7,12 @@ from typing import Optional
 
 import torch
 
+import slimserve as _s
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
-from . import stats, support
+from . import host_attention, stats, support
 from .layout import LayerCache
-from .metadata import AppendPlan, SlimserveMetadata
+from .metadata import SlimserveMetadata
 
 # The plan of the step being run, found by do_kv_cache_update (vLLM does not pass it the
 # metadata): the slot_mapping tensor it was planned for -> (metadata).
@@ -26,7 +27,7 @@ def _stream_of(t: torch.Tensor):
 
 def current_step_for(slot_mapping: torch.Tensor) -> Optional[SlimserveMetadata]:
     meta = _CURRENT.get("metadata")
-    if meta is None or meta.slot_mapping.data_ptr() != slot_mapping.data_ptr():
+    if meta is None or meta.extra["vllm_slot_mapping"].data_ptr() != slot_mapping.data_ptr():
         return None
     return meta
 
@@ -53,6 +54,7 @@ class SlimserveAttentionImpl(AttentionImpl):
         self.attn_type = attn_type
         self.sinks = None
         self._cache: Optional[LayerCache] = None
+        self.host_attention = host_attention.mode() == "host"  # refused here if misspelt
 
     def _layer_cache(self, layer, kv_cache: torch.Tensor, activation: str) -> LayerCache:
         """The slimserve views of this layer's cache, made once (vLLM keeps the tensor and the
@@ -70,8 +72,6 @@ class SlimserveAttentionImpl(AttentionImpl):
                                      "must be finite and positive")
             c = self._cache = LayerCache(kv_cache, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
             stats.note_cache(kv_cache)
-            c.kv_dtype = kv_dtype
-            c.scale_tensors = (k_scale, v_scale)
         return c
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -79,17 +79,22 @@ class SlimserveAttentionImpl(AttentionImpl):
         activation = support.ACTIVATION_DTYPES[key.dtype]
         cache = self._layer_cache(layer, kv_cache, activation)
         meta = current_step_for(slot_mapping)
-        if meta is not None and meta.append.num_tokens <= key.shape[0]:
-            plan = meta.append
-        else:  # not the step's own slot_mapping: plan this call alone
-            plan = AppendPlan()
-            plan.plan(slot_mapping.cpu().numpy(), cache.block_size)
+        if meta is not None:
+            n = meta.num_actual_tokens
+            k, v = meta.planner.staging(n)  # packed rows: the C entry takes no row stride
+            k.copy_(key[:n].view(k.shape))
+            v.copy_(value[:n].view(v.shape))
+            slots = meta.slot_mapping  # the guard's: -1 for the tokens of aborted requests
+        else:  # not the step's own slot_mapping: written as given, unguarded
+            n = slot_mapping.shape[0]
+            k, v = key[:n].contiguous(), value[:n].contiguous()
+            slots = slot_mapping
             stats.count("append_unplanned")
-        if plan.max_slot >= cache.num_blocks * cache.block_size:
-            raise ValueError(f"slimserve vLLM backend: slot {plan.max_slot} outside {cache.num_blocks} "
-                             f"blocks of {cache.block_size}")
-        n = plan.num_tokens
-        plan.run(cache.append, key[:n].contiguous(), value[:n].contiguous(), activation, stream=_stream_of(key))
+        kr, vr = cache.attention.check_rows(k.view(n, self.num_kv_heads, self.head_size),
+                                        v.view(n, self.num_kv_heads, self.head_size), "key", "value")
+        sr = _s._tensor(slots[:n], name="slot_mapping", dtypes={"int64"}, shape=(n,))
+        _s._kv_append(cache.attention, kr, vr, _s.ACTIVATION_DTYPES[activation], slot_mapping=sr.ptr,
+                      stream=_stream_of(key))
         stats.count("kv_update")
         stats.count("kv_update_tokens", n)
 
@@ -107,13 +112,33 @@ class SlimserveAttentionImpl(AttentionImpl):
         activation = support.ACTIVATION_DTYPES[query.dtype]
         cache = self._layer_cache(layer, kv_cache, activation)
         n = meta.num_actual_tokens
-        q = query[:n]
+        q = query[:n].view(n, self.num_heads, self.head_size)
         out = output[:n].view(n, self.num_heads, self.head_size)
-        statuses = None
-        if meta.guard is not None:
-            statuses = meta.guard.statuses
-        meta.attention.run(q, cache.attention, out=out, sm_scale=self.scale, statuses=statuses,
-                           stream=_stream_of(query))
+        if self.host_attention:  # SLIMSERVE_ATTENTION=host: the same pages, read by torch
+            planner = meta.planner
+            per_token = getattr(cache, "k_scales", None) is not None
+            host_attention.attend(q=q, out=out, pages=cache.pages, kv_dtype=cache.kv_dtype,
+                                  k_scale=None if per_token else cache.k_scale,
+                                  v_scale=None if per_token else cache.v_scale,
+                                  k_token_scales=cache.k_scales if per_token else None,
+                                  v_token_scales=cache.v_scales if per_token else None,
+                                  query_start_loc=planner.last_query_start_loc, seq_lens=planner.last_seq_lens,
+                                  block_table=meta.block_table, num_reqs=meta.num_reqs, sm_scale=self.scale,
+                                  statuses=meta.statuses)
+            stats.count("forward_host")
+            stats.count("forward")
+            stats.count("forward_tokens", n)
+            return output
+        # Launches only: the plan's persistent buffers, vLLM's device block table and lengths,
+        # the guard's device verdicts (aborted requests read no page; their rows are NaN).
+        if cache.attention.view.scale_mode == 2:  # per-token scales: the op takes per-tensor ones only
+            meta.attention.wrapper.run(q, cache.attention, out=out, sm_scale=self.scale, statuses=meta.statuses,
+                                       block_table=meta.block_table, seq_lens=meta.seq_lens,
+                                       stream=_stream_of(query), synchronize=False)
+        else:
+            torch.ops.slimserve.paged_attention_run(q, cache.pages, None, meta.block_table, meta.seq_lens, out,
+                                                    meta.statuses, meta.attention.id, cache.kv_dtype, "NHD",
+                                                    self.scale, cache.k_scale, cache.v_scale)
         stats.count("forward")
         stats.count("forward_tokens", n)
         return output

@@ -8,14 +8,12 @@ block's K and V inside that block's bytes and only chooses the interior:
     block b = [ K page: block_size x kv_heads x head_size | V page: same ]   (NHD pages)
 
 i.e. the tensor read as [num_blocks, 2, block_size, kv_heads, head_size], slimserve's combined
-K/V allocation (`PagedKVCache(kv, None)`, page stride two pages), read in place by paged
-attention. The append kernel takes packed page arrays, so it sees the same bytes as
-2 * num_blocks - 1 pages of K (k_pages = base) and of V (v_pages = base + one page): block b's
-K page is page 2b of the first and its V page page 2b of the second. FP8 caches are uint8.
+K/V allocation (`PagedKVCache(kv, None)`: page b's K at page 2b, its V one page later, page
+stride two pages). Paged attention reads it in place, and the append writes it in place:
+`slimserve_kv_append` with that page stride and vLLM's slot_mapping (slot s is block
+s // block_size, row s % block_size). FP8 caches are uint8.
 """
 from __future__ import annotations
-
-import copy
 
 import torch
 
@@ -28,8 +26,9 @@ def _bytes_view(kv_cache: torch.Tensor) -> torch.Tensor:
 
 
 class LayerCache:
-    """slimserve views of one layer's cache tensor: `attention` (combined pages, for paged
-    attention) and `append` (2 x num_blocks - 1 packed pages, for quantize-and-append)."""
+    """slimserve's view of one layer's cache tensor: `pages` ([num_blocks, 2, block_size,
+    kv_heads, head_size], what the torch ops take) and `attention` (the same bytes as a
+    PagedKVCache with its page stride, what the C entries take: attention and append alike)."""
 
     def __init__(self, kv_cache: torch.Tensor, *, kv_dtype: str, k_scale, v_scale):
         if kv_cache.dim() != 4 or kv_cache.shape[3] % 2:
@@ -40,28 +39,16 @@ class LayerCache:
                              f"(strides {kv_cache.stride()})")
         num_blocks, kv_heads, block_size, twice_head = kv_cache.shape
         head_size = twice_head // 2
-        pages = _bytes_view(kv_cache).view(num_blocks, 2, block_size, kv_heads, head_size)
+        self.pages = _bytes_view(kv_cache).view(num_blocks, 2, block_size, kv_heads, head_size)
         fp8 = kv_dtype.startswith("fp8")
         scales = dict(k_scale=k_scale, v_scale=v_scale) if fp8 else {}
-        self.attention = _s.PagedKVCache(pages, None, layout="NHD", dtype=kv_dtype if fp8 else None, **scales)
-        self.append = copy.copy(self.attention)
-        view = _s._capi.KvCache()
-        ctypes_copy(view, self.attention.view)
-        page_bytes = block_size * kv_heads * head_size * kv_cache.element_size()
-        view.v_pages = int(view.k_pages) + page_bytes
-        view.num_pages = 2 * num_blocks - 1
-        self.append.view = view
-        self.append.page_stride = 0
+        self.attention = _s.PagedKVCache(self.pages, None, layout="NHD", dtype=kv_dtype if fp8 else None, **scales)
+        self.kv_dtype = kv_dtype
+        self.k_scale, self.v_scale = (k_scale, v_scale) if fp8 else (None, None)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.kv_heads, self.head_size = kv_heads, head_size
         self.data_ptr = kv_cache.data_ptr()
         self.tensor = kv_cache  # kept alive with its views
-
-
-def ctypes_copy(dst, src) -> None:
-    """Field-by-field copy of a ctypes struct (the view holds plain pointers and ints)."""
-    for name, _ in type(src)._fields_:
-        setattr(dst, name, getattr(src, name))
 
 
 def kv_bytes_per_token(kv_cache: torch.Tensor) -> int:

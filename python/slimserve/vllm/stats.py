@@ -51,3 +51,8 @@ class WorkerStats:
 
     def slimserve_kv_cache(self) -> dict:
         return kv_cache_summary()
+
+    def slimserve_guard(self) -> dict:
+        from .guard import ACTIVE
+
+        return ACTIVE["guard"].summary() if ACTIVE["guard"] is not None else {}

@@ -74,6 +74,10 @@ struct MlaDecodeTile {
   static constexpr int rows = 16 * WarpsM;
   static constexpr int tile_tokens = 32;
   static constexpr int stages = 3;
+  /// CTAs one SM holds (the launch bound's minimum; mla_decode_resident_ctas says the same to
+  /// the plan): the 16-row FP8 CTA (128 threads, ~77 KB) fits twice — its ~240 registers are
+  /// under the 256 that two CTAs allow, so the bound costs nothing; others once.
+  static constexpr int min_ctas_per_sm = (fp8 && WarpsM == 1) ? 2 : 1;
   static constexpr int groups = mla_scale_groups;                  // one per warp column
   static constexpr int group_chunks = Group::row_chunks;  // 16-byte chunks of a group
   static constexpr int latent_frags = 8;  // 16-wide k steps per group
@@ -119,7 +123,7 @@ struct MlaDecodeSharedStorage {
 };
 
 template <class KvT, class QT, int WarpsM>
-__global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads)
+__global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads, MlaDecodeTile<KvT, WarpsM>::min_ctas_per_sm)
     mla_decode_kernel(const MlaDecodeParams p) {
   using Tile = MlaDecodeTile<KvT, WarpsM>;
   using Group = typename Tile::Group;

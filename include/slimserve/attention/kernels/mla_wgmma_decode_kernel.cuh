@@ -6,23 +6,25 @@
 /// mla_decode_kernel (the mma.sync kernel); the plan picks it only when asked and when a
 /// request has at least 64 rows (MlaDecodeProblem::warpgroup_mma).
 ///
-/// Per tile of 32 tokens (`Tile`), warpgroup w owns tokens [16 w, 16 w + 16) in S and latent
+/// Per tile of 64 tokens (`Tile`), warpgroup w owns tokens [32 w, 32 w + 32) in S and latent
 /// columns [256 w, 256 w + 256) (groups 2w, 2w+1) in O:
-///   P. producer: 8 threads per token; BF16: cp.async of the record straight into the
-///      swizzled latent tile of the stage (latent and rope: columns 0..575); FP8: the raw
-///      record (codes, scales, rope) into the stage;
-///   0. FP8: every thread widens 4 chunks of 16 codes into the one converted fp16 tile with
+///   P. producer: 4 threads per token; BF16: cp.async of the record straight into the
+///      swizzled latent tile of the stage (latent and rope: columns 0..575; two stages); FP8:
+///      the codes and scales into their one stage (the next tile's are copied in as soon as
+///      this tile's are widened), the BF16 rope into the stage's rope tile (two stages);
+///   0. FP8: every thread widens 8 chunks of 16 codes into the one converted fp16 tile with
 ///      the group scale folded in (code x scale_g / 2^e, 2^e a power of two per token);
-///   1. S for the warpgroup's 16 tokens, in its accumulator registers: one m64n16k16 chain over
+///   1. S for the warpgroup's 32 tokens, in its accumulator registers: one m64n32k16 chain over
 ///      all 36 k steps (BF16); FP8: one chain for the latent and one (BF16) for the rope,
-///      combined as 2^e S_latent + S_rope in FP32;
+///      combined as 2^e S_latent + S_rope in FP32. N = 32 (not 16) halves the shared-memory
+///      reads of Q per token (each k step's 2 KB of Q serves 32 tokens);
 ///   2. softmax in those registers (FlashAttention-3 style): mask, the row maximum over the
-///      thread's 4 tokens and its quad, exchanged with the other warpgroup through 512 bytes
+///      thread's 8 tokens and its quad, exchanged with the other warpgroup through 512 bytes
 ///      of shared memory; P = exp2(S - max), the sum kept per thread (reduced once at the end);
-///   3. O = alpha O + P latent[tile, own columns]: the k step of the warpgroup's own tokens
+///   3. O = alpha O + P latent[tile, own columns]: the two k steps of the warpgroup's own tokens
 ///      with P from registers (the S accumulator layout is the A fragment layout: wgmma RS),
-///      the other warpgroup's k step from the P tile it wrote (wgmma SS); latent MN-major, the
-///      same bytes as in step 1.
+///      the other warpgroup's two k steps from the P tile it wrote (wgmma SS); latent MN-major,
+///      the same bytes as in step 1.
 /// Numerics: 16-bit inputs of mma_input_t<KvT> (fp16 for FP8, with Q clamped to its range),
 /// FP32 accumulation. FP8 unlike the mma.sync kernel: the latent reaches the mma dequantized to
 /// fp16 (within 2^-10 of code x scale, relative; see step 0), and P carries 2^e x 2^8.
@@ -48,9 +50,12 @@ struct MlaWgmmaTile {
   static constexpr int rows = 64;
   static constexpr int warpgroups = 2;
   static constexpr int threads = 128 * warpgroups;
-  static constexpr int tile_tokens = 32;
-  static constexpr int warpgroup_tokens = tile_tokens / warpgroups;  // 16: one k step of O
-  static constexpr int stages = 3;
+  static constexpr int tile_tokens = 64;
+  static constexpr int warpgroup_tokens = tile_tokens / warpgroups;  // 32: N of S, two k steps of O
+  static constexpr int o_k_steps = warpgroup_tokens / 16;            // 2
+  /// BF16: latent stages; FP8: rope and token-bias stages (the raw codes and scales have one
+  /// stage: the next tile's are copied in once this tile is widened).
+  static constexpr int stages = 2;
   static constexpr int dims = mla_latent_dim + mla_rope_dim;  // 576
   static constexpr int groups = mla_scale_groups;              // 4
   static constexpr int group_k_steps = mla_scale_group / 16;   // 8
@@ -61,13 +66,13 @@ struct MlaWgmmaTile {
   using LatentTile = arch::WgmmaTile128B<tile_tokens, fp8 ? mla_latent_dim : dims>;
   /// FP8: the BF16 rope, cp.async'd per stage straight into its own tile (a BF16 S chain).
   using RopeTile = arch::WgmmaTile128B<tile_tokens, mla_rope_dim>;
-  using PTile = arch::WgmmaTile128B<rows, 64>;  // tokens 0..31 used
+  using PTile = arch::WgmmaTile128B<rows, tile_tokens>;  // warpgroup w writes tokens [32 w, 32 w + 32)
   /// FP8: what a token's group scales become (see the widening): 2^e, the largest power of
   /// two not above its largest group scale, [0], and 2^e x per_token_p_headroom [1].
   static constexpr int token_factors = 2;
   // FP8 raw codes per stage.
   static constexpr int code_bytes = mla_latent_dim;          // 512
-  static_assert(groups == 4 && threads_per_token == 8 && warpgroup_tokens == 16);
+  static_assert(groups == 4 && threads_per_token == 4 && warpgroup_tokens == 32 && o_k_steps == 2);
 
   // Shared memory, carved by byte offsets (the tiles need 1024-byte alignment, more than a
   // struct can ask of the dynamic shared memory base).
@@ -79,12 +84,12 @@ struct MlaWgmmaTile {
   /// every group, the group scales being folded into the widened latent).
   static constexpr int p_tiles = 1;
   static constexpr std::uint32_t raw_offset = p_offset + p_tiles * PTile::bytes;
-  static constexpr std::uint32_t raw_stage_bytes = fp8 ? tile_tokens * code_bytes : 0;
-  static constexpr std::uint32_t rope_offset = raw_offset + stages * raw_stage_bytes;
+  static constexpr std::uint32_t raw_bytes = fp8 ? tile_tokens * code_bytes : 0;  // one stage
+  static constexpr std::uint32_t rope_offset = raw_offset + raw_bytes;
   static constexpr int rope_tiles = fp8 ? stages : 0;
   static constexpr std::uint32_t scales_offset = rope_offset + rope_tiles * RopeTile::bytes;
   /// Per stage and token: 0 when the token is readable, -inf past the range or on a bad page.
-  static constexpr std::uint32_t token_bias_offset = scales_offset + stages * tile_tokens * groups * 4;
+  static constexpr std::uint32_t token_bias_offset = scales_offset + (fp8 ? tile_tokens * groups * 4 : 0);
   /// FP8, per token of the tile being consumed: token_factors floats (written by the widening).
   static constexpr std::uint32_t token_factor_offset = token_bias_offset + stages * tile_tokens * 4;
   /// Per warpgroup and row: the tile's maximum (exchanged every tile), the final sum.
@@ -127,7 +132,7 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
   using RopeTile = typename Tile::RopeTile;
   constexpr bool fp8 = Tile::fp8;
   unsigned char* smem = rt::dynamic_shared_memory();
-  float* stage_scales = reinterpret_cast<float*>(smem + Tile::scales_offset);  // [stages][tokens][groups]
+  float* tile_scales = reinterpret_cast<float*>(smem + Tile::scales_offset);  // FP8: [tokens][groups]
   float* stage_bias = reinterpret_cast<float*>(smem + Tile::token_bias_offset);  // [stages][tokens]
   float* tile_max = reinterpret_cast<float*>(smem + Tile::stats_offset);  // [warpgroups][rows]
   float* final_sum = tile_max + Tile::warpgroups * Tile::rows;             // [warpgroups][rows]
@@ -141,12 +146,17 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  // The thread's accumulator rows (16 w + g, + 8) and, in S, tokens token0 + {0, 1, 8, 9}.
+  // The thread's accumulator rows (16 w + g, + 8) and, in S, tokens token0 + 8 c + {0, 1}, c = 0..3.
   const int rows_of_thread[2] = {16 * w + g, 16 * w + g + 8};
   const int token0 = Tile::warpgroup_tokens * wg + 2 * t;
 
-  const std::uint32_t p_store_offset[2] = {PTile::element_offset(rows_of_thread[0], token0),
-                                           PTile::element_offset(rows_of_thread[0], token0 + 8)};
+  // Where the thread's P pairs of token block c (tokens token0 + 8 c) land in the P tile (row
+  // rows_of_thread[0]; the second row is 8 rows, one 1024-byte swizzle pattern, further).
+  std::uint32_t p_store_offset[Tile::warpgroup_tokens / 8];
+SLIMSERVE_ATTENTION_UNROLL
+  for (int c = 0; c < Tile::warpgroup_tokens / 8; ++c) {
+    p_store_offset[c] = PTile::element_offset(rows_of_thread[0], token0 + 8 * c);
+  }
   static_assert(PTile::group_bytes == 1024, "rows r and r + 8 share the swizzle, one pattern apart");
 
   const MlaWork work = mla_work<Tile::rows, Tile::tile_tokens>(p);
@@ -195,11 +205,13 @@ SLIMSERVE_ATTENTION_UNROLL
   const bool group_scales = fp8 && p.scale_mode == MlaScaleMode::per_token_group;
   const float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
 
-  float o_acc[2][64];  // groups 2 wg, 2 wg + 1: D of m64n128
+  // Latent columns [256 wg, 256 wg + 256) (groups 2 wg, 2 wg + 1): D of m64n256, o_acc[64 j + i]
+  // the m64n128 element i of group 2 wg + j.
+  float o_acc[128];
 SLIMSERVE_ATTENTION_UNROLL
   for (int j = 0; j < 2; ++j) {
 SLIMSERVE_ATTENTION_UNROLL
-    for (int i = 0; i < 64; ++i) o_acc[j][i] = 0.0f;
+    for (int i = 0; i < 64; ++i) o_acc[64 * j + i] = 0.0f;
   }
 
   // Softmax state of the thread's two rows, the same in both warpgroups; the sum is this
@@ -214,50 +226,59 @@ SLIMSERVE_ATTENTION_UNROLL
 
   const int producer_token = tid / Tile::threads_per_token;
   const int producer_sub = tid % Tile::threads_per_token;
+  // Producer: threads_per_token (4) threads per token, each forming the token's record address
+  // once per tile. stage: the latent (BF16) or rope and bias (FP8) stage; FP8 codes and scales
+  // go to their one stage.
   auto produce = [&](std::int32_t i, int stage) {
     bool ok = false;
     const unsigned char* record =
         mla_token_record(p, work, work.kv_begin + static_cast<std::int64_t>(i) * Tile::tile_tokens + producer_token, ok);
+    constexpr int tpt = Tile::threads_per_token;
     if constexpr (fp8) {
-      unsigned char* raw =
-          smem + Tile::raw_offset + stage * Tile::raw_stage_bytes + producer_token * Tile::code_bytes + 16 * producer_sub;
-      constexpr int code_chunks = Tile::code_bytes / 16;  // 32: 4 per thread
-      static_assert(code_chunks % Tile::threads_per_token == 0 && mla_rope_dim / 8 == Tile::threads_per_token);
+      unsigned char* raw = smem + Tile::raw_offset + producer_token * Tile::code_bytes + 16 * producer_sub;
+      constexpr int code_chunks = Tile::code_bytes / 16;  // 32: 8 per thread
+      static_assert(code_chunks % tpt == 0 && (mla_rope_dim / 8) % tpt == 0);
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < code_chunks / Tile::threads_per_token; ++k) {
-        arch::cp_async_16_zfill(raw + 16 * Tile::threads_per_token * k,
-                                record + 16 * (producer_sub + Tile::threads_per_token * k), ok);
+      for (int k = 0; k < code_chunks / tpt; ++k) {
+        arch::cp_async_16_zfill(raw + 16 * tpt * k, record + 16 * (producer_sub + tpt * k), ok);
       }
-      // Rope chunk `sub` (8 BF16 values) straight into the stage's rope tile.
-      arch::cp_async_16_zfill(smem + Tile::rope_offset + stage * RopeTile::bytes +
-                                  RopeTile::chunk_offset(producer_token, producer_sub),
-                              record + p.rope_offset + 16 * producer_sub, ok);
-    } else {
-      // Chunk c = sub + 8 k of the token's row sits at k column blocks from chunk `sub`.
-      unsigned char* tile = smem + Tile::latent_offset + stage * LatentTile::bytes +
-                            LatentTile::chunk_offset(producer_token, producer_sub);
-      constexpr int chunks = Tile::dims / 8;  // 72: 9 per thread
-      static_assert(chunks % Tile::threads_per_token == 0 && Tile::threads_per_token == 8);
+      // Rope chunks sub and sub + 4 (8 BF16 values each) straight into the stage's rope tile.
+      unsigned char* rope = smem + Tile::rope_offset + stage * RopeTile::bytes;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < chunks / Tile::threads_per_token; ++k) {
-        const int c = producer_sub + Tile::threads_per_token * k;
-        const unsigned char* source =
-            k < mla_latent_dim / 64 ? record + 16 * c : record + p.rope_offset + 16 * (c - mla_latent_dim / 8);
-        arch::cp_async_16_zfill(tile + k * LatentTile::block_bytes, source, ok);
+      for (int k = 0; k < mla_rope_dim / 8 / tpt; ++k) {
+        arch::cp_async_16_zfill(rope + RopeTile::chunk_offset(producer_token, producer_sub + tpt * k),
+                                record + p.rope_offset + 16 * (producer_sub + tpt * k), ok);
+      }
+    } else {
+      // Chunk c = sub + 4 h + 8 k of the token's row (h = 0, 1) sits at k column blocks from
+      // chunk sub + 4 h: two swizzled bases, constant offsets from each.
+      unsigned char* tile = smem + Tile::latent_offset + stage * LatentTile::bytes;
+      constexpr int chunks = Tile::dims / 8;  // 72: 18 per thread
+      static_assert(chunks % 8 == 0 && tpt == 4);
+SLIMSERVE_ATTENTION_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        unsigned char* base = tile + LatentTile::chunk_offset(producer_token, producer_sub + tpt * h);
+SLIMSERVE_ATTENTION_UNROLL
+        for (int k = 0; k < chunks / 8; ++k) {
+          const int c = producer_sub + tpt * h + 8 * k;
+          const unsigned char* source =
+              k < mla_latent_dim / 64 ? record + 16 * c : record + p.rope_offset + 16 * (c - mla_latent_dim / 8);
+          arch::cp_async_16_zfill(base + k * LatentTile::block_bytes, source, ok);
+        }
       }
     }
     if (producer_sub == 0) {
       if (group_scales) {
-        arch::cp_async_16_zfill(stage_scales + (stage * Tile::tile_tokens + producer_token) * Tile::groups,
-                                record + p.scales_offset, ok);
+        arch::cp_async_16_zfill(tile_scales + producer_token * Tile::groups, record + p.scales_offset, ok);
       }
       stage_bias[stage * Tile::tile_tokens + producer_token] = ok ? 0.0f : -INFINITY;
     }
   };
 
-  auto consume = [&](int stage, std::int32_t tile_index) {
+  // after_widen: FP8, called once the stage's codes and scales are widened and free (it
+  // copies the next tile's in); BF16 copies before consume.
+  auto consume = [&](int stage, std::int32_t tile_index, auto&& after_widen) {
     const std::int64_t tile_begin = work.kv_begin + static_cast<std::int64_t>(tile_index) * Tile::tile_tokens;
-    const float* scales = stage_scales + stage * Tile::tile_tokens * Tile::groups;
     const float* token_bias = stage_bias + stage * Tile::tile_tokens;
     // Uniform across the CTA; the shuffle from lane 0 tells the compiler so, which keeps the
     // descriptors in uniform registers (no per-wgmma moves into them).
@@ -278,20 +299,21 @@ SLIMSERVE_ATTENTION_UNROLL
       //    pass fp16's 65504). One S chain for the latent, one P copy for all groups.
       //    Unit `unit` of warp w is token w + 8 unit, its lane the 16-code chunk `lane` (scale
       //    group lane / 8): a warp-uniform token. Each lane first derives one (unit, group)
-      //    factor — lanes 4 g + unit (and their copies 16 above) — then fetches its own.
-      const unsigned char* raw = smem + Tile::raw_offset + stage * Tile::raw_stage_bytes;
+      //    factor — lane 8 g + unit — then fetches its own.
+      const unsigned char* raw = smem + Tile::raw_offset;
       unsigned char* tile = smem + Tile::latent_offset;
       constexpr int code_chunks = Tile::code_bytes / 16;  // 32 chunks of 16 codes per token
-      constexpr int units = Tile::tile_tokens * code_chunks / Tile::threads;  // 4
+      constexpr int units = Tile::tile_tokens * code_chunks / Tile::threads;  // 8
       constexpr int warps = Tile::threads / 32;
-      static_assert(code_chunks == 32 && units == 4 && Tile::groups == 4 && code_chunks / Tile::groups == 8,
+      static_assert(code_chunks == 32 && units == 8 && Tile::groups == 4 && code_chunks / Tile::groups == 8 &&
+                        units * Tile::groups == 32,
                     "one warp per token and unit, lane = chunk, group = lane / 8");
       const int warp = tid / 32;
       std::uint32_t group_factor = 0;  // f16x2 (m, m) for (unit lane % 4, group (lane / 4) % 4)
       {
         const int prep_token = warp + warps * (lane % units);
         const int prep_group = (lane / units) % Tile::groups;
-        const float scale = group_scales ? scales[prep_token * Tile::groups + prep_group] : static_scale;
+        const float scale = group_scales ? tile_scales[prep_token * Tile::groups + prep_group] : static_scale;
         float token_max = fmaxf(scale, __shfl_xor_sync(0xffffffffu, scale, units));
         token_max = fmaxf(token_max, __shfl_xor_sync(0xffffffffu, token_max, 2 * units));
         // 2^e from the exponent field, clamped as above.
@@ -325,16 +347,20 @@ SLIMSERVE_ATTENTION_UNROLL
       }
       arch::fence_proxy_async_shared();  // also covers the rope tile this thread cp.async'd
       __syncthreads();
+      after_widen();  // every thread is past its codes and scales: the next tile's may come
     }
 
-    // 1. S[64 rows, the warpgroup's 16 tokens] in registers. d[i]: row rows_of_thread[(i/2)%2],
-    //    token token0 + 8 (i/4) + i%2. BF16: one chain; FP8: the (scaled) latent, and the rope.
+    // 1. S[64 rows, the warpgroup's 32 tokens] in registers (m64n32: each Q k step read from
+    //    shared memory serves 32 tokens). d[i]: row rows_of_thread[(i/2)%2], token token0 +
+    //    8 (i/4) + i%2. BF16: one chain; FP8: the (scaled) latent, and the rope.
     constexpr int chains = fp8 ? 2 : 1;
-    float s_acc[chains][8];
+    constexpr int n = Tile::warpgroup_tokens;  // 32
+    constexpr int s_regs = n / 2;              // 16
+    float s_acc[chains][s_regs];
     {
       const std::uint64_t q_desc = QTile::k_major_descriptor(smem_base + Tile::q_offset, 0);
       const std::uint64_t b_desc = LatentTile::k_major_descriptor(
-          latent_tile + 2u * LatentTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
+          latent_tile + (n / 8) * LatentTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
       arch::wgmma_fence();
       constexpr int latent_steps = fp8 ? mla_latent_dim / 16 : Tile::k_steps;
       // Descriptor steps as plain 64-bit adds (a step never carries out of the 14-bit start
@@ -346,7 +372,7 @@ SLIMSERVE_ATTENTION_UNROLL
       // (BF16 442 -> 409, FP8 558 -> 527 warp-instructions per warp and tile.)
 SLIMSERVE_ATTENTION_UNROLL
       for (int step = 0; step < latent_steps; ++step) {
-        mla_wgmma_ss<MmaT, 16>(s_acc[0], q_desc + QTile::k_major_step(step),
+        mla_wgmma_ss<MmaT, n>(s_acc[0], q_desc + QTile::k_major_step(step),
                                b_desc + LatentTile::k_major_step(step), step != 0);
       }
       if constexpr (fp8) {
@@ -354,10 +380,10 @@ SLIMSERVE_ATTENTION_UNROLL
         const std::uint32_t rope_tile = __shfl_sync(
             0xffffffffu, smem_base + Tile::rope_offset + static_cast<std::uint32_t>(stage) * RopeTile::bytes, 0);
         const std::uint64_t rope_desc = RopeTile::k_major_descriptor(
-            rope_tile + 2u * RopeTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
+            rope_tile + (n / 8) * RopeTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
 SLIMSERVE_ATTENTION_UNROLL
         for (int step = 0; step < mla_rope_dim / 16; ++step) {
-          mla_wgmma_ss<bf16, 16>(s_acc[1],
+          mla_wgmma_ss<bf16, n>(s_acc[1],
                                  q_desc + QTile::k_major_step(latent_steps + step),
                                  rope_desc + RopeTile::k_major_step(step), step != 0);
         }
@@ -365,53 +391,60 @@ SLIMSERVE_ATTENTION_UNROLL
       arch::wgmma_commit_group();
       arch::wgmma_wait_group<0>();
     }
-    float s[8];
-    // The thread's tokens: token0 + 8 (k / 2) + k % 2, k = 0..3; element i of S holds token
+    float s[s_regs];
+    // The thread's tokens: token0 + 8 (k / 2) + k % 2, k = 0..7; element i of S holds token
     // k = 2 (i / 4) + i % 2 of row (i / 2) % 2.
+    constexpr int thread_tokens = s_regs / 2;  // 8
     // FP8: the thread's tokens' factors (2^e, 2^e x headroom), tokens 2 pair, 2 pair + 1 in one load.
     // token_factor[Tile::token_factors * k + f]: factor f of the thread's token k.
-    float token_factor[4 * Tile::token_factors];
+    [[maybe_unused]] float token_factor[thread_tokens * Tile::token_factors];
     if constexpr (fp8) {
       const float* factors = reinterpret_cast<const float*>(smem + Tile::token_factor_offset);
 SLIMSERVE_ATTENTION_UNROLL
-      for (int pair = 0; pair < 2; ++pair) {
+      for (int pair = 0; pair < thread_tokens / 2; ++pair) {
         const Vec16 v = load16(factors + (token0 + 8 * pair) * Tile::token_factors);
         static_assert(sizeof v.word == 2 * Tile::token_factors * sizeof(float));
         std::memcpy(token_factor + 2 * Tile::token_factors * pair, v.word, sizeof v.word);
       }
 SLIMSERVE_ATTENTION_UNROLL
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < s_regs; ++i) {
         s[i] = fmaf(s_acc[0][i], token_factor[Tile::token_factors * (2 * (i / 4) + i % 2)], s_acc[1][i]);
       }
     } else {
 SLIMSERVE_ATTENTION_UNROLL
-      for (int i = 0; i < 8; ++i) s[i] = s_acc[0][i];
+      for (int i = 0; i < s_regs; ++i) s[i] = s_acc[0][i];
     }
 
     // 2. Mask (token in range and on a valid page; causal only where a row can be short of
     //    the tile's end), the row maximum across both warpgroups, exp2.
     float row_tile_max[2] = {-INFINITY, -INFINITY};
     {
-      float bias[4];
+      float bias[thread_tokens];
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < 4; ++k) bias[k] = token_bias[token0 + 8 * (k / 2) + k % 2];
+      for (int k = 0; k < thread_tokens; ++k) bias[k] = token_bias[token0 + 8 * (k / 2) + k % 2];
       // Row h sees the tile's tokens up to visible_end[h] (inclusive, tile-relative): all of
-      // them unless the tile reaches past the first row's query position.
-      int visible_end[2] = {Tile::tile_tokens, Tile::tile_tokens};
+      // them unless the tile reaches past the first row's query position. Only such tiles
+      // (a request's last, or a chunk's last few) compare positions: a CTA-uniform branch, so
+      // every other tile adds the bias alone (one instruction per score, not three).
       if (tile_begin + Tile::tile_tokens - 1 > unmasked_end) {
+        int visible_end[2];
 SLIMSERVE_ATTENTION_UNROLL
         for (int h = 0; h < 2; ++h) {
           const std::int64_t end = query_position[h] - tile_begin;
           visible_end[h] = end < -1 ? -1 : (end > Tile::tile_tokens ? Tile::tile_tokens : static_cast<int>(end));
         }
+SLIMSERVE_ATTENTION_UNROLL
+        for (int i = 0; i < s_regs; ++i) {
+          const int h = (i / 2) % 2;
+          const int k = 2 * (i / 4) + i % 2;
+          s[i] = token0 + 8 * (i / 4) + i % 2 <= visible_end[h] ? s[i] + bias[k] : -INFINITY;
+        }
+      } else {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int i = 0; i < s_regs; ++i) s[i] += bias[2 * (i / 4) + i % 2];
       }
 SLIMSERVE_ATTENTION_UNROLL
-      for (int i = 0; i < 8; ++i) {
-        const int h = (i / 2) % 2;
-        const int k = 2 * (i / 4) + i % 2;
-        s[i] = token0 + 8 * (i / 4) + i % 2 <= visible_end[h] ? s[i] + bias[k] : -INFINITY;
-        row_tile_max[h] = fmaxf(row_tile_max[h], s[i]);
-      }
+      for (int i = 0; i < s_regs; ++i) row_tile_max[(i / 2) % 2] = fmaxf(row_tile_max[(i / 2) % 2], s[i]);
 SLIMSERVE_ATTENTION_UNROLL
       for (int h = 0; h < 2; ++h) {
         row_tile_max[h] = fmaxf(row_tile_max[h], __shfl_xor_sync(0xffffffffu, row_tile_max[h], 1));
@@ -432,10 +465,10 @@ SLIMSERVE_ATTENTION_UNROLL
       alpha[h] = fast_exp2(run_max[h] - base[h]);  // 0 before the first visible token
       run_max[h] = new_max;
     }
-    float weight[8];
+    float weight[s_regs];
     float sum[2] = {0.0f, 0.0f};
 SLIMSERVE_ATTENTION_UNROLL
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < s_regs; ++i) {
       const int h = (i / 2) % 2;
       weight[i] = fast_exp2(fmaf(s[i], p.score_scale, -base[h]));  // masked: exp2(-inf) = 0
       sum[h] += weight[i];
@@ -443,27 +476,24 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
     for (int h = 0; h < 2; ++h) run_sum[h] = run_sum[h] * alpha[h] + sum[h];
 
-    // P as A fragments (a[k]: rows_of_thread[k % 2], tokens token0 + 8 (k / 2) + {0, 1}): the
-    // own k step from registers; the other warpgroup's k step through the P tile. FP8: P x
-    // 2^e(token) x 2^8 (the latent tile holds code x m_g; the headroom keeps small 2^e x P out
-    // of fp16 subnormals and is undone at the end).
-    std::uint32_t p_own[4];
-    // Where pair k lands in the P tile: row rows_of_thread[k % 2] (the second is 8 rows, one
-    // 1024-byte swizzle pattern, further), tokens token0 + 8 (k / 2).
-    auto p_offset = [&](int k) { return p_store_offset[k / 2] + (k % 2) * PTile::group_bytes; };
-    if constexpr (fp8) {
+    // P as A fragments, one set of 4 per k step of 16 tokens (p_own[ks][k]: rows_of_thread[k
+    // % 2], tokens token0 + 16 ks + 8 (k / 2) + {0, 1}: the m64n32 accumulator's columns
+    // [16 ks, 16 ks + 16) are the A fragment of k step ks): the own k steps from registers; the
+    // other warpgroup's through the P tile. FP8: P x 2^e(token) x 2^8 (the latent tile holds
+    // code x m_g; the headroom keeps small 2^e x P out of fp16 subnormals and is undone at the end).
+    std::uint32_t p_own[Tile::o_k_steps][4];
+    // Where pair q = 4 ks + k lands in the P tile: row rows_of_thread[q % 2], tokens token0 + 8 (q / 2).
+    auto p_offset = [&](int q) { return p_store_offset[q / 2] + (q % 2) * PTile::group_bytes; };
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        p_own[k] = pack_pair<MmaT>(weight[2 * k] * token_factor[Tile::token_factors * (2 * (k / 2)) + 1],
-                                   weight[2 * k + 1] * token_factor[Tile::token_factors * (2 * (k / 2) + 1) + 1]);
-        store4(smem + Tile::p_offset + p_offset(k), p_own[k]);
+    for (int q = 0; q < thread_tokens; ++q) {
+      float p0 = weight[2 * q];
+      float p1 = weight[2 * q + 1];
+      if constexpr (fp8) {
+        p0 *= token_factor[Tile::token_factors * (2 * (q / 2)) + 1];
+        p1 *= token_factor[Tile::token_factors * (2 * (q / 2) + 1) + 1];
       }
-    } else {
-SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        p_own[k] = pack_pair<MmaT>(weight[2 * k], weight[2 * k + 1]);
-        store4(smem + Tile::p_offset + p_offset(k), p_own[k]);
-      }
+      p_own[q / 4][q % 4] = pack_pair<MmaT>(p0, p1);
+      store4(smem + Tile::p_offset + p_offset(q), p_own[q / 4][q % 4]);
     }
     arch::fence_proxy_async_shared();
     __syncthreads();
@@ -475,45 +505,52 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
         for (int j = 0; j < 2; ++j) {
 SLIMSERVE_ATTENTION_UNROLL
-          for (int i = 0; i < 64; ++i) o_acc[j][i] *= alpha[(i / 2) % 2];
+          for (int i = 0; i < 64; ++i) o_acc[64 * j + i] *= alpha[(i / 2) % 2];
         }
       }
       const std::uint64_t v_desc = LatentTile::mn_major_descriptor(latent_tile, 0, 0);
       arch::wgmma_fence();
+      // One m64n256 per k step over the warpgroup's 256 columns (two m64n128 would read each
+      // P k step of the SS form twice and need twice the descriptors).
+      const std::uint64_t p_desc = PTile::k_major_descriptor(smem_base + Tile::p_offset, 0);
+      const int column0 = 2 * mla_scale_group * wg;
 SLIMSERVE_ATTENTION_UNROLL
-      for (int j = 0; j < 2; ++j) {
-        const int grp = 2 * wg + j;
-        const std::uint64_t p_desc = PTile::k_major_descriptor(smem_base + Tile::p_offset, 0);
-        mla_wgmma_rs<MmaT, 128, arch::WgmmaMajor::mn>(
-            o_acc[j], p_own,
-            v_desc + LatentTile::mn_major_step(wg, mla_scale_group * grp), true);
-        mla_wgmma_ss<MmaT, 128, arch::WgmmaMajor::mn>(
-            o_acc[j], p_desc + PTile::k_major_step(other_wg),
-            v_desc + LatentTile::mn_major_step(other_wg, mla_scale_group * grp), true);
+      for (int ks = 0; ks < Tile::o_k_steps; ++ks) {
+        const int own_step = Tile::o_k_steps * wg + ks;
+        const int other_step = Tile::o_k_steps * other_wg + ks;
+        mla_wgmma_rs<MmaT, 256, arch::WgmmaMajor::mn>(
+            o_acc, p_own[ks], v_desc + LatentTile::mn_major_step(own_step, column0), true);
+        mla_wgmma_ss<MmaT, 256, arch::WgmmaMajor::mn>(o_acc, p_desc + PTile::k_major_step(other_step),
+                                                      v_desc + LatentTile::mn_major_step(other_step, column0), true);
       }
       arch::wgmma_commit_group();
       arch::wgmma_wait_group<0>();
     }
   };
 
-SLIMSERVE_ATTENTION_UNROLL
-  for (int i = 0; i < Tile::stages - 1; ++i) {
-    if (i < work.num_tiles) produce(i, i);
-    arch::cp_async_commit();
-  }
-  int read_stage = 0;
-  int write_stage = Tile::stages - 1;
+  // Two stages: tile i + 1 is copied while tile i is consumed (BF16: from the loop top; FP8:
+  // once tile i's codes are widened, the codes and scales having one stage), and the wait at
+  // the loop top is for everything in flight.
+  static_assert(Tile::stages == 2);
+  if (work.num_tiles > 0) produce(0, 0);
+  arch::cp_async_commit();
   for (std::int32_t i = 0; i < work.num_tiles; ++i) {
-    arch::cp_async_wait<Tile::stages - 2>();
+    const int stage = i % 2;
+    arch::cp_async_wait<0>();
     // BF16: the copies are read by wgmma next. FP8: the widening's fence, after this barrier,
     // covers the rope tile (each thread fences after its own copies completed).
     if constexpr (!Tile::fp8) arch::fence_proxy_async_shared();
     __syncthreads();  // tile i visible to all; tile i - 1 consumed by all
-    if (i + Tile::stages - 1 < work.num_tiles) produce(i + Tile::stages - 1, write_stage);
-    arch::cp_async_commit();
-    consume(read_stage, i);
-    read_stage = read_stage == Tile::stages - 1 ? 0 : read_stage + 1;
-    write_stage = write_stage == Tile::stages - 1 ? 0 : write_stage + 1;
+    auto produce_next = [&] {
+      if (i + 1 < work.num_tiles) produce(i + 1, 1 - stage);
+      arch::cp_async_commit();
+    };
+    if constexpr (Tile::fp8) {
+      consume(stage, i, produce_next);
+    } else {
+      produce_next();
+      consume(stage, i, [] {});
+    }
   }
   arch::cp_async_wait<0>();
 
@@ -549,9 +586,9 @@ SLIMSERVE_ATTENTION_UNROLL
         if (((i / 2) % 2) != half) continue;
         const int column = mla_scale_group * (2 * wg + j) + 8 * (i / 4) + 2 * t + i % 2;
         if (p.split_kv) {
-          po[column] = o_acc[j][i] * norm;
+          po[column] = o_acc[64 * j + i] * norm;
         } else {
-          o[column] = from_float<bf16>(o_acc[j][i] * norm);
+          o[column] = from_float<bf16>(o_acc[64 * j + i] * norm);
         }
       }
     }

@@ -29,6 +29,7 @@
 #include "slimserve/arch/ldmatrix.cuh"
 #include "slimserve/arch/mma.cuh"
 #include "slimserve/formats/float_formats.hpp"
+#include "slimserve/kv/kv_format.hpp"
 #include "slimserve/runtime/platform.hpp"
 
 #if defined(__CUDA_ARCH__)
@@ -79,11 +80,13 @@ constexpr bool swizzle_is_permutation() {
 /// Geometry of one K or V tile row (a token's head vector) in shared memory.
 template <class KvT, int HeadDim>
 struct KvRowGeometry {
-  static constexpr int element_bytes = static_cast<int>(sizeof(KvT));
-  static constexpr bool fp8 = element_bytes == 1;
-  static constexpr int row_bytes = HeadDim * element_bytes;
+  static constexpr int bits = KvFormat<KvT>::bits;  ///< the format's trait (kv/kv_format.hpp)
+  /// Bytes of one element of a byte-sized format (sub-byte formats address by chunk_elements).
+  static constexpr int element_bytes = bits / 8;
+  static constexpr bool fp8 = fp8_format<KvT>;
+  static constexpr int row_bytes = HeadDim * bits / 8;  ///< the codes of one head vector
   static constexpr int row_chunks = row_bytes / 16;  ///< 16-byte chunks per row
-  static constexpr int chunk_elements = 16 / element_bytes;
+  static constexpr int chunk_elements = 128 / bits;  ///< elements in one 16-byte chunk
   static_assert(row_bytes % 32 == 0, "rows of an even number of 16-byte chunks: whole chunk pairs");
   static_assert(swizzle_is_permutation<row_chunks>());
 

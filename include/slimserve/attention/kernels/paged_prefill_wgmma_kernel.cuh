@@ -105,8 +105,13 @@ __global__ void __launch_bounds__(128, 2) paged_prefill_wgmma_kernel(const Paged
   const int g = lane / 4;
   const int t = lane % 4;
 
-  const std::int32_t work = static_cast<std::int32_t>(blockIdx.x);
-  const std::int32_t kv_head = static_cast<std::int32_t>(blockIdx.y);
+  // The grid is [KV heads][work items] (blockIdx.y, blockIdx.x); CTAs are taken in the order
+  // of the linear block index with the KV heads of one work item next to each other, so the
+  // plan's longest-first order of the work items is the launch order across all heads (LPT:
+  // the long causal row tiles start first, the short ones fill the tail).
+  const std::int64_t cta = static_cast<std::int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const std::int32_t work = static_cast<std::int32_t>(cta / p.num_kv_heads);
+  const std::int32_t kv_head = static_cast<std::int32_t>(cta % p.num_kv_heads);
   const std::int32_t b = p.work_request[work];
   const std::int32_t row_tile = p.work_row_tile[work];
   const std::int32_t split = p.work_split[work];

@@ -30,6 +30,7 @@ inline constexpr std::uint32_t canonical_float_nan = 0x7FFFFFFFu;
 enum class SpecialValues {
   ieee,         ///< infinities and NaNs, like IEEE 754 (FP16, BF16, FP8 e5m2)
   finite_only,  ///< no infinity; only S.1111.111 is NaN (OCP FP8 e4m3fn)
+  none,         ///< every code is a finite number (OCP FP4 e2m1fn)
 };
 
 /// Layout of a sign / exponent / mantissa format of at most 16 bits.
@@ -46,11 +47,14 @@ struct FloatLayout {
   static constexpr std::uint32_t mantissa_mask = (1u << MantissaBits) - 1u;
   /// Magnitude code of the largest finite value.
   static constexpr std::uint32_t max_finite_code =
-      Specials == SpecialValues::ieee ? ((exponent_all_ones - 1u) << MantissaBits) | mantissa_mask
-                                      : (exponent_all_ones << MantissaBits) | (mantissa_mask - 1u);
+      Specials == SpecialValues::ieee          ? ((exponent_all_ones - 1u) << MantissaBits) | mantissa_mask
+      : Specials == SpecialValues::finite_only ? (exponent_all_ones << MantissaBits) | (mantissa_mask - 1u)
+                                               : magnitude_mask;
   static constexpr std::uint32_t infinity_code = exponent_all_ones << MantissaBits;  // ieee only
-  /// The NaN an encoder writes: what NVIDIA's cvt instructions write (sign clear).
-  static constexpr std::uint32_t canonical_nan_code = magnitude_mask;
+  /// The NaN an encoder writes: what NVIDIA's cvt instructions write (sign clear). A format
+  /// without NaN (e2m1) writes +0 instead: a NaN carries no magnitude to keep.
+  static constexpr std::uint32_t canonical_nan_code =
+      Specials == SpecialValues::none ? 0u : magnitude_mask;
 };
 
 /// What an encoder does with values beyond the largest finite one.
@@ -117,7 +121,7 @@ SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr float decode(std::uint32_t
   if (exponent == Layout::exponent_all_ones) {
     if constexpr (Layout::specials == SpecialValues::ieee) {
       return float_from_bits(mantissa == 0u ? (sign | 0x7F800000u) : canonical_float_nan);
-    } else {
+    } else if constexpr (Layout::specials == SpecialValues::finite_only) {
       if (mantissa == Layout::mantissa_mask) return float_from_bits(canonical_float_nan);
     }
   }

@@ -1,4 +1,4 @@
-#include "slimserve/attention/mla_cache_view.hpp"
+#include "slimserve/kv/mla_cache_view.hpp"
 
 #include <cstdint>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/kv/kv_cache_view.hpp"
 
 #include <cstdint>
 #include <limits>
@@ -10,7 +10,7 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
   // Enum values that arrive as integers (C ABI, Python, casts) are checked before any use.
   if (!is_valid(cache.dtype)) {
     return make_status(StatusCode::invalid_argument, "unknown KV dtype ",
-                       static_cast<int>(cache.dtype));
+                       static_cast<int>(cache.dtype), " (one of ", kv_format_names(), ")");
   }
   if (!is_valid(cache.layout)) {
     return make_status(StatusCode::invalid_argument, "unknown KV layout ",
@@ -39,7 +39,7 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
                        " elements is too large");
   }
   if (cache.page_stride != 0 &&
-      (cache.page_stride < page_elements || cache.page_stride * element_bytes(cache.dtype) % 16 != 0)) {
+      (cache.page_stride < page_elements || cache.page_stride * bits_per_element(cache.dtype) % 128 != 0)) {
     return make_status(StatusCode::invalid_argument, "page_stride ", cache.page_stride,
                        " must be 0 (packed) or at least one page (", page_elements,
                        " elements) and a multiple of 16 bytes");
@@ -49,7 +49,7 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
   }
   switch (cache.scale_mode) {
     case KvScaleMode::none:
-      if (is_fp8(cache.dtype)) {
+      if (requires_scale(cache.dtype)) {
         return make_status(StatusCode::invalid_argument, "an ", to_string(cache.dtype),
                            " cache needs scales (per_tensor or per_token); a silent 1.0 is refused");
       }
@@ -63,7 +63,7 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
     case KvScaleMode::per_token:
       // Per-token scales map each vector's amax onto the format's largest value; for a 16-bit
       // cache that is ~3e38 (BF16), and q.k over such values overflows FP32.
-      if (!is_fp8(cache.dtype)) {
+      if (!allows_per_token_scales(cache.dtype)) {
         return make_status(StatusCode::invalid_argument, "per_token scales are for FP8 caches; a ",
                            to_string(cache.dtype), " cache takes scale mode none or per_tensor");
       }
