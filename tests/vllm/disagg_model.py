@@ -168,9 +168,13 @@ def single_process(conn, model_dir, scales, prompt, int4_layers, steps):
     pool.close()
 
 
-def _recv(conn, what, deadline):
-    if not conn.poll(max(0.0, deadline - time.monotonic())):
-        raise SystemExit(f"FAIL: no {what} in time")
+def _recv(conn, process, what, deadline):
+    """The next message from a child, or a failure as soon as the child has died or time is up."""
+    while not conn.poll(0.2):
+        if not process.is_alive():
+            raise SystemExit(f"FAIL: the {process.name} process exited ({process.exitcode}) before its {what}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"FAIL: no {what} in time")
     return conn.recv()
 
 
@@ -198,24 +202,25 @@ def main() -> int:
     targets = {"prefill": (prefill_engine, (args.model, scales, prompt)),
                "decode": (decode_engine, (args.model, scales, int4)),
                "single": (single_process, (args.model, scales, prompt, int4, args.decode_tokens))}
-    processes = {name: context.Process(target=fn, args=(pipes[name][1],) + extra, daemon=True)
+    processes = {name: context.Process(target=fn, args=(pipes[name][1],) + extra, name=name, daemon=True)
                  for name, (fn, extra) in targets.items()}
     for p in processes.values():
         p.start()
     a, b, r = (pipes[name][0] for name in ("prefill", "decode", "single"))
+    pa, pb, pr = (processes[name] for name in ("prefill", "decode", "single"))
     try:
-        a_meta, b_meta = _recv(a, "prefill metadata", deadline), _recv(b, "decode metadata", deadline)
+        a_meta, b_meta = _recv(a, pa, "metadata", deadline), _recv(b, pb, "metadata", deadline)
         a.send(b_meta)
         b.send(a_meta)
-        prefilled = _recv(a, "prefill result", deadline)
+        prefilled = _recv(a, pa, "prefill result", deadline)
         b.send((TRANSFER_ID, len(prompt), prefilled["first"], args.decode_tokens))
         # While the engines work: the same model in plain PyTorch, BF16 all through (for the report).
         torch_tokens = [prefilled["first"]]
         for _ in range(args.decode_tokens):
             torch_tokens.append(greedy(reference.torch_forward(prompt + torch_tokens)[0]))
-        decoded = _recv(b, "decode result", deadline)
-        released = _recv(a, "prefill release", deadline)
-        single = _recv(r, "single-process result", deadline)
+        decoded = _recv(b, pb, "decode result", deadline)
+        released = _recv(a, pa, "release of its pages", deadline)
+        single = _recv(r, pr, "result", deadline)
     finally:
         for p in processes.values():
             p.join(max(1.0, min(10.0, deadline - time.monotonic())))
@@ -227,16 +232,16 @@ def main() -> int:
         if not ok:
             failures.append(what)
     moved = sum(len(x) for x in prefilled["bytes"])
-    check(all(x == y for x, y in zip(decoded["bytes"], prefilled["bytes"])),
-          "a received byte differs from the source page's")
+    check(decoded["bytes"] == prefilled["bytes"], "a received byte differs from the source page's")
     check(decoded["untouched"], "the decode cache changed outside the request's slots")
     check(prefilled["first"] == single["first"] and np.array_equal(prefilled["logits"], single["logits"]),
           "the prefill engine's logits differ from the single-process run's")
-    check(all(x == y for x, y in zip(prefilled["bytes"], single["bytes"])),
-          "the prefill engine's pages differ from the single-process run's")
-    check(decoded["tokens"] == single["tokens"], f"decode tokens {decoded['tokens']} != single-process {single['tokens']}")
+    check(prefilled["bytes"] == single["bytes"], "the prefill engine's pages differ from the single-process run's")
+    check(decoded["tokens"] == single["tokens"],
+          f"decode tokens {decoded['tokens']} != single-process {single['tokens']}")
     worst = max((float(np.abs(x - y).max()) for x, y in zip(decoded["logits"], single["step_logits"])), default=0.0)
-    check(worst == 0.0, f"a decode step's logits differ from the single-process run's by up to {worst}")
+    check(len(decoded["logits"]) == len(single["step_logits"]) == args.decode_tokens and worst == 0.0,
+          f"a decode step's logits differ from the single-process run's by up to {worst}")
     check(released["completed"] == [TRANSFER_ID], f"the prefill side completed {released['completed']}")
     for side, result in (("prefill", released), ("decode", decoded)):
         check(result["free_after"] == result["free_before"],

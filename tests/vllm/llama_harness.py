@@ -5,14 +5,14 @@ PyTorch does the embedding, RMSNorm, RoPE, SiLU and the unquantized matrix produ
 sums, BF16 activations); slimserve does the rest:
   * the KV cache: FP8 e4m3 pages with per-tensor scales, written by `append_kv` (quantize and
     append) and read in place by `PagedAttentionWrapper` (paged attention, causal);
-  * the INT4 linear layers, where asked: weights quantized and packed by `quantize_int4`
-    (symmetric, groups of 64 along K), products by `gemm_w4a16`.
+  * the INT4 linear layers, where asked: the checkpoint's weights quantized and packed by
+    `quantize_int4` (symmetric, groups of 64 along K), products by `gemm_w4a16`.
 
 One K and one V page array hold every layer, [num_pages, layers * kv_heads, page_size, head_dim]
 (HND): a page id names the same block in every layer (as in vLLM), layer l reads heads
-[l * kv_heads, (l + 1) * kv_heads) of it in place (a page stride of layers * kv_heads pages), and
-the whole array is one cache to describe, register and move (`KvPages.transfer_cache`): one
-transfer per request moves every layer.
+[l * kv_heads, (l + 1) * kv_heads) of it in place (its pages layers * kv_heads * page_size *
+head_dim elements apart), and the whole array is one cache to describe, register and move
+(`KvPages.transfer_cache`): one transfer per request moves every layer.
 """
 from __future__ import annotations
 
