@@ -21,6 +21,7 @@ same bits out); both pools' free-page counts back where they started. Every wait
 import argparse
 import multiprocessing
 import os
+import resource
 import sys
 import time
 
@@ -254,7 +255,10 @@ def main() -> int:
           f"{args.decode_tokens} tokens in {decoded['decode_s']:.1f} s; single-process run {single['s']:.1f} s")
     print(f"disagg_model: tokens {[prefilled['first']] + decoded['tokens']} {text!r}; single-process "
           f"{[single['first']] + single['tokens']}; PyTorch BF16 without the FP8 cache and INT4 {torch_tokens}")
-    print(f"disagg_model: {'FAIL: ' + '; '.join(failures) if failures else 'ok'} in {time.monotonic() - start:.1f} s")
+    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    print(f"disagg_model: {'FAIL: ' + '; '.join(failures) if failures else 'ok'} in {time.monotonic() - start:.1f} s "
+          f"({cpu:.0f} s of CPU, the four processes together)")
     return 1 if failures else 0
 
 
