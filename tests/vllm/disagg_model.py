@@ -27,6 +27,9 @@ import time
 
 import numpy as np
 
+# MKL (PyTorch's CPU BLAS here) may round differently with its buffers' alignment unless told not
+# to, and the checks below compare separate processes bit for bit.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 HERE = os.path.dirname(os.path.abspath(__file__))
 # 30 tokens: two pages, the second partly filled (the request's own transfer list); the third
 # decode step needs a third page, which the decode engine adds after the transfer.
