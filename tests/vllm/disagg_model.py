@@ -1,8 +1,9 @@
 """Prefill/decode disaggregation of a real model on slimserve's own API, without vLLM
-(docs/disaggregation.md, "Tests"): SmolLM2-135M in llama_harness, three processes on one host.
+(docs/disaggregation.md, "Tests"): SmolLM2-135M in llama_harness, three processes on one host
+besides this one, which starts them, relays their NIXL metadata and checks their results.
 
   A, the prefill engine: the prompt through the model with its unquantized (BF16) weights, K/V
-      written by append_kv into FP8 pages (shuffled, not the pool's first), attention by
+      written by append_kv into FP8 pages (descending, after two held ones), attention by
       PagedAttentionWrapper; its first token from the last logits; the pages offered through
       slimserve.nixl.PrefillSide.
   B, the decode engine: receives the pages through slimserve.nixl.DecodeSide (one NIXL READ,
