@@ -16,6 +16,7 @@ SlimserveValueError and SlimserveTypeError are also ValueError and TypeError.
 from __future__ import annotations
 
 import ctypes
+import sys
 import math
 import weakref
 from ctypes import byref, c_int32, c_size_t, c_void_p
@@ -254,7 +255,11 @@ class PagePool:
             _lib.slimserve_page_pool_destroy(self._handle)
             self._handle = None
 
-    __del__ = close
+    def __del__(self, _exiting=sys.is_finalizing):
+        # At interpreter exit the module's globals may already be gone (None): the process
+        # frees everything then, so nothing is destroyed.
+        if not _exiting():
+            self.close()
 
 
 def _close_or_defer(owner) -> bool:
@@ -324,7 +329,11 @@ class PrefixCache:
             self._handle = None
             _dependent_closed(self._pool)
 
-    __del__ = close
+    def __del__(self, _exiting=sys.is_finalizing):
+        # At interpreter exit the module's globals may already be gone (None): the process
+        # frees everything then, so nothing is destroyed.
+        if not _exiting():
+            self.close()
 
 
 class RequestSets:
@@ -421,7 +430,11 @@ class RequestSets:
                 _dependent_closed(self._cache)
             _dependent_closed(self._pool)
 
-    __del__ = close
+    def __del__(self, _exiting=sys.is_finalizing):
+        # At interpreter exit the module's globals may already be gone (None): the process
+        # frees everything then, so nothing is destroyed.
+        if not _exiting():
+            self.close()
 
 
 class DeviceTags:
@@ -551,10 +564,16 @@ class PageTable:
         self._generation += 1
         return BuiltTable(host, device, self, self._generation)
 
-    def __del__(self):
+    def _destroy(self) -> None:
         if getattr(self, "_handle", None):
             _lib.slimserve_page_table_destroy(self._handle)
             self._handle = None
+
+    def __del__(self, _exiting=sys.is_finalizing):
+        # At interpreter exit the module's globals may already be gone (None): the process
+        # frees everything then, so nothing is destroyed.
+        if not _exiting():
+            self._destroy()
 
 
 class RequestStatuses:
@@ -1322,8 +1341,11 @@ class DecodeWrapper:
             _lib.slimserve_decode_plan_destroy(self._plan)
             self._plan = c_void_p()
 
-    def __del__(self):
-        self._destroy_plan()
+    def __del__(self, _exiting=sys.is_finalizing):
+        # At interpreter exit the module's globals may already be gone (None): the process
+        # frees everything then, so nothing is destroyed.
+        if not _exiting():
+            self._destroy_plan()
 
 
 # ---- INT4 weights ------------------------------------------------------------------------------
@@ -1351,10 +1373,16 @@ class Int4Weights:
             self._handle, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size))
         return out
 
-    def __del__(self):
+    def _destroy(self) -> None:
         if getattr(self, "_handle", None):
             _lib.slimserve_int4_weights_destroy(self._handle)
             self._handle = None
+
+    def __del__(self, _exiting=sys.is_finalizing):
+        # At interpreter exit the module's globals may already be gone (None): the process
+        # frees everything then, so nothing is destroyed.
+        if not _exiting():
+            self._destroy()
 
 
 def quantize_int4(weight: np.ndarray, *, group_size: int = 128, symmetric: bool = True,

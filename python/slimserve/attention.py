@@ -10,6 +10,7 @@ message.
 from __future__ import annotations
 
 import ctypes
+import sys
 from ctypes import byref, c_size_t, c_void_p
 from typing import Optional
 
@@ -315,8 +316,9 @@ class PagedAttentionWrapper:
             _lib.slimserve_paged_attention_plan_destroy(self._plan)
             self._plan = c_void_p()
 
-    def __del__(self):
-        self._destroy_plan()
+    def __del__(self, _exiting=sys.is_finalizing):
+        if not _exiting():  # at interpreter exit the module's globals may be gone
+            self._destroy_plan()
 
 
 # ---- MLA -----------------------------------------------------------------------------------------
@@ -462,5 +464,6 @@ class MlaDecodeWrapper:
             _lib.slimserve_mla_plan_destroy(self._plan)
             self._plan = c_void_p()
 
-    def __del__(self):
-        self._destroy_plan()
+    def __del__(self, _exiting=sys.is_finalizing):
+        if not _exiting():  # at interpreter exit the module's globals may be gone
+            self._destroy_plan()

@@ -10,6 +10,7 @@ the device and reported by `MoeRouting.read_status()` (it synchronizes). Errors 
 """
 from __future__ import annotations
 
+import sys
 from ctypes import addressof, byref, c_size_t, c_void_p
 from typing import Optional, Sequence
 
@@ -112,10 +113,14 @@ class MoeRouter:
                                               _stream(stream), byref(routing)))
         return MoeRouting(self, routing, topk_ids)
 
-    def __del__(self):
+    def _destroy_plan(self) -> None:
         if getattr(self, "_plan", None):
             _lib.slimserve_moe_routing_plan_destroy(self._plan)
             self._plan = None
+
+    def __del__(self, _exiting=sys.is_finalizing):
+        if not _exiting():  # at interpreter exit the module's globals may be gone
+            self._destroy_plan()
 
 
 class MoeGemm:
@@ -199,7 +204,11 @@ class MoeGemm:
                                            self.workspace_bytes, _stream(stream)))
         return out
 
-    def __del__(self):
+    def _destroy_plan(self) -> None:
         if getattr(self, "_plan", None):
             _lib.slimserve_moe_gemm_plan_destroy(self._plan)
             self._plan = None
+
+    def __del__(self, _exiting=sys.is_finalizing):
+        if not _exiting():  # at interpreter exit the module's globals may be gone
+            self._destroy_plan()

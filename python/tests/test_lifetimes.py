@@ -62,3 +62,27 @@ def test_explicit_close_and_cycles_destroy_each_once(monkeypatch):
     del pool, cache
     gc.collect()
     assert recorder.destroyed[2:] == ["slimserve_prefix_cache_destroy", "slimserve_page_pool_destroy"]
+
+
+def test_objects_alive_at_interpreter_exit_are_left_to_the_process(tmp_path):
+    # At exit Python clears each module's names, those starting with "_" first: an object that
+    # only the module's other names still hold is finalized after `_lib` became None, and a
+    # finalizer that reaches a global then raises ("Exception ignored in ..."). Every native
+    # object left alive that way must exit quietly.
+    import subprocess
+    import sys
+    script = tmp_path / "exit_with_objects_alive.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import slimserve as ss\n"
+        "pool = ss.PagePool(8)\n"
+        "cache = ss.PrefixCache(pool, 16)\n"
+        "sets = ss.RequestSets(pool, cache, 4, 16)\n"
+        "table = ss.PageTable(4, 8, 16, 8)\n"
+        "tags = ss.DeviceTags(8)\n"
+        "weights = ss.quantize_int4(np.random.default_rng().standard_normal((64, 32), np.float32), group_size=32)\n"
+        "ss.kept_until_exit = [pool, cache, sets, table, tags, weights]\n"
+        "del pool, cache, sets, table, tags, weights\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
