@@ -63,6 +63,7 @@ weights_dir() {  # unquantized | int4_gNN -> the model folder the row loads
   # One invocation makes it, others wait (several may share out the rows; config.json is the
   # dequantized folder's last file). A lock left by an interrupted run is deleted by hand.
   if [[ ! -f $float/config.json ]]; then
+    mkdir -p "$work/models"  # the lock below is made inside it
     until mkdir "$float.lock" 2>/dev/null; do sleep 5; done
     if [[ ! -f $float/config.json ]]; then
       local extra=()
