@@ -27,8 +27,9 @@ from . import support
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's values without a copy; a CUDA tensor's after a copy (the builder runs on
-    the host before the step's kernels, so this copy is the plan's one synchronization)."""
+    """A CPU tensor's values without a copy; a CUDA tensor's after a copy (the builder passes
+    vLLM's host copies, so this copy is made only where vLLM keeps none: see
+    SlimserveMetadataBuilder._host_seq_lens)."""
     return (t if t.device.type == "cpu" else t.cpu()).numpy()
 
 
