@@ -4,6 +4,14 @@ to SlimserveMetadataBuilder as vLLM 0.32's model runner makes it.
     device `seq_lens`: the test hands seq_lens as a tensor on PyTorch's "meta" device, which
     holds no values, so any read of it on the host would raise; without the host copy the
     builder falls back to reading seq_lens (counted: plan_seq_lens_copies);
+  - the CUDA-graph capture path: `build_for_cudagraph_capture` on the metadata vLLM captures
+    a FULL decode graph with (B rows, one token each), then `build` on the batch such a graph
+    would replay (k < B real decode rows, the rest vLLM's padding: query length 0, seq_len 0,
+    slot -1). The checks record why the builder keeps AttentionCGSupport.NEVER
+    (docs/vllm.md, "CUDA graphs"): the replayed step's attention schedule is not the captured
+    one (the grid would differ), and with the guard on the capture-time metadata carries no
+    verdicts and vLLM's own slot_mapping, so a graph captured from it would never apply the
+    guard. No GPU here: nothing is captured; this checks the metadata, not a capture.
 Run by run.sh in build/vllm-env:  python test_builder.py"""
 import os
 import sys
@@ -12,7 +20,7 @@ from types import SimpleNamespace as NS
 import numpy as np
 import torch
 
-from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
 
 from slimserve.vllm import guard, stats
 from slimserve.vllm.backend import SlimserveMetadataBuilder
@@ -69,10 +77,34 @@ def host_lengths() -> None:
           "the fallback copy counted")
 
 
+def capture_path() -> None:
+    os.environ[guard.ENV_SWITCH] = "1"
+    builder = make_builder()
+    support = SlimserveMetadataBuilder.get_cudagraph_support(builder.vllm_config, builder.kv_cache_spec)
+    assert support == AttentionCGSupport.NEVER, support
+    B, k = 4, 2
+    # vLLM's FULL-graph capture of a uniform decode batch: B rows of one token, seq_len 1 (no
+    # scheduler requests behind it: the guard has no rows to check).
+    captured = builder.build_for_cudagraph_capture(metadata([1] * B, [1] * B))
+    captured_key = builder.planner.attention._graph_key
+    assert captured.statuses is None  # no verdicts: a graph of it would never read any
+    assert captured.slot_mapping.data_ptr() == captured.extra["vllm_slot_mapping"].data_ptr()  # unguarded slots
+    # The step that graph would replay: k real decode rows, B - k padding rows.
+    replay = builder.build(0, metadata([1] * k + [0] * (B - k), [40, 70] + [0] * (B - k), num_tokens=B))
+    replay_key = builder.planner.attention._graph_key
+    assert replay.attention is captured.attention  # one persistent plan, rewritten per step ...
+    assert replay_key != captured_key, (replay_key, captured_key)  # ... with another schedule
+    print(f"capture path: build_for_cudagraph_capture made the metadata of {B} one-token rows; the replayed "
+          f"step ({k} real rows + {B - k} padding) plans another schedule (query lengths {captured_key[1]} vs "
+          f"{replay_key[1]}, {captured_key[4]} vs {replay_key[4]} work items) in the same buffers, and the "
+          "capture-time metadata has no guard verdicts: NEVER kept")
+
+
 def main() -> int:
     saved = os.environ.get(guard.ENV_SWITCH)
     try:
         host_lengths()
+        capture_path()
     finally:
         if saved is None:
             os.environ.pop(guard.ENV_SWITCH, None)

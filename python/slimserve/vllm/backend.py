@@ -61,6 +61,9 @@ class SlimserveAttentionBackend(AttentionBackend):
 
 
 class SlimserveMetadataBuilder(AttentionMetadataBuilder[SlimserveMetadata]):
+    # NEVER (vLLM then runs attention eagerly between piecewise graphs): the kernels are
+    # capturable, but a full graph would replay one plan's grid over another step's schedule
+    # and would capture the tag guard off (docs/vllm.md, "CUDA graphs"; test_builder.py).
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
