@@ -959,7 +959,8 @@ slimserve_status slimserve_append_kv(const slimserve_kv_cache* cache,
 slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args, slimserve_stream stream) {
   return guarded([&]() -> Status {
     slimserve_kv_append_args a;
-    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a));
+    // Callers built before the row strides pass a shorter struct: packed rows.
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a, offsetof(slimserve_kv_append_args, k_row_stride)));
     attention::AppendArguments cpp;
     SLIMSERVE_RETURN_IF_ERROR(to_cache(&a.cache, cpp.cache, a.kv_page_stride));
     SLIMSERVE_RETURN_IF_ERROR(to_enum(a.input_dtype, "activation dtype", cpp.input_dtype));
@@ -971,6 +972,8 @@ slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args, slims
     cpp.request_status = to_statuses(a.statuses);
     cpp.k_new = a.k_new;
     cpp.v_new = a.v_new;
+    cpp.k_row_stride = a.k_row_stride;
+    cpp.v_row_stride = a.v_row_stride;
     cpp.num_tokens = a.num_tokens;
     cpp.token_request = a.token_request;
     cpp.token_position = a.token_position;

@@ -13,6 +13,15 @@ namespace attention {
 namespace {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+
+/// A token row stride of k_new / v_new: 0 (packed) or a multiple of 8 elements (the kernel's
+/// 16-byte loads) of at least one row (num_kv_heads * head_dim: rows never overlap).
+Status check_row_stride(std::int64_t stride, const char* name, std::int64_t row_elements) {
+  if (stride == 0 || (stride >= row_elements && stride % 8 == 0)) return {};
+  return make_status(StatusCode::invalid_argument, "append_kv: ", name, " ", stride,
+                     " must be 0 (packed) or a multiple of 8 elements of at least one row (num_kv_heads x "
+                     "head_dim = ", row_elements, ")");
+}
 Status null_argument_status(const char* names) {
   return make_status(StatusCode::invalid_argument, names, " must be non-null");
 }
@@ -99,6 +108,9 @@ Status can_implement(const AppendArguments& a) {
   if (a.num_tokens < 0) {
     return make_status(StatusCode::invalid_argument, "num_tokens ", a.num_tokens, " < 0");
   }
+  const std::int64_t row_elements = static_cast<std::int64_t>(a.cache.num_kv_heads) * a.cache.head_dim;
+  SLIMSERVE_RETURN_IF_ERROR(check_row_stride(a.k_row_stride, "k_row_stride", row_elements));
+  SLIMSERVE_RETURN_IF_ERROR(check_row_stride(a.v_row_stride, "v_row_stride", row_elements));
   if (a.slot_mapping != nullptr) {
     if (a.token_request != nullptr || a.token_position != nullptr || a.append_indptr != nullptr) {
       return make_status(StatusCode::invalid_argument,
@@ -161,6 +173,9 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   params.batch_size = a.table.batch_size;
   params.k_new = a.k_new;
   params.v_new = a.v_new;
+  const std::int64_t row_elements = static_cast<std::int64_t>(a.cache.num_kv_heads) * a.cache.head_dim;
+  params.k_row_stride = a.k_row_stride != 0 ? a.k_row_stride : row_elements;
+  params.v_row_stride = a.v_row_stride != 0 ? a.v_row_stride : row_elements;
   params.token_request = a.token_request;
   params.token_position = a.token_position;
   params.append_indptr = a.append_indptr;

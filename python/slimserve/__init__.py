@@ -905,22 +905,44 @@ class PagedKVCache:
                 f"{self.page_stride} elements apart (a combined or strided allocation): use "
                 "PagedAttentionWrapper, which reads it in place", "unsupported")
 
-    def check_rows(self, k, v, name_k: str = "k", name_v: str = "v"):
-        """Refs of new K/V rows [num_tokens, num_kv_heads, head_dim] for this cache."""
+    def check_rows(self, k, v, name_k: str = "k", name_v: str = "v", *, strided: bool = False):
+        """Refs of new K/V rows [num_tokens, num_kv_heads, head_dim] for this cache. strided:
+        the rows may also be views whose tokens are further apart than a row (the K and V
+        slices of a fused QKV output, heads contiguous inside a row): see _row_stride."""
         heads, head_dim = self.view.num_kv_heads, self.view.head_dim
-        kr = _tensor(k, name=name_k, ndim=3)
+        kr = _tensor(k, name=name_k, ndim=3, strided=strided)
         if kr.shape[1:] != (heads, head_dim):
             raise value_error(f"slimserve: {name_k} has shape {kr.shape}; this cache needs "
                               f"[num_tokens, {heads}, {head_dim}]")
-        vr = _tensor(v, name=name_v, shape=kr.shape)
+        vr = _tensor(v, name=name_v, shape=kr.shape, strided=strided)
         if vr.dtype != kr.dtype:
             raise type_error(f"slimserve: {name_k} ({kr.dtype}) and {name_v} ({vr.dtype}) differ in dtype")
         return kr, vr
 
 
+def _row_stride(r, name: str) -> int:
+    """Elements between consecutive tokens' rows of a [num_tokens, heads, head_dim] ref, 0 when
+    packed. Heads must be contiguous inside a row (strides (s, head_dim, 1)), and s a multiple
+    of 8 elements (the append's 16-byte loads) of at least one row (rows never overlap)."""
+    if r.strides is None:
+        return 0
+    tokens, heads, head_dim = r.shape
+    row = heads * head_dim
+    s0, s1, s2 = r.strides
+    if (head_dim > 1 and s2 != 1) or (heads > 1 and s1 != head_dim):
+        raise value_error(f"slimserve: {name} has strides {r.strides}: the heads of a token's row must be "
+                          f"contiguous (strides (row_stride, {head_dim}, 1))")
+    if tokens <= 1:
+        return 0  # one row: its stride is never used
+    if s0 < row or s0 % 8:
+        raise value_error(f"slimserve: {name} has row stride {s0} elements; it must be a multiple of 8 "
+                          f"(16-byte loads) of at least one row ({heads} x {head_dim} = {row})")
+    return s0
+
+
 def _kv_append(cache: PagedKVCache, kr, vr, input_dtype: int, *, table=None, statuses=None,
                token_request=None, token_position=None, append_indptr=None, slot_mapping=None,
-               stream=None) -> None:
+               stream=None, names=("k", "v")) -> None:
     args = _capi.versioned(_capi.KvAppendArgs)
     args.cache = cache.view
     args.kv_page_stride = cache.page_stride
@@ -928,6 +950,8 @@ def _kv_append(cache: PagedKVCache, kr, vr, input_dtype: int, *, table=None, sta
         args.table = ctypes.pointer(table)
     args.statuses = statuses
     args.k_new, args.v_new = kr.ptr, vr.ptr
+    args.k_row_stride = _row_stride(kr, names[0])
+    args.v_row_stride = _row_stride(vr, names[1])
     args.input_dtype = input_dtype
     args.num_tokens = kr.shape[0]
     args.token_request, args.token_position = token_request, token_position
@@ -994,12 +1018,15 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
     tensor on the library's device, read there (no copy, no synchronization: capturable).
     kv_cache_dtype: "auto" (the caches' dtype), "fp8" / "fp8_e4m3" / "fp8_e5m2" or a torch
     dtype; k_scale / v_scale: floats or one-element float32 tensors. value_cache None: key_cache
-    is the combined [num_pages, 2, ...] allocation."""
+    is the combined [num_pages, 2, ...] allocation. key / value may be strided views (the K
+    and V slices of a fused QKV output: tokens' rows a multiple of 8 elements apart, heads
+    contiguous inside a row), read in place."""
     cache = PagedKVCache(key_cache, value_cache, layout=layout, dtype=kv_cache_dtype,
                          k_scale=k_scale, v_scale=v_scale)
-    kr, vr = cache.check_rows(key, value, "key", "value")
+    kr, vr = cache.check_rows(key, value, "key", "value", strided=True)
     slots = _tensor(slot_mapping, name="slot_mapping", dtypes={"int64"}, shape=(kr.shape[0],))
-    _kv_append(cache, kr, vr, _activation(kr, "key", dtype), slot_mapping=slots.ptr, stream=stream)
+    _kv_append(cache, kr, vr, _activation(kr, "key", dtype), slot_mapping=slots.ptr, stream=stream,
+               names=("key", "value"))
 
 
 def copy_pages(cache: PagedKVCache, tags: DeviceTags, copies: Sequence[dict], stream=None) -> List[Tuple[str, int]]:

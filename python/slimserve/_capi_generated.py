@@ -468,6 +468,8 @@ class KvAppendArgs(Structure):
         ("token_position", c_void_p),
         ("append_indptr", c_void_p),
         ("slot_mapping", c_void_p),
+        ("k_row_stride", c_int64),
+        ("v_row_stride", c_int64),
     ]
 
 

@@ -93,10 +93,10 @@ def _cache(k_cache, v_cache, kv_cache_dtype, layout, k_scale, v_scale) -> "_s.Pa
 def _reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
                        layout) -> None:
     cache = _cache(key_cache, value_cache, kv_cache_dtype, layout, k_scale, v_scale)
-    kr, vr = cache.check_rows(key, value, "key", "value")
+    kr, vr = cache.check_rows(key, value, "key", "value", strided=True)
     slots = _s._tensor(slot_mapping, name="slot_mapping", dtypes={"int64"}, shape=(kr.shape[0],))
     _s._kv_append(cache, kr, vr, _s._activation(kr, "key", None), slot_mapping=slots.ptr,
-                  stream=_stream_of(key))
+                  stream=_stream_of(key), names=("key", "value"))
 
 
 @torch.library.custom_op("slimserve::reshape_and_cache", mutates_args=("key_cache", "value_cache"))
@@ -104,7 +104,9 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
                       value_cache: torch.Tensor, slot_mapping: torch.Tensor, kv_cache_dtype: str,
                       k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor]) -> None:
     """vLLM's reshape_and_cache(_flash) on NHD caches [num_pages, page_size, H, D]: token t goes
-    to flat slot slot_mapping[t] (int64, on the device; -1 skips). Launch only."""
+    to flat slot slot_mapping[t] (int64, on the device; -1 skips). key / value: [tokens, H, D],
+    packed or strided views of a fused QKV output (rows a multiple of 8 elements apart, heads
+    contiguous), read in place. Launch only."""
     _reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, "NHD")
 
 

@@ -181,3 +181,35 @@ def test_page_size_one_is_refused_with_the_nearest_size():
         w = ss.PagedAttentionWrapper()
         w.plan([0, 1], 4, 2, D, 1, block_table=np.array([[1, 2, 3]], np.int32), seq_lens=[3])
     assert error.value.code in ("invalid_argument", "unsupported")
+
+
+def test_append_reads_strided_rows_in_place_and_refuses_bad_strides(rng):
+    """vLLM hands key / value as slices of its fused [tokens, q | k | v] output: the append
+    reads them in place (same bytes as packed rows, the NaN between rows never read); a row
+    stride that is not a multiple of 8, or heads that are not contiguous, is refused by name
+    before anything is written."""
+    tokens, row = 5, HKV * D
+    k_bits = rng.standard_normal((tokens, HKV, D)).astype(np.float16)
+    v_bits = rng.standard_normal((tokens, HKV, D)).astype(np.float16)
+    fused = np.full((tokens, 3 * row + 8), np.nan, np.float16)  # q | k | v | pad, NaN elsewhere
+    fused[:, row:2 * row] = k_bits.reshape(tokens, row)
+    fused[:, 2 * row:3 * row] = v_bits.reshape(tokens, row)
+    k_view = fused[:, row:2 * row].reshape(tokens, HKV, D)  # a view: rows 3 * row + 8 apart
+    v_view = fused[:, 2 * row:3 * row].reshape(tokens, HKV, D)
+    assert not k_view.flags.c_contiguous and np.shares_memory(k_view, fused)
+    slots = np.array([3 * PAGE + 1, -1, 0, 5 * PAGE + PAGE - 1, 2 * PAGE], np.int64)
+    packed_k, packed_v = (np.full((8, PAGE, HKV, D), np.inf, np.float16) for _ in range(2))
+    ss.reshape_and_cache(k_bits, v_bits, packed_k, packed_v, slots)
+    strided_k, strided_v = (np.full((8, PAGE, HKV, D), np.inf, np.float16) for _ in range(2))
+    ss.reshape_and_cache(k_view, v_view, strided_k, strided_v, slots)
+    np.testing.assert_array_equal(strided_k, packed_k)
+    np.testing.assert_array_equal(strided_v, packed_v)
+
+    odd = np.zeros((tokens, row + 4), np.float16)[:, :row].reshape(tokens, HKV, D)  # rows row + 4 apart
+    with pytest.raises(ss.SlimserveValueError, match="key has row stride 132"):
+        ss.reshape_and_cache(odd, v_bits, strided_k, strided_v, slots)
+    heads_apart = np.zeros((tokens, HKV, 2 * D), np.float16)[:, :, :D]  # heads 2 * D apart
+    with pytest.raises(ss.SlimserveValueError, match="value has strides .* must be contiguous"):
+        ss.reshape_and_cache(k_bits, heads_apart, strided_k, strided_v, slots)
+    np.testing.assert_array_equal(strided_k, packed_k)  # nothing written by the refused calls
+    np.testing.assert_array_equal(strided_v, packed_v)

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "attention_test_support.hpp"
@@ -294,5 +295,87 @@ TEST_CASE("append: explicit destinations; out-of-range ones are skipped on devic
     bad.cache.scale_mode = KvScaleMode::none;  // FP8 without scales
     CHECK(append_kv(bad, nullptr).code() == StatusCode::invalid_argument);
     check_device_equals_host(device, expected);
+  }
+}
+
+TEST_CASE("append: strided K/V rows (a fused QKV output's slices) are read in place, gaps never", "[attention][append]") {
+  auto rng = slimserve_test::make_rng(413);
+  // Per-token FP8 (a gap read into a row's amax would change its scale), per-tensor FP8, BF16.
+  const std::vector<AppendCase> cases{
+      {KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_token, 64, 3, 16, ActivationDtype::bf16},
+      {KvDtype::fp8_e5m2, KvLayout::hnd, KvScaleMode::per_tensor, 192, 1, 32, ActivationDtype::fp16},
+      {KvDtype::bf16, KvLayout::nhd, KvScaleMode::none, 96, 2, 16, ActivationDtype::bf16},
+      {KvDtype::fp16, KvLayout::hnd, KvScaleMode::per_tensor, 128, 2, 16, ActivationDtype::fp16},
+  };
+  for (const AppendCase& c : cases) {
+    INFO("dtype " << to_string(c.dtype) << " layout " << to_string(c.layout) << " D " << c.head_dim
+                  << " H " << c.num_kv_heads);
+    const std::int64_t row = static_cast<std::int64_t>(c.num_kv_heads) * c.head_dim;
+    constexpr int num_pages = 7;
+    HostCache expected(CacheShape{c.dtype, c.layout, c.scale_mode, num_pages, c.page_size, c.num_kv_heads,
+                                  c.head_dim});
+    poison(expected, rng);
+    expected.k_scale = is_fp8(c.dtype) ? 0.0625f : 0.5f;
+    expected.v_scale = is_fp8(c.dtype) ? 0.03125f : 1.5f;
+    // Slots: page starts and ends, a padded token (-1), one past the cache; 1 and 2 tokens too.
+    const std::vector<std::int64_t> all_slots{3 * c.page_size + 0, 5 * c.page_size + c.page_size - 1, -1,
+                                              1 * c.page_size + 7, static_cast<std::int64_t>(num_pages) * c.page_size,
+                                              6 * c.page_size + 2, 0};
+    for (const std::size_t count : {std::size_t{1}, std::size_t{2}, all_slots.size()}) {
+      const std::vector<std::int64_t> slots(all_slots.begin(), all_slots.begin() + static_cast<std::ptrdiff_t>(count));
+      const int num_tokens = static_cast<int>(count);
+      const NewTokens tokens = make_tokens(rng, c, num_tokens);
+      // vLLM's fused [tokens, q | k | v] output: K rows 4 rows + 8 apart, V rows 1 row + 16 apart
+      // (a different stride each); every gap element a NaN (and the V gap an FP outlier), so
+      // a read of one would show in a code or a per-token scale.
+      const std::int64_t k_stride = 4 * row + 8, v_stride = row + 16;
+      std::vector<std::uint16_t> k_rows(static_cast<std::size_t>(num_tokens * k_stride), 0x7FFF);
+      std::vector<std::uint16_t> v_rows(static_cast<std::size_t>(num_tokens * v_stride),
+                                        to_activation(c.input, 30000.0f));
+      for (int t = 0; t < num_tokens; ++t)
+        for (std::int64_t i = 0; i < row; ++i) {
+          k_rows[static_cast<std::size_t>(t * k_stride + i)] = tokens.k_bits[static_cast<std::size_t>(t * row + i)];
+          v_rows[static_cast<std::size_t>(t * v_stride + i)] = tokens.v_bits[static_cast<std::size_t>(t * row + i)];
+        }
+      DeviceCache device(expected);
+      for (int t = 0; t < num_tokens; ++t) {
+        const std::int64_t s = slots[static_cast<std::size_t>(t)];
+        if (s < 0 || s / c.page_size >= num_pages) continue;
+        host_append(expected, tokens, t, static_cast<int>(s / c.page_size), static_cast<int>(s % c.page_size));
+      }
+      auto k_new = upload(k_rows);
+      auto v_new = upload(v_rows);
+      auto slot_d = upload(slots);
+      AppendArguments args;
+      args.cache = device.view;
+      args.table.page_size = c.page_size;
+      args.k_new = k_new.data();
+      args.v_new = v_new.data();
+      args.k_row_stride = k_stride;
+      args.v_row_stride = v_stride;
+      args.input_dtype = c.input;
+      args.num_tokens = num_tokens;
+      args.slot_mapping = slot_d.data();
+      const Status s = append_kv(args, nullptr);
+      INFO(s.to_string());
+      REQUIRE(s.ok());
+      REQUIRE(rt::stream_synchronize(nullptr).ok());
+      check_device_equals_host(device, expected);  // every byte and every per-token scale
+
+      // Preflight: each bad stride refused by name, nothing written.
+      for (const auto& [k_bad, v_bad, word] :
+           {std::tuple<std::int64_t, std::int64_t, const char*>{row - 8, v_stride, "k_row_stride"},
+            {k_stride, row + 4, "v_row_stride"},
+            {-row, v_stride, "k_row_stride"},
+            {k_stride, 1, "v_row_stride"}}) {
+        AppendArguments bad = args;
+        bad.k_row_stride = k_bad;
+        bad.v_row_stride = v_bad;
+        const Status refused = append_kv(bad, nullptr);
+        CHECK(refused.code() == StatusCode::invalid_argument);
+        CHECK(refused.message().find(word) != std::string_view::npos);
+      }
+      check_device_equals_host(device, expected);
+    }
   }
 }

@@ -505,6 +505,67 @@ static void test_kv_append_page_stride_and_slots(void) {
   download(host, cache, cache_elements * sizeof(uint16_t));
   EXPECT(memcmp(host, expected, cache_elements * sizeof(uint16_t)) == 0);
 
+  /* Strided rows (the K and V slices of a fused [tokens, q | k | v] projection): token rows
+   * STRIDE elements apart, every gap element NaN. Into a freshly poisoned cache, the same
+   * slots must give exactly the slot writes above: no gap element was read. */
+  {
+    enum { ROW = HEADS * DIM, STRIDE = 3 * ROW + 8 };
+    uint16_t* fused = (uint16_t*)malloc((size_t)TOKENS * STRIDE * sizeof(uint16_t));
+    uint16_t* strided_expected = (uint16_t*)malloc(cache_elements * sizeof(uint16_t));
+    const void* packed_k = args.k_new;
+    const void* packed_v = args.v_new;
+    void* device_fused;
+    for (i = 0; i < (size_t)TOKENS * STRIDE; ++i) fused[i] = 0x7FC0;
+    for (t = 0; t < TOKENS; ++t) {
+      for (i = 0; i < (size_t)ROW; ++i) {
+        fused[(size_t)t * STRIDE + ROW + i] = k_new[(size_t)t * ROW + i];     /* k after a q of one row */
+        fused[(size_t)t * STRIDE + 2 * ROW + i] = v_new[(size_t)t * ROW + i]; /* v after k */
+      }
+    }
+    for (i = 0; i < cache_elements; ++i) host[i] = strided_expected[i] = 0x7FC0;
+    for (t = 0; t < TOKENS; ++t) {
+      const int64_t page = slots[t] / PAGE, offset = slots[t] % PAGE;
+      if (slots[t] < 0 || page >= PAGES) continue;
+      for (i = 0; i < (size_t)ROW; ++i) {
+        const size_t at = (size_t)page * 2 * page_elements + (size_t)offset * ROW + i;
+        strided_expected[at] = k_new[(size_t)t * ROW + i];
+        strided_expected[at + page_elements] = v_new[(size_t)t * ROW + i];
+      }
+    }
+    CHECK_OK(slimserve_memcpy_async(cache, host, cache_elements * sizeof(uint16_t), SLIMSERVE_HOST_TO_DEVICE, NULL));
+    CHECK_OK(slimserve_stream_synchronize(NULL));
+    device_fused = upload(fused, (size_t)TOKENS * STRIDE * sizeof(uint16_t));
+    args.k_new = (const uint16_t*)device_fused + ROW;
+    args.v_new = (const uint16_t*)device_fused + 2 * ROW;
+    args.k_row_stride = STRIDE;
+    args.v_row_stride = STRIDE;
+    CHECK_OK(slimserve_kv_append(&args, NULL));
+    download(host, cache, cache_elements * sizeof(uint16_t));
+    EXPECT(memcmp(host, strided_expected, cache_elements * sizeof(uint16_t)) == 0);
+    /* Refused by name, nothing written: a stride under a row, one that breaks 16-byte loads. */
+    args.k_row_stride = ROW - 8;
+    EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "k_row_stride");
+    args.k_row_stride = STRIDE;
+    args.v_row_stride = STRIDE + 4;
+    EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "v_row_stride");
+    download(host, cache, cache_elements * sizeof(uint16_t));
+    EXPECT(memcmp(host, strided_expected, cache_elements * sizeof(uint16_t)) == 0);
+    /* A caller built before the row strides (struct_size ends at slot_mapping) means packed
+     * rows: the packed inputs give the same bytes. */
+    args.k_new = packed_k;
+    args.v_new = packed_v;
+    args.struct_size = offsetof(slimserve_kv_append_args, k_row_stride);
+    CHECK_OK(slimserve_kv_append(&args, NULL));
+    download(host, cache, cache_elements * sizeof(uint16_t));
+    EXPECT(memcmp(host, strided_expected, cache_elements * sizeof(uint16_t)) == 0);
+    args.struct_size = sizeof args;
+    args.k_row_stride = 0;
+    args.v_row_stride = 0;
+    CHECK_OK(slimserve_device_free(device_fused));
+    free(fused);
+    free(strided_expected);
+  }
+
   /* Refusals: two forms at once, a page stride shorter than a page, no table without slots. */
   args.append_indptr = (const int32_t*)device_append;
   EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "one form of destinations");

@@ -26,6 +26,8 @@ gen() {
   grep '^run:' "$out/log"
 }
 "$python" "$here/test_layout.py"
+"$python" "$here/test_per_token.py"  # per-token FP8 scales: the layer's append and attention (seconds)
+"$python" "$here/test_builder.py"    # the metadata builder: host lengths, the capture path (seconds)
 stage=$SECONDS
 "$python" "$here/test_guard.py"
 echo "test_guard: $((SECONDS - stage)) s"

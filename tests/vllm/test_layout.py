@@ -13,6 +13,7 @@ import torch
 
 import slimserve as _s
 from slimserve.vllm import host_attention, support
+from slimserve.vllm.impl import _rows
 from slimserve.vllm.layout import LayerCache
 from slimserve.vllm.metadata import StepPlanner
 
@@ -97,17 +98,20 @@ def one_step(rng, kv_dtype: str, block_size: int):
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     planner.plan(query_start_loc_cpu=torch.tensor(qo, dtype=torch.int32), seq_lens=lens, block_table=block_table,
                  num_reqs=len(seq_lens))
-    # The append as do_kv_cache_update makes it: K/V rows handed as strided views (vLLM's fused
-    # QKV output), packed into the planner's staging rows, vLLM's int64 slots read in place.
-    fused = torch.cat([k.view(len(slots), -1), v.view(len(slots), -1)], dim=1)
-    k_view, v_view = fused[:, : kv_heads * head], fused[:, kv_heads * head:]
-    ks, vs = planner.staging(len(slots))
-    ks.copy_(k_view.view(ks.shape))
-    vs.copy_(v_view.view(vs.shape))
-    kr, vr = layer.attention.check_rows(ks, vs, "key", "value")
+    # The append as do_kv_cache_update makes it: K/V rows handed as strided views of a fused
+    # [tokens, q | k | v] projection (vLLM's), read in place (no copy), vLLM's int64 slots too.
+    poison_q = torch.full((len(slots), heads * head), float("nan"), dtype=torch.bfloat16)
+    fused = torch.cat([poison_q, k.view(len(slots), -1), v.view(len(slots), -1)], dim=1)
+    q_size, kv_size = heads * head, kv_heads * head
+    k_view, v_view = fused[:, q_size:q_size + kv_size], fused[:, q_size + kv_size:]
+    assert k_view.stride(0) == q_size + 2 * kv_size and not k_view.is_contiguous()
+    kr, vr = layer.attention.check_rows(_rows(k_view, kv_heads, head), _rows(v_view, kv_heads, head),
+                                        "key", "value", strided=True)
+    assert kr.ptr == k_view.data_ptr() and vr.ptr == v_view.data_ptr()  # in place, no staging copy
     slot_tensor = torch.tensor(slots, dtype=torch.int64)
     _s._kv_append(layer.attention, kr, vr, _s.ACTIVATION_DTYPES["bfloat16"],
-                  slot_mapping=_s._tensor(slot_tensor, name="slot_mapping", dtypes={"int64"}).ptr)
+                  slot_mapping=_s._tensor(slot_tensor, name="slot_mapping", dtypes={"int64"}).ptr,
+                  names=("key", "value"))
     # Blocks no request uses keep their bytes.
     untouched = sorted(set(range(num_blocks)) - {int(b) for t in tables for b in t})
     changed = [b for b in untouched if not torch.equal(cache[b].view(torch.uint8), poison[b].view(torch.uint8))]

@@ -35,6 +35,11 @@ struct AppendArguments {
   const kv::RequestStatus* request_status = nullptr;  ///< [batch_size] device, or null (no check)
   const void* k_new = nullptr;  ///< [num_tokens, num_kv_heads, head_dim], 16-byte aligned
   const void* v_new = nullptr;  ///< same shape
+  /// Elements from one token's row to the next in k_new / v_new (a row: num_kv_heads x
+  /// head_dim contiguous elements); 0: packed (num_kv_heads * head_dim). A multiple of 8 of at
+  /// least a row: the K and V slices of a fused QKV projection's output are read in place.
+  std::int64_t k_row_stride = 0;
+  std::int64_t v_row_stride = 0;
   ActivationDtype input_dtype = ActivationDtype::bf16;
   std::int32_t num_tokens = 0;
   const std::int32_t* token_request = nullptr;   ///< [num_tokens] explicit form

@@ -862,7 +862,7 @@ typedef struct slimserve_kv_append_args {
   int64_t kv_page_stride;                   /* elements between pages; 0: packed */
   const slimserve_page_table_view* table;   /* device; NULL with slot_mapping */
   const slimserve_request_status* statuses; /* [batch_size] device, or NULL */
-  const void* k_new; /* device [num_tokens, num_kv_heads, head_dim], 16-byte aligned */
+  const void* k_new; /* device rows [num_tokens][num_kv_heads, head_dim] (k_row_stride), 16-byte aligned */
   const void* v_new;
   slimserve_activation_dtype input_dtype;
   int32_t num_tokens;
@@ -870,6 +870,12 @@ typedef struct slimserve_kv_append_args {
   const int32_t* token_position; /* [num_tokens] device, explicit form */
   const int32_t* append_indptr;  /* [batch_size + 1] device, chunk form */
   const int64_t* slot_mapping;   /* [num_tokens] device, slot form */
+  /* Elements from one token's row to the next in k_new / v_new, heads contiguous inside a
+   * row; 0: packed (num_kv_heads * head_dim). A multiple of 8 of at least one row: the K and
+   * V slices of a fused QKV projection's output (vLLM's key / value views) are read in place.
+   * A struct_size that ends before these fields means 0 (packed). */
+  int64_t k_row_stride;
+  int64_t v_row_stride;
 } slimserve_kv_append_args;
 SLIMSERVE_C_API slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args,
                                                      slimserve_stream stream);

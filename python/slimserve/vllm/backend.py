@@ -11,7 +11,7 @@ from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, Att
                                        AttentionType, CommonAttentionMetadata, MultipleOf)
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
-from . import guard, hooks, stats, support
+from . import guard, hooks, host_attention, stats, support
 from .impl import SlimserveAttentionImpl, _stream_of, set_current
 from .metadata import SlimserveMetadata, StepPlanner
 
@@ -61,6 +61,9 @@ class SlimserveAttentionBackend(AttentionBackend):
 
 
 class SlimserveMetadataBuilder(AttentionMetadataBuilder[SlimserveMetadata]):
+    # NEVER (vLLM then runs attention eagerly between piecewise graphs): the kernels are
+    # capturable, but a full graph would replay one plan's grid over another step's schedule
+    # and would capture the tag guard off (docs/vllm.md, "CUDA graphs"; test_builder.py).
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
@@ -77,6 +80,8 @@ class SlimserveMetadataBuilder(AttentionMetadataBuilder[SlimserveMetadata]):
             block_size=kv_cache_spec.block_size, kv_dtype=kv_dtype, activation=self.activation,
             max_num_seqs=scheduler.max_num_seqs, max_num_tokens=scheduler.max_num_batched_tokens,
             max_model_len=model.max_model_len, device=device)
+        # Only the host attention mode needs the exact lengths on the host (_host_seq_lens).
+        self.exact_host_lengths = host_attention.mode() == "host"
         self.guard = None
         guard.ACTIVE["guard"] = None
         if guard.enabled():
@@ -91,6 +96,21 @@ class SlimserveMetadataBuilder(AttentionMetadataBuilder[SlimserveMetadata]):
                                           max_blocks_per_req=-(-model.max_model_len // block), device=device)
             guard.ACTIVE["guard"] = self.guard
 
+    def _host_seq_lens(self, cm: CommonAttentionMetadata, num_reqs: int) -> torch.Tensor:
+        """The lengths the plan schedules for, without a device-to-host copy: vLLM's own host
+        figure, `seq_lens_cpu_upper_bound` (num_computed_tokens + the step's scheduled tokens,
+        kept on the host by the model runner; exact except for decode rows under asynchronous
+        speculative decoding, where it assumes every draft accepted). An upper bound is what
+        the plan may take: the run reads vLLM's device seq_lens for each row's real length,
+        and the guard clips a row's expected tags to the blocks the request holds. The host
+        attention mode (a measurement mode) attends over the host lengths themselves, so it
+        reads the exact device values (a copy on a GPU)."""
+        bound = getattr(cm, "seq_lens_cpu_upper_bound", None)
+        if bound is not None and bound.device.type == "cpu" and not self.exact_host_lengths:
+            return bound[:num_reqs]
+        stats.count("plan_seq_lens_copies")
+        return cm.seq_lens[:num_reqs]
+
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> SlimserveMetadata:
         cm = common_attn_metadata
@@ -98,7 +118,8 @@ class SlimserveMetadataBuilder(AttentionMetadataBuilder[SlimserveMetadata]):
             raise NotImplementedError("slimserve vLLM backend: only causal decoder attention")
         n, num_reqs = cm.num_actual_tokens, cm.num_reqs
         block_table, seq_lens = cm.block_table_tensor[:num_reqs], cm.seq_lens[:num_reqs]
-        step = self.planner.plan(query_start_loc_cpu=cm.query_start_loc_cpu, seq_lens=seq_lens,
+        step = self.planner.plan(query_start_loc_cpu=cm.query_start_loc_cpu,
+                                 seq_lens=self._host_seq_lens(cm, num_reqs),
                                  block_table=block_table, num_reqs=num_reqs)
         slots, statuses = cm.slot_mapping[:n], None
         g = self.guard

@@ -25,6 +25,14 @@ def _stream_of(t: torch.Tensor):
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
 
 
+def _rows(x: torch.Tensor, heads: int, head_size: int) -> torch.Tensor:
+    """[tokens, heads, head_size] of vLLM's [tokens, heads * head_size] (or already 3-D) key /
+    value, as a view: the token stride kept (a slice of the fused QKV output), no copy."""
+    if x.dim() == 3:
+        return x
+    return x.unflatten(-1, (heads, head_size))
+
+
 def current_step_for(slot_mapping: torch.Tensor) -> Optional[SlimserveMetadata]:
     meta = _CURRENT.get("metadata")
     if meta is None or meta.extra["vllm_slot_mapping"].data_ptr() != slot_mapping.data_ptr():
@@ -81,20 +89,19 @@ class SlimserveAttentionImpl(AttentionImpl):
         meta = current_step_for(slot_mapping)
         if meta is not None:
             n = meta.num_actual_tokens
-            k, v = meta.planner.staging(n)  # packed rows: the C entry takes no row stride
-            k.copy_(key[:n].view(k.shape))
-            v.copy_(value[:n].view(v.shape))
             slots = meta.slot_mapping  # the guard's: -1 for the tokens of aborted requests
         else:  # not the step's own slot_mapping: written as given, unguarded
             n = slot_mapping.shape[0]
-            k, v = key[:n].contiguous(), value[:n].contiguous()
             slots = slot_mapping
             stats.count("append_unplanned")
-        kr, vr = cache.attention.check_rows(k.view(n, self.num_kv_heads, self.head_size),
-                                        v.view(n, self.num_kv_heads, self.head_size), "key", "value")
+        # vLLM's key / value are strided views of its fused QKV output ([tokens, kv_heads *
+        # head_size] rows, q_size + 2 * kv_size apart): the append reads them in place.
+        kr, vr = cache.attention.check_rows(_rows(key[:n], self.num_kv_heads, self.head_size),
+                                            _rows(value[:n], self.num_kv_heads, self.head_size),
+                                            "key", "value", strided=True)
         sr = _s._tensor(slots[:n], name="slot_mapping", dtypes={"int64"}, shape=(n,))
         _s._kv_append(cache.attention, kr, vr, _s.ACTIVATION_DTYPES[activation], slot_mapping=sr.ptr,
-                      stream=_stream_of(key))
+                      stream=_stream_of(key), names=("key", "value"))
         stats.count("kv_update")
         stats.count("kv_update_tokens", n)
 

@@ -8,8 +8,8 @@ that persist across steps:
     every layer's run reads vLLM's own device block table and seq_lens;
   - the append needs no plan: `slimserve_kv_append` reads vLLM's int64 slot_mapping on the
     device (slot -1 writes nothing), with the page stride of the combined per-layer cache;
-  - the staging rows K and V are packed into (the C entry takes packed rows; vLLM hands
-    strided views of its fused QKV output), allocated once;
+  - the append reads vLLM's key / value in place: strided views of its fused QKV output,
+    their token stride passed to the C entry (no staging copy);
   - the tag guard's verdicts (guard.py), when it is on.
 The layers' forward and do_kv_cache_update then only launch: no host synchronization, no
 host reads of device tensors, nothing allocated."""
@@ -27,8 +27,9 @@ from . import support
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's values without a copy; a CUDA tensor's after a copy (the builder runs on
-    the host before the step's kernels, so this copy is the plan's one synchronization)."""
+    """A CPU tensor's values without a copy; a CUDA tensor's after a copy (the builder passes
+    vLLM's host copies, so this copy is made only where vLLM keeps none: see
+    SlimserveMetadataBuilder._host_seq_lens)."""
     return (t if t.device.type == "cpu" else t.cpu()).numpy()
 
 
@@ -61,10 +62,6 @@ class StepPlanner:
         self.max_num_seqs, self.max_num_tokens, self.max_model_len = max_num_seqs, max_num_tokens, max_model_len
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.attention: Optional[PagedAttentionPlan] = None
-        torch_dtype = {v: k for k, v in support.ACTIVATION_DTYPES.items()}[activation]
-        # Packed K and V rows for the append, [tokens, kv_heads, head_size] each, made once.
-        self._staging = torch.empty((2, max_num_tokens, num_kv_heads, head_size), dtype=torch_dtype,
-                                    device=self.device)
         self.step = 0
 
     def _plan_for(self, width: int) -> PagedAttentionPlan:
@@ -78,13 +75,6 @@ class StepPlanner:
                 max_num_tokens=self.max_num_tokens, max_seq_len=max(self.max_model_len, width * self.block_size),
                 max_pages_per_request=width, causal=True, use_cuda_graph=False)
         return self.attention
-
-    def staging(self, num_tokens: int):
-        """Views of the persistent K and V staging rows for `num_tokens` tokens."""
-        if num_tokens > self._staging.shape[1]:
-            raise ValueError(f"slimserve vLLM backend: {num_tokens} tokens in one step; the staging rows "
-                             f"hold {self._staging.shape[1]} (max_num_batched_tokens)")
-        return self._staging[0, :num_tokens], self._staging[1, :num_tokens]
 
     def plan(self, *, query_start_loc_cpu: torch.Tensor, seq_lens: torch.Tensor,
              block_table: torch.Tensor, num_reqs: int) -> int:

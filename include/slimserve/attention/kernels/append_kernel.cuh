@@ -40,8 +40,10 @@ struct AppendParams {
   const kv::RequestStatus* status;    // [batch_size] or null
   std::int32_t batch_size;
   // New tokens.
-  const void* k_new;  // [num_tokens, H, D]
-  const void* v_new;  // [num_tokens, H, D]
+  const void* k_new;  // k_new[t * k_row_stride + h * D + d]
+  const void* v_new;  // v_new[t * v_row_stride + h * D + d]
+  std::int64_t k_row_stride;  // elements between tokens' rows (the host resolves 0 to H * D)
+  std::int64_t v_row_stride;
   const std::int32_t* token_request;   // [num_tokens] (explicit destinations) or null
   const std::int32_t* token_position;  // [num_tokens] (explicit destinations) or null
   const std::int32_t* append_indptr;   // [batch_size + 1] (chunk mode: each request's last tokens)
@@ -127,12 +129,14 @@ __global__ void append_kernel(const AppendParams p) {
   const std::int32_t head =
       static_cast<std::int32_t>(blockIdx.y) * heads_per_block + static_cast<int>(threadIdx.x) / lanes;
   const bool head_valid = head < p.num_kv_heads;
-  // [num_tokens, H, D] inputs.
-  const std::int64_t row = (static_cast<std::int64_t>(t) * p.num_kv_heads + (head_valid ? head : 0)) * HeadDim;
+  // Token rows p.*_row_stride apart (a fused projection's slices), heads contiguous in a row.
+  const std::int64_t head_offset = static_cast<std::int64_t>(head_valid ? head : 0) * HeadDim;
+  const std::int64_t k_row = static_cast<std::int64_t>(t) * p.k_row_stride + head_offset;
+  const std::int64_t v_row = static_cast<std::int64_t>(t) * p.v_row_stride + head_offset;
   const PageStoreTarget target{p.k_pages, p.v_pages, p.k_token_scales, p.v_token_scales, p.k_scale,
                                p.v_scale, p.page_size, p.num_kv_heads, p.layout, p.scale_mode, p.page_stride};
-  store_head_vectors<KvT, InT, HeadDim>(target, static_cast<const InT*>(p.k_new) + row,
-                                        static_cast<const InT*>(p.v_new) + row, lane, head_valid, dest.page,
+  store_head_vectors<KvT, InT, HeadDim>(target, static_cast<const InT*>(p.k_new) + k_row,
+                                        static_cast<const InT*>(p.v_new) + v_row, lane, head_valid, dest.page,
                                         dest.slot, head);
 }
 
