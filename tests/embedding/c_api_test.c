@@ -956,6 +956,70 @@ static void test_adopt_and_coalesce(void) {
   slimserve_page_pool_destroy(pool);
 }
 
+/* NVFP4 by name: the C enum has it, the byte geometry is its head vector's (72 B at D = 128:
+ * 64 B of E2M1 codes, 8 E4M3 block scales), and every entry point without an NVFP4 kernel
+ * refuses it as unsupported, naming it, before it writes anything. */
+static void test_nvfp4_by_name(void) {
+  slimserve_kv_cache cache;
+  slimserve_cache_layout layout;
+  slimserve_page_table_view table;
+  slimserve_append_args append;
+  slimserve_decode_problem problem;
+  const int32_t indptr[2] = {0, 1}, last_page_len[1] = {5};
+  const float one = 1.0f;
+  void* pages = NULL;
+  void* scale = NULL;
+  void* out = NULL;
+  int32_t* page_ids = NULL;
+  size_t bytes = 0;
+  EXPECT(SLIMSERVE_KV_NVFP4 == 4);
+  CHECK_OK(slimserve_device_alloc(4 * 16 * 2 * 72, &pages)); /* K and V, 2 pages each */
+  CHECK_OK(slimserve_device_alloc(sizeof one, &scale));
+  CHECK_OK(slimserve_device_alloc(16 * 2 * 128 * 2, &out));
+  CHECK_OK(slimserve_device_alloc(sizeof(int32_t), (void**)&page_ids));
+  CHECK_OK(slimserve_memcpy_async(scale, &one, sizeof one, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  memset(&cache, 0, sizeof cache);
+  cache.k_pages = pages;
+  cache.v_pages = (char*)pages + 2 * 16 * 2 * 72;
+  cache.k_scale = cache.v_scale = (const float*)scale;
+  cache.num_pages = 2;
+  cache.page_size = 16;
+  cache.num_kv_heads = 2;
+  cache.head_dim = 128;
+  cache.dtype = SLIMSERVE_KV_NVFP4;
+  cache.layout = SLIMSERVE_KV_NHD;
+  cache.scale_mode = SLIMSERVE_SCALE_PER_TENSOR;
+  CHECK_OK(slimserve_describe_kv_cache(&cache, 0, &layout));
+  EXPECT(layout.dtype == SLIMSERVE_KV_NVFP4 && layout.token_bytes == 72);
+  EXPECT(layout.k.page_stride == 16 * 2 * 72 && layout.k.bytes == 2 * 16 * 2 * 72);
+  cache.scale_mode = SLIMSERVE_SCALE_NONE; /* its tensor scale is required */
+  EXPECT_REFUSED(slimserve_describe_kv_cache(&cache, 0, &layout), SLIMSERVE_INVALID_ARGUMENT, "nvfp4 cache needs scales");
+  cache.scale_mode = SLIMSERVE_SCALE_PER_TENSOR;
+  memset(&table, 0, sizeof table);
+  memset(&append, 0, sizeof append);
+  append.k_new = append.v_new = out;
+  append.num_tokens = 1;
+  EXPECT_REFUSED(slimserve_append_kv(&cache, &table, NULL, &append, NULL), SLIMSERVE_UNSUPPORTED,
+                 "does not take nvfp4");
+  EXPECT(message_has("bf16, fp16, fp8_e4m3, fp8_e5m2"));
+  EXPECT_REFUSED(slimserve_dequantize_pages(&cache, page_ids, 1, out, out, NULL), SLIMSERVE_UNSUPPORTED,
+                 "dequantize_pages does not take nvfp4");
+  memset(&problem, 0, sizeof problem);
+  problem.batch_size = 1;
+  problem.num_qo_heads = 8;
+  problem.num_kv_heads = 2;
+  problem.head_dim = 128;
+  problem.page_size = 16;
+  problem.query_tokens = 1;
+  problem.kv_dtype = SLIMSERVE_KV_NVFP4;
+  EXPECT_REFUSED(slimserve_decode_workspace_size(&problem, indptr, last_page_len, &bytes), SLIMSERVE_UNSUPPORTED,
+                 "decode does not take nvfp4");
+  CHECK_OK(slimserve_device_free(page_ids));
+  CHECK_OK(slimserve_device_free(out));
+  CHECK_OK(slimserve_device_free(scale));
+  CHECK_OK(slimserve_device_free(pages));
+}
+
 int main(void) {
   start_test("c_api_test");
   test_status_and_pool();
@@ -968,5 +1032,6 @@ int main(void) {
   test_check_page_tags_with();
   test_record_identities();
   test_adopt_and_coalesce();
+  test_nvfp4_by_name();
   return finish_test("c_api_test");
 }
