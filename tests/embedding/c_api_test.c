@@ -957,13 +957,11 @@ static void test_adopt_and_coalesce(void) {
 }
 
 /* NVFP4 by name: the C enum has it, the byte geometry is its head vector's (72 B at D = 128:
- * 64 B of E2M1 codes, 8 E4M3 block scales), and every entry point without an NVFP4 kernel
- * refuses it as unsupported, naming it, before it writes anything. */
+ * 64 B of E2M1 codes, 8 E4M3 block scales), the append writes and dequantize reads it, and
+ * the attention entry points (no NVFP4 kernel yet) refuse it as unsupported, naming it. */
 static void test_nvfp4_by_name(void) {
   slimserve_kv_cache cache;
   slimserve_cache_layout layout;
-  slimserve_page_table_view table;
-  slimserve_append_args append;
   slimserve_decode_problem problem;
   const int32_t indptr[2] = {0, 1}, last_page_len[1] = {5};
   const float one = 1.0f;
@@ -995,15 +993,44 @@ static void test_nvfp4_by_name(void) {
   cache.scale_mode = SLIMSERVE_SCALE_NONE; /* its tensor scale is required */
   EXPECT_REFUSED(slimserve_describe_kv_cache(&cache, 0, &layout), SLIMSERVE_INVALID_ARGUMENT, "nvfp4 cache needs scales");
   cache.scale_mode = SLIMSERVE_SCALE_PER_TENSOR;
-  memset(&table, 0, sizeof table);
-  memset(&append, 0, sizeof append);
-  append.k_new = append.v_new = out;
-  append.num_tokens = 1;
-  EXPECT_REFUSED(slimserve_append_kv(&cache, &table, NULL, &append, NULL), SLIMSERVE_UNSUPPORTED,
-                 "does not take nvfp4");
-  EXPECT(message_has("bf16, fp16, fp8_e4m3, fp8_e5m2"));
-  EXPECT_REFUSED(slimserve_dequantize_pages(&cache, page_ids, 1, out, out, NULL), SLIMSERVE_UNSUPPORTED,
-                 "dequantize_pages does not take nvfp4");
+  /* Written and read back: zero rows become zero codes and zero block scales; the pages
+   * start as the emulator's 0xFF poison. One token into page 1, slot 3 (slot form). */
+  {
+    const int64_t slot = 16 + 3;
+    uint16_t host_out[16 * 2 * 128];
+    uint8_t host_pages[16 * 2 * 72];
+    int32_t one_page = 1;
+    void* slots = NULL;
+    void* rows = NULL;
+    slimserve_kv_append_args kv_args;
+    size_t i;
+    CHECK_OK(slimserve_device_alloc(sizeof slot, &slots));
+    CHECK_OK(slimserve_device_alloc(2 * 128 * 2, &rows));
+    CHECK_OK(slimserve_memcpy_async(slots, &slot, sizeof slot, SLIMSERVE_HOST_TO_DEVICE, NULL));
+    CHECK_OK(slimserve_memset_async(rows, 0, 2 * 128 * 2, NULL));
+    CHECK_OK(slimserve_memcpy_async(page_ids, &one_page, sizeof one_page, SLIMSERVE_HOST_TO_DEVICE, NULL));
+    memset(&kv_args, 0, sizeof kv_args);
+    kv_args.struct_size = sizeof kv_args;
+    kv_args.cache = cache;
+    kv_args.k_new = kv_args.v_new = rows;
+    kv_args.input_dtype = SLIMSERVE_ACT_FP16;
+    kv_args.num_tokens = 1;
+    kv_args.slot_mapping = (const int64_t*)slots;
+    CHECK_OK(slimserve_kv_append(&kv_args, NULL));
+    CHECK_OK(slimserve_dequantize_pages(&cache, page_ids, 1, out, out, NULL));
+    CHECK_OK(slimserve_memcpy_async(host_pages, (char*)pages + 16 * 2 * 72, sizeof host_pages, SLIMSERVE_DEVICE_TO_HOST, NULL));
+    CHECK_OK(slimserve_memcpy_async(host_out, out, sizeof host_out, SLIMSERVE_DEVICE_TO_HOST, NULL));
+    CHECK_OK(slimserve_stream_synchronize(NULL));
+    for (i = 0; i < sizeof host_pages; ++i) {
+      const int written = i / (2 * 72) == 3; /* NHD: slot 3's two head vectors */
+      EXPECT(host_pages[i] == (written ? 0x00 : 0xFF));
+    }
+    /* Slot 3 decodes to zeros; the 0xFF poison elsewhere has NaN scales: NaN. */
+    EXPECT(host_out[3 * 2 * 128] == 0 && host_out[3 * 2 * 128 + 255] == 0);
+    EXPECT((host_out[0] & 0x7FFF) > 0x7F80 && (host_out[15 * 2 * 128] & 0x7FFF) > 0x7F80);
+    CHECK_OK(slimserve_device_free(rows));
+    CHECK_OK(slimserve_device_free(slots));
+  }
   memset(&problem, 0, sizeof problem);
   problem.batch_size = 1;
   problem.num_qo_heads = 8;
