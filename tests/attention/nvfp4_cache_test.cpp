@@ -55,7 +55,7 @@ struct Rows {
   std::vector<std::uint16_t> bits;
   std::vector<float> values;
 };
-Rows make_rows(std::mt19937_64& rng, const Nvfp4Case& c, int num_tokens) {
+Rows make_rows(std::mt19937_64& rng, const Nvfp4Case& c, int num_tokens, float tensor_scale) {
   Rows r;
   const auto count = static_cast<std::size_t>(num_tokens) * c.num_kv_heads * c.head_dim;
   r.bits.resize(count);
@@ -73,6 +73,14 @@ Rows make_rows(std::mt19937_64& rng, const Nvfp4Case& c, int num_tokens) {
       if (k == 1 && i == 5) x = std::numeric_limits<float>::quiet_NaN();     // block decodes to NaN
       if (k == 2 && i == 9) x = std::numeric_limits<float>::infinity();     // saturates at 448, 6
       if (k == 3 && i % 4 == 0) x = -std::numeric_limits<float>::infinity();
+      // The first vector's blocks sit at the scale's extremes for certain: a block amax of
+      // 6 * tensor_scale * s gives block scale s: 448 (the largest), 2^-9 (the smallest
+      // subnormal), 2^-11 (below half of it: scale 0, codes 0), 2^20 (saturates to 448).
+      const float extremes[] = {448.0f, 0x1p-9f, 0x1p-11f, 0x1p20f};
+      if (block >= 1 && block <= 4) {
+        const float amax = 6.0f * tensor_scale * extremes[block - 1];
+        x = i == 3 ? -amax : std::fmod(std::fabs(normal(rng)), 1.0f) * amax;
+      }
       const std::size_t e = block * 16 + i;
       r.bits[e] = to_activation(c.input, x);
       r.values[e] = from_activation(c.input, r.bits[e]);  // saturates overflow to inf: a case too
@@ -162,9 +170,9 @@ TEST_CASE("NVFP4 append: codes and block scales equal the scalar rule's, neighbo
     std::vector<std::int32_t> append_indptr{0};
     for (const auto n : appended) append_indptr.push_back(append_indptr.back() + n);
     const int num_tokens = append_indptr.back();
-    const Rows k = make_rows(rng, c, num_tokens);
-    const Rows v = make_rows(rng, c, num_tokens);
     const float k_scale = std::ldexp(1.0f, -7), v_scale = 0.0123f;  // decode-side tensor scales
+    const Rows k = make_rows(rng, c, num_tokens, k_scale);
+    const Rows v = make_rows(rng, c, num_tokens, v_scale);
 
     const std::size_t page_bytes = static_cast<std::size_t>(ps) * c.num_kv_heads * vector_bytes(c.head_dim);
     std::vector<unsigned char> k_image(page_bytes * table.num_pages), v_image(page_bytes * table.num_pages);
@@ -246,6 +254,17 @@ TEST_CASE("NVFP4 append: codes and block scales equal the scalar rule's, neighbo
       }
     }
     CHECK(rule_bad == 0);
+    // The scale bytes cover E4M3's extremes: 0, the smallest subnormal, 448, NaN.
+    bool seen[256] = {};
+    for (int t = 0; t < num_tokens; ++t) {
+      if (!written[static_cast<std::size_t>(t)]) continue;
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        const auto vector = static_cast<std::size_t>(
+            cache_offset(c.layout, c.page_size, c.num_kv_heads, 1, dest_page[t], dest_slot[t], h, 0));
+        for (int b = 0; b < c.head_dim / 16; ++b) seen[k_image[vector * vb + static_cast<std::size_t>(c.head_dim / 2 + b)]] = true;
+      }
+    }
+    CHECK((seen[0x00] && seen[0x01] && seen[0x7E] && seen[nvfp4_nan_scale_code]));
     const auto k_out = download(k_dev, k_image.size());
     const auto v_out = download(v_dev, v_image.size());
     std::size_t k_diff = 0, v_diff = 0;
@@ -262,7 +281,7 @@ TEST_CASE("NVFP4 append: an invalid device-held tensor scale makes every block s
   // visible (every block decodes to NaN, codes are signed zeros) instead of rescaling.
   auto rng = slimserve_test::make_rng(2502);
   const Nvfp4Case c{KvLayout::nhd, 64, 2, 16, ActivationDtype::bf16, true};
-  const Rows k = make_rows(rng, c, 3);
+  const Rows k = make_rows(rng, c, 3, 1.0f);
   for (const float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     INFO("tensor scale " << bad);
     std::vector<unsigned char> image(static_cast<std::size_t>(2 * 16 * 2 * vector_bytes(64)), 0xA5);
