@@ -26,6 +26,11 @@ Status null_argument_status(const char* names) {
   return make_status(StatusCode::invalid_argument, names, " must be non-null");
 }
 
+/// The head dims a format's writers and readers are built for: head vectors of whole 4-byte
+/// words (validate_cache_view refuses the others: NVFP4 at head_dim 96).
+template <class KvT, int HeadDim>
+constexpr bool whole_word_vectors = head_vector_bytes(kv_dtype_v<KvT>, HeadDim) % 4 == 0;
+
 // ---- append table: (stored type, input type, head_dim) -> launcher --------------------------
 using AppendLauncher = Status (*)(const kernels::AppendParams&, dim3, dim3, cudaStream_t);
 struct AppendKernelEntry {
@@ -46,10 +51,14 @@ const auto& append_table() {
     std::array<AppendKernelEntry, 2 * kv_format_count * PagedHeadDims::size> entries{};
     std::size_t count = 0;
     auto add_inputs = [&]<class KvT>() {
-      PagedHeadDims::for_each([&]<int HeadDim>() {
-        entries[count++] = {detail::kv_dtype_of<KvT>::value, ActivationDtype::bf16, HeadDim, &launch_append<KvT, bf16, HeadDim>};
-        entries[count++] = {detail::kv_dtype_of<KvT>::value, ActivationDtype::fp16, HeadDim, &launch_append<KvT, fp16, HeadDim>};
-      });
+      if constexpr (format_has_kernel<KvT>(KvKernel::append)) {
+        PagedHeadDims::for_each([&]<int HeadDim>() {
+          if constexpr (whole_word_vectors<KvT, HeadDim>) {
+            entries[count++] = {detail::kv_dtype_of<KvT>::value, ActivationDtype::bf16, HeadDim, &launch_append<KvT, bf16, HeadDim>};
+            entries[count++] = {detail::kv_dtype_of<KvT>::value, ActivationDtype::fp16, HeadDim, &launch_append<KvT, fp16, HeadDim>};
+          }
+        });
+      }
     };
     for_each_kv_format(add_inputs);
     return entries;
@@ -75,9 +84,13 @@ const auto& dequantize_table() {
     std::array<DequantizeKernelEntry, kv_format_count * PagedHeadDims::size> entries{};
     std::size_t count = 0;
     auto add = [&]<class KvT>() {
-      PagedHeadDims::for_each([&]<int HeadDim>() {
-        entries[count++] = {detail::kv_dtype_of<KvT>::value, HeadDim, &launch_dequantize<KvT, HeadDim>};
-      });
+      if constexpr (format_has_kernel<KvT>(KvKernel::dequantize)) {
+        PagedHeadDims::for_each([&]<int HeadDim>() {
+          if constexpr (whole_word_vectors<KvT, HeadDim>) {
+            entries[count++] = {detail::kv_dtype_of<KvT>::value, HeadDim, &launch_dequantize<KvT, HeadDim>};
+          }
+        });
+      }
     };
     for_each_kv_format(add);
     return entries;
@@ -89,6 +102,7 @@ const auto& dequantize_table() {
 
 Status can_implement(const AppendArguments& a) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(a.cache));
+  SLIMSERVE_RETURN_IF_ERROR(require_kernel(a.cache.dtype, KvKernel::append));
   // Any page_stride of whole pages: a combined K/V allocation [num_pages, 2, page] is written
   // in place (per-token scale arrays stay packed).
   if (a.cache.page_stride != 0 &&
@@ -202,6 +216,7 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
 Status dequantize_pages(const PagedKVCacheView& cache, const std::int32_t* page_ids,
                         std::int32_t num_listed, bf16* k_out, bf16* v_out, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(validate_cache_view(cache));
+  SLIMSERVE_RETURN_IF_ERROR(require_kernel(cache.dtype, KvKernel::dequantize));
   SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(cache, "dequantize_pages"));
   if (!PagedHeadDims::contains(cache.head_dim)) {
     return make_status(StatusCode::unsupported, "dequantize_pages supports head_dim ",

@@ -71,14 +71,19 @@ constexpr DecodeKernelEntry decode_entry() {
           &launch_decode<KvT, QT, HeadDim>};
 }
 
-/// The six decode instantiations (2 query types x 3 head dims) of one stored type.
+/// The six decode instantiations (2 query types x 3 head dims) of one stored type; none for a
+/// format whose trait does not list KvKernel::decode (its preflight refuses it).
 template <class KvT>
 std::span<const DecodeKernelEntry> decode_kernels() {
-  static constexpr DecodeKernelEntry table[] = {
-      decode_entry<KvT, bf16, 64>(), decode_entry<KvT, bf16, 128>(), decode_entry<KvT, bf16, 256>(),
-      decode_entry<KvT, fp16, 64>(), decode_entry<KvT, fp16, 128>(), decode_entry<KvT, fp16, 256>(),
-  };
-  return table;
+  if constexpr (format_has_kernel<KvT>(KvKernel::decode)) {
+    static constexpr DecodeKernelEntry table[] = {
+        decode_entry<KvT, bf16, 64>(), decode_entry<KvT, bf16, 128>(), decode_entry<KvT, bf16, 256>(),
+        decode_entry<KvT, fp16, 64>(), decode_entry<KvT, fp16, 128>(), decode_entry<KvT, fp16, 256>(),
+    };
+    return table;
+  } else {
+    return {};
+  }
 }
 // Instantiated once per format, in decode_<format>.cu.
 #define SLIMSERVE_DECODE_EXTERN(name, ...) \

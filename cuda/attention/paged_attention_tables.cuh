@@ -87,20 +87,25 @@ constexpr void for_each_activation(F&& f) {
   }
 }
 
-/// Every instantiation of one stored type.
+/// Every instantiation of one stored type; none for a format whose trait does not list
+/// KvKernel::paged_attention (its preflight refuses it).
 template <class KvT>
 std::span<const PagedAttentionKernelEntry> paged_attention_kernels() {
-  static const auto table = [] {
-    std::array<PagedAttentionKernelEntry, 2 * PagedHeadDims::size> entries{};
-    std::size_t count = 0;
-    for_each_activation<KvT>([&]<class QT>() {
-      PagedHeadDims::for_each([&]<int HeadDim>() {
-        entries[count++] = paged_attention_entry<KvT, QT, HeadDim>();
+  if constexpr (format_has_kernel<KvT>(KvKernel::paged_attention)) {
+    static const auto table = [] {
+      std::array<PagedAttentionKernelEntry, 2 * PagedHeadDims::size> entries{};
+      std::size_t count = 0;
+      for_each_activation<KvT>([&]<class QT>() {
+        PagedHeadDims::for_each([&]<int HeadDim>() {
+          entries[count++] = paged_attention_entry<KvT, QT, HeadDim>();
+        });
       });
-    });
-    return std::pair{entries, count};
-  }();
-  return {table.first.data(), table.second};
+      return std::pair{entries, count};
+    }();
+    return {table.first.data(), table.second};
+  } else {
+    return {};
+  }
 }
 // Instantiated once per format, in paged_attention_<format>.cu.
 #define SLIMSERVE_PAGED_ATTENTION_EXTERN(name, ...) \

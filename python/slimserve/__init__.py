@@ -67,19 +67,30 @@ def _dtype_name(dtype) -> Optional[str]:
 
 
 def kv_dtype_name(dtype, tensor_dtype: Optional[str] = None, name: str = "kv_cache_dtype") -> str:
-    """The canonical KV element type ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2") of a
+    """The canonical KV element type ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "nvfp4") of a
     name engines use ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", torch.float8_e4m3fn, ...);
     "auto"/None take it from the cache tensor's dtype."""
     dtype = _dtype_name(dtype)
     if dtype in (None, "auto"):
         dtype = tensor_dtype
         if dtype in ("uint8", "int8", None):
-            raise type_error(f"slimserve: {name} 'auto' cannot tell the FP8 format of {dtype} pages: "
-                             "pass 'fp8_e4m3' (vLLM's 'fp8') or 'fp8_e5m2'")
+            raise type_error(f"slimserve: {name} 'auto' cannot tell the format of {dtype} pages: "
+                             "pass 'fp8_e4m3' (vLLM's 'fp8'), 'fp8_e5m2' or 'nvfp4'")
     if dtype not in KV_DTYPES:
         raise value_error(f"slimserve: {name} {dtype!r} is not a KV cache dtype "
                           f"(one of 'auto', {', '.join(repr(k) for k in KV_DTYPES)})")
     return _KV_CODE_NAMES[KV_DTYPES[dtype]]
+
+
+def _head_dim_of(dtype: str, extent: int) -> int:
+    """head_dim of pages whose last extent is `extent`: the head vector's bytes for NVFP4 (D/2
+    bytes of E2M1 codes, then D/16 E4M3 block scales: 9 D / 16), else head_dim itself."""
+    if dtype != "nvfp4":
+        return extent
+    if extent % 9:
+        raise value_error(f"slimserve: nvfp4 pages' last extent {extent} must be a head vector's bytes "
+                          "(9 * head_dim / 16: 36, 72 or 144 for head_dim 64, 128, 256)")
+    return extent * 16 // 9
 
 
 def _check_scale_value(value: float, name: str) -> float:
@@ -760,8 +771,10 @@ class PagedKVCache:
 
     dtype: None/"auto" (the tensors' own dtype), or any name of KV_DTYPES ("fp8" is e4m3, as in
     vLLM); FP8 pages are uint8 tensors plus dtype, or torch.float8_e4m3fn / float8_e5m2
-    tensors. A tensor whose element size contradicts the dtype is refused.
-    Scales (FP8): k_scale / v_scale, a positive finite float (uploaded once) or a one-element
+    tensors. A tensor whose element size contradicts the dtype is refused. NVFP4 pages are
+    uint8 tensors whose last extent is a head vector's bytes (9 * D / 16: D/2 bytes of E2M1
+    codes, then D/16 E4M3 block scales), packed, with a per-tensor k_scale / v_scale.
+    Scales (FP8, NVFP4): k_scale / v_scale, a positive finite float (uploaded once) or a one-element
     float32 tensor on the library's device (read by the kernels at run time, so a captured
     graph sees the current value; on host memory its value is checked here); or per-token
     scale arrays k_token_scales / v_token_scales shaped like the pages without head_dim.
@@ -782,6 +795,9 @@ class PagedKVCache:
                 raise value_error(f"slimserve: combined kv_pages {kv.shape} must be [num_pages, 2, ...] (5-D)")
             dtype = kv_dtype_name(dtype, kv.dtype, "dtype")
             self._check_tensor_dtype(kv, dtype, "kv_pages")
+            if dtype == "nvfp4":
+                raise SlimserveValueError("slimserve: an nvfp4 cache takes packed K and V page arrays "
+                                          "(k_pages and v_pages), not one combined allocation", "unsupported")
             page = kv.shape[2] * kv.shape[3] * kv.shape[4]
             element = 1 if dtype.startswith("fp8") else 2
             k = _TensorShape(kv.ptr, (kv.shape[0],) + kv.shape[2:], kv.dtype)
@@ -801,9 +817,13 @@ class PagedKVCache:
             self._check_tensor_dtype(k, dtype, "k_pages")
             page = k.shape[1] * k.shape[2] * k.shape[3]
             self.page_stride = 0 if k_stride == page else k_stride
+            if dtype == "nvfp4" and self.page_stride:
+                raise SlimserveValueError(f"slimserve: an nvfp4 cache takes packed pages; these are "
+                                          f"{k_stride} bytes apart, a page is {page}", "unsupported")
         num_pages, a, b, head_dim = k.shape
         if min(k.shape) <= 0:
             raise value_error(f"slimserve: KV pages of shape {k.shape} (every extent must be > 0)")
+        head_dim = _head_dim_of(dtype, head_dim)
         page_size, heads = (a, b) if layout == "NHD" else (b, a)
         if page_size not in SUPPORTED_PAGE_SIZES:
             nearest = min(SUPPORTED_PAGE_SIZES, key=lambda size: abs(size - page_size))
@@ -818,6 +838,7 @@ class PagedKVCache:
         self.view.num_kv_heads, self.view.head_dim = heads, head_dim
         self.view.dtype, self.view.layout = KV_DTYPES[dtype], LAYOUTS[layout]
         fp8 = dtype.startswith("fp8")
+        scaled = _kv_formats.KV_BITS[KV_DTYPES[dtype]] < 16  # FP8 and NVFP4 must say where their scales are
         if k_token_scales is not None or v_token_scales is not None:
             if not fp8:
                 raise value_error(f"slimserve: per-token scales are for FP8 caches, this one is {dtype}")
@@ -832,9 +853,9 @@ class PagedKVCache:
             self.view.scale_mode = 1
             self.view.k_scale = self._scale(k_scale, "k_scale")
             self.view.v_scale = self._scale(v_scale, "v_scale")
-        elif fp8:
+        elif scaled:
             raise type_error(f"slimserve: an {dtype} cache needs its scales: k_scale and v_scale "
-                             "(per tensor) or k_token_scales and v_token_scales")
+                             "(per tensor)" + (" or k_token_scales and v_token_scales" if fp8 else ""))
         self.dtype, self.layout = dtype, layout
 
     @staticmethod

@@ -165,6 +165,41 @@ def test_dtype_contradictions_and_engine_names():
     assert ss.kv_dtype_name("auto", "float16") == "float16"
 
 
+def test_nvfp4_by_name_byte_pages_and_clear_refusals():
+    """NVFP4 pages are uint8 head vectors of 9 * D / 16 bytes (codes, then E4M3 block scales)
+    with a per-tensor scale; append_kv writes them, the attention kernels (no NVFP4 path yet)
+    refuse them by name."""
+    assert ss.kv_dtype_name("nvfp4") == "nvfp4" and ss.KV_DTYPES["nvfp4"] == 4
+    u8 = np.zeros((32, PAGE, HKV, 9 * D // 16), np.uint8)
+    cache = ss.PagedKVCache(u8, u8.copy(), dtype="nvfp4", k_scale=1.0, v_scale=1.0)
+    assert (cache.dtype, cache.view.dtype, cache.view.head_dim) == ("nvfp4", 4, D)
+    with pytest.raises(ss.SlimserveTypeError, match="needs its scales"):
+        ss.PagedKVCache(u8, u8.copy(), dtype="nvfp4")
+    with pytest.raises(ss.SlimserveValueError, match="head vector's bytes"):
+        short = np.zeros((32, PAGE, HKV, 35), np.uint8)
+        ss.PagedKVCache(short, short.copy(), dtype="nvfp4", k_scale=1.0, v_scale=1.0)
+    with pytest.raises(ss.SlimserveValueError, match="per-token scales are for FP8"):
+        ss.PagedKVCache(u8, u8.copy(), dtype="nvfp4", k_token_scales=np.ones((32, PAGE, HKV), np.float32),
+                        v_token_scales=np.ones((32, PAGE, HKV), np.float32))
+    with pytest.raises(ss.SlimserveError, match="decode does not take nvfp4") as error:
+        ss.DecodeWrapper().plan([0, 1], [3], [5], 8, HKV, D, PAGE, "nvfp4")
+    assert error.value.code == "unsupported"
+    with pytest.raises(ss.SlimserveError, match="paged attention does not take nvfp4") as error:
+        ss.PagedAttentionWrapper().plan([0, 1], 8, HKV, D, PAGE, kv_indptr=[0, 1], kv_indices=[3],
+                                        last_page_len=[5], kv_dtype="nvfp4", q_dtype="float16")
+    assert error.value.code == "unsupported"
+    # append_kv writes NVFP4 pages: zeros become zero codes and zero block scales, in exactly
+    # the 3 tokens' head vectors (the rest of the poisoned pages stays).
+    k_pages, v_pages = np.full_like(u8, 0xAA), np.full_like(u8, 0xAA)
+    cache = ss.PagedKVCache(k_pages, v_pages, dtype="nvfp4", k_scale=1.0, v_scale=1.0)
+    pool, table, requests = _page_table([1], [3])
+    good = np.zeros((3, HKV, D), np.float16)
+    ss.append_kv(cache, table.build(requests), good, good, append_indptr=[0, 3])
+    for pages in (k_pages, v_pages):
+        assert int((pages == 0).sum()) == 3 * HKV * (9 * D // 16)
+        assert int((pages == 0xAA).sum()) == pages.size - 3 * HKV * (9 * D // 16)
+
+
 def test_torch_names_and_fp8_tensors():
     torch = pytest.importorskip("torch")
     pages = torch.zeros((4, PAGE, HKV, D), dtype=torch.float8_e4m3fn)

@@ -83,6 +83,7 @@ Status validate_decode_problem(const DecodeProblem& p) {
     return make_status(StatusCode::invalid_argument, "unknown KV dtype ",
                        static_cast<int>(p.kv_dtype), " (one of ", kv_format_names(), ")");
   }
+  SLIMSERVE_RETURN_IF_ERROR(require_kernel(p.kv_dtype, KvKernel::decode));
   if (p.batch_size < 0) {
     return make_status(StatusCode::invalid_argument, "batch_size ", p.batch_size, " < 0");
   }

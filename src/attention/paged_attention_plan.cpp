@@ -211,6 +211,9 @@ AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& p, st
 }
 
 Status validate_paged_attention_problem(const PagedAttentionProblem& p) {
+  if (is_valid(p.kv_dtype)) {
+    SLIMSERVE_RETURN_IF_ERROR(require_kernel(p.kv_dtype, KvKernel::paged_attention));
+  }
   if (p.batch_size < 0) {
     return make_status(StatusCode::invalid_argument, "batch_size ", p.batch_size, " < 0");
   }

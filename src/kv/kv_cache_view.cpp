@@ -2,9 +2,22 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
+
+Status require_kernel(KvDtype dtype, KvKernel kernel) {
+  if (has_kernel(dtype, kernel)) return {};
+  std::string takes;
+  for (const KvFormatInfo& f : kv_formats) {
+    if ((f.kernels & static_cast<KvKernelSet>(kernel)) == 0) continue;
+    takes += takes.empty() ? "" : ", ";
+    takes += f.name;
+  }
+  return make_status(StatusCode::unsupported, to_string(kernel), " does not take ", to_string(dtype),
+                     " KV pages yet (it takes ", takes, ")");
+}
 
 Status validate_cache_view(const PagedKVCacheView& cache) {
   // Enum values that arrive as integers (C ABI, Python, casts) are checked before any use.
@@ -38,6 +51,20 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
     return make_status(StatusCode::invalid_argument, "a page of ", page_elements,
                        " elements is too large");
   }
+  // The page movers and the writers move head vectors in 4-byte words (NVFP4 at head_dim 96
+  // would be 54 bytes).
+  if (head_vector_bytes(cache.dtype, cache.head_dim) % 4 != 0) {
+    return make_status(StatusCode::unsupported, "an ", to_string(cache.dtype), " head vector of head_dim ",
+                       cache.head_dim, " is ", head_vector_bytes(cache.dtype, cache.head_dim),
+                       " bytes, not whole 4-byte words (", to_string(cache.dtype), " takes head_dim 64, 128, 192, 256)");
+  }
+  // A head vector with in-vector scales is not a whole number of bytes per element: its pages
+  // are addressed in bytes (head_vector_bytes), so only packed pages have a stride in elements.
+  if (cache.page_stride != 0 && cache.page_stride != page_elements &&
+      kv_format_info(cache.dtype).scales == KvScaleGeometry::per_block) {
+    return make_status(StatusCode::unsupported, "an ", to_string(cache.dtype),
+                       " cache takes packed pages (page_stride 0), got page_stride ", cache.page_stride);
+  }
   if (cache.page_stride != 0 &&
       (cache.page_stride < page_elements || cache.page_stride * bits_per_element(cache.dtype) % 128 != 0)) {
     return make_status(StatusCode::invalid_argument, "page_stride ", cache.page_stride,
@@ -50,8 +77,10 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
   switch (cache.scale_mode) {
     case KvScaleMode::none:
       if (requires_scale(cache.dtype)) {
-        return make_status(StatusCode::invalid_argument, "an ", to_string(cache.dtype),
-                           " cache needs scales (per_tensor or per_token); a silent 1.0 is refused");
+        return make_status(StatusCode::invalid_argument, "an ", to_string(cache.dtype), " cache needs scales (",
+                           allows_per_token_scales(cache.dtype) ? "per_tensor or per_token"
+                                                                : "per_tensor: its FP32 tensor scale",
+                           "); a silent 1.0 is refused");
       }
       break;
     case KvScaleMode::per_tensor:
@@ -65,7 +94,8 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
       // cache that is ~3e38 (BF16), and q.k over such values overflows FP32.
       if (!allows_per_token_scales(cache.dtype)) {
         return make_status(StatusCode::invalid_argument, "per_token scales are for FP8 caches; a ",
-                           to_string(cache.dtype), " cache takes scale mode none or per_tensor");
+                           to_string(cache.dtype), " cache takes scale mode ",
+                           requires_scale(cache.dtype) ? "per_tensor" : "none or per_tensor");
       }
       if (cache.k_token_scales == nullptr || cache.v_token_scales == nullptr) {
         return make_status(StatusCode::invalid_argument,

@@ -16,6 +16,7 @@
 
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/formats/float_formats.hpp"
+#include "slimserve/formats/fp4.hpp"
 #include "slimserve/runtime/memory.hpp"
 #include "support/random.hpp"
 
@@ -51,6 +52,7 @@ inline std::uint16_t quantize(KvDtype dtype, float x) {
                                                              format_traits<fp16>::max_finite)).bits;
     case KvDtype::fp8_e4m3: return from_float<fp8_e4m3>(x).bits;
     case KvDtype::fp8_e5m2: return from_float<fp8_e5m2>(x).bits;
+    case KvDtype::nvfp4: break;  // codes and block scales, not a value a code: its own tests
   }
   return 0;
 }
@@ -60,6 +62,7 @@ inline float dequantize(KvDtype dtype, std::uint16_t bits) {
     case KvDtype::fp16: return to_float(fp16::from_bits(bits));
     case KvDtype::fp8_e4m3: return to_float(fp8_e4m3::from_bits(static_cast<std::uint8_t>(bits)));
     case KvDtype::fp8_e5m2: return to_float(fp8_e5m2::from_bits(static_cast<std::uint8_t>(bits)));
+    case KvDtype::nvfp4: break;
   }
   return 0;
 }
@@ -69,6 +72,7 @@ inline float format_max(KvDtype dtype) {
     case KvDtype::fp16: return format_traits<fp16>::max_finite;
     case KvDtype::fp8_e4m3: return format_traits<fp8_e4m3>::max_finite;
     case KvDtype::fp8_e5m2: return format_traits<fp8_e5m2>::max_finite;
+    case KvDtype::nvfp4: return format_traits<fp4_e2m1>::max_finite;
   }
   return 0;
 }

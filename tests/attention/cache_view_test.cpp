@@ -2,12 +2,17 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <string>
 
 #include <type_traits>
 
+#include "slimserve/attention/append.hpp"
 #include "slimserve/attention/decode_plan.hpp"
+#include "slimserve/attention/dequantize.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/attention/paged_attention.hpp"
 
 using namespace slimserve;
 using namespace slimserve::attention;
@@ -89,7 +94,7 @@ TEST_CASE("enum values cast from integers are range-checked", "[attention][cache
   CHECK(is_valid(ActivationDtype::fp16));
   // One activation enum: attention's and int4's names are the same type.
   static_assert(std::is_same_v<ActivationDtype, slimserve::ActivationDtype>);
-  DecodeProblem problem{1, 8, 2, 128, 16, 1, static_cast<KvDtype>(4)};
+  DecodeProblem problem{1, 8, 2, 128, 16, 1, static_cast<KvDtype>(kv_format_count)};  // one past the list
   CHECK(can_implement(problem).code() == StatusCode::invalid_argument);
 }
 
@@ -140,4 +145,52 @@ TEST_CASE("allocation sizes of a cache view", "[attention][cache]") {
                                            view.head_dim - 1);
     CHECK((last + 1) * element_bytes(view.dtype) == packed_pages_bytes(view));
   }
+}
+
+TEST_CASE("NVFP4 pages: every kernel family without an NVFP4 path refuses it by name in its preflight",
+          "[attention][cache][nvfp4]") {
+  alignas(16) static std::uint8_t pages[4 * 16 * 2 * 72] = {};
+  const float scale = 1.0f;
+  PagedKVCacheView v;
+  v.k_pages = v.v_pages = pages;
+  v.k_scale = v.v_scale = &scale;
+  v.num_pages = 4;
+  v.page_size = 16;
+  v.num_kv_heads = 2;
+  v.head_dim = 128;
+  v.dtype = KvDtype::nvfp4;
+  v.scale_mode = KvScaleMode::per_tensor;
+  REQUIRE(validate_cache_view(v).ok());
+  auto refused = [](const Status& s, KvKernel kernel) {
+    INFO(s.message());
+    if (has_kernel(KvDtype::nvfp4, kernel)) return;  // the family has its NVFP4 path: tested with it
+    CHECK(s.code() == StatusCode::unsupported);
+    CHECK_THAT(std::string(s.message()),
+               Catch::Contains("does not take nvfp4") && Catch::Contains("bf16, fp16, fp8_e4m3, fp8_e5m2"));
+  };
+  DecodeProblem decode;
+  decode.batch_size = 1;
+  decode.num_qo_heads = 16;
+  decode.num_kv_heads = 2;
+  decode.head_dim = 128;
+  decode.page_size = 16;
+  decode.kv_dtype = KvDtype::nvfp4;
+  refused(validate_decode_problem(decode), KvKernel::decode);
+  PagedAttentionProblem paged;
+  paged.batch_size = 1;
+  paged.num_qo_heads = 16;
+  paged.num_kv_heads = 2;
+  paged.head_dim = 128;
+  paged.page_size = 16;
+  paged.kv_dtype = KvDtype::nvfp4;
+  paged.q_dtype = ActivationDtype::fp16;
+  refused(validate_paged_attention_problem(paged), KvKernel::paged_attention);
+  AppendArguments append;
+  append.cache = v;
+  refused(can_implement(append), KvKernel::append);
+  const std::int32_t page_ids[1] = {0};
+  alignas(16) static bf16 out[16 * 2 * 128];
+  const std::uint8_t before = pages[7];
+  refused(dequantize_pages(v, page_ids, 1, out, out, nullptr), KvKernel::dequantize);
+  CHECK(pages[7] == before);
 }

@@ -1017,6 +1017,97 @@ static void test_adopt_and_coalesce(void) {
   slimserve_page_pool_destroy(pool);
 }
 
+/* NVFP4 by name: the C enum has it, the byte geometry is its head vector's (72 B at D = 128:
+ * 64 B of E2M1 codes, 8 E4M3 block scales), the append writes and dequantize reads it, and
+ * the attention entry points (no NVFP4 kernel yet) refuse it as unsupported, naming it. */
+static void test_nvfp4_by_name(void) {
+  slimserve_kv_cache cache;
+  slimserve_cache_layout layout;
+  slimserve_decode_problem problem;
+  const int32_t indptr[2] = {0, 1}, last_page_len[1] = {5};
+  const float one = 1.0f;
+  void* pages = NULL;
+  void* scale = NULL;
+  void* out = NULL;
+  int32_t* page_ids = NULL;
+  size_t bytes = 0;
+  EXPECT(SLIMSERVE_KV_NVFP4 == 4);
+  CHECK_OK(slimserve_device_alloc(4 * 16 * 2 * 72, &pages)); /* K and V, 2 pages each */
+  CHECK_OK(slimserve_device_alloc(sizeof one, &scale));
+  CHECK_OK(slimserve_device_alloc(16 * 2 * 128 * 2, &out));
+  CHECK_OK(slimserve_device_alloc(sizeof(int32_t), (void**)&page_ids));
+  CHECK_OK(slimserve_memcpy_async(scale, &one, sizeof one, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  memset(&cache, 0, sizeof cache);
+  cache.k_pages = pages;
+  cache.v_pages = (char*)pages + 2 * 16 * 2 * 72;
+  cache.k_scale = cache.v_scale = (const float*)scale;
+  cache.num_pages = 2;
+  cache.page_size = 16;
+  cache.num_kv_heads = 2;
+  cache.head_dim = 128;
+  cache.dtype = SLIMSERVE_KV_NVFP4;
+  cache.layout = SLIMSERVE_KV_NHD;
+  cache.scale_mode = SLIMSERVE_SCALE_PER_TENSOR;
+  CHECK_OK(slimserve_describe_kv_cache(&cache, 0, &layout));
+  EXPECT(layout.dtype == SLIMSERVE_KV_NVFP4 && layout.token_bytes == 72);
+  EXPECT(layout.k.page_stride == 16 * 2 * 72 && layout.k.bytes == 2 * 16 * 2 * 72);
+  cache.scale_mode = SLIMSERVE_SCALE_NONE; /* its tensor scale is required */
+  EXPECT_REFUSED(slimserve_describe_kv_cache(&cache, 0, &layout), SLIMSERVE_INVALID_ARGUMENT, "nvfp4 cache needs scales");
+  cache.scale_mode = SLIMSERVE_SCALE_PER_TENSOR;
+  /* Written and read back: zero rows become zero codes and zero block scales; the pages
+   * start as the emulator's 0xFF poison. One token into page 1, slot 3 (slot form). */
+  {
+    const int64_t slot = 16 + 3;
+    uint16_t host_out[16 * 2 * 128];
+    uint8_t host_pages[16 * 2 * 72];
+    int32_t one_page = 1;
+    void* slots = NULL;
+    void* rows = NULL;
+    slimserve_kv_append_args kv_args;
+    size_t i;
+    CHECK_OK(slimserve_device_alloc(sizeof slot, &slots));
+    CHECK_OK(slimserve_device_alloc(2 * 128 * 2, &rows));
+    CHECK_OK(slimserve_memcpy_async(slots, &slot, sizeof slot, SLIMSERVE_HOST_TO_DEVICE, NULL));
+    CHECK_OK(slimserve_memset_async(rows, 0, 2 * 128 * 2, NULL));
+    CHECK_OK(slimserve_memcpy_async(page_ids, &one_page, sizeof one_page, SLIMSERVE_HOST_TO_DEVICE, NULL));
+    memset(&kv_args, 0, sizeof kv_args);
+    kv_args.struct_size = sizeof kv_args;
+    kv_args.cache = cache;
+    kv_args.k_new = kv_args.v_new = rows;
+    kv_args.input_dtype = SLIMSERVE_ACT_FP16;
+    kv_args.num_tokens = 1;
+    kv_args.slot_mapping = (const int64_t*)slots;
+    CHECK_OK(slimserve_kv_append(&kv_args, NULL));
+    CHECK_OK(slimserve_dequantize_pages(&cache, page_ids, 1, out, out, NULL));
+    CHECK_OK(slimserve_memcpy_async(host_pages, (char*)pages + 16 * 2 * 72, sizeof host_pages, SLIMSERVE_DEVICE_TO_HOST, NULL));
+    CHECK_OK(slimserve_memcpy_async(host_out, out, sizeof host_out, SLIMSERVE_DEVICE_TO_HOST, NULL));
+    CHECK_OK(slimserve_stream_synchronize(NULL));
+    for (i = 0; i < sizeof host_pages; ++i) {
+      const int written = i / (2 * 72) == 3; /* NHD: slot 3's two head vectors */
+      EXPECT(host_pages[i] == (written ? 0x00 : 0xFF));
+    }
+    /* Slot 3 decodes to zeros; the 0xFF poison elsewhere has NaN scales: NaN. */
+    EXPECT(host_out[3 * 2 * 128] == 0 && host_out[3 * 2 * 128 + 255] == 0);
+    EXPECT((host_out[0] & 0x7FFF) > 0x7F80 && (host_out[15 * 2 * 128] & 0x7FFF) > 0x7F80);
+    CHECK_OK(slimserve_device_free(rows));
+    CHECK_OK(slimserve_device_free(slots));
+  }
+  memset(&problem, 0, sizeof problem);
+  problem.batch_size = 1;
+  problem.num_qo_heads = 8;
+  problem.num_kv_heads = 2;
+  problem.head_dim = 128;
+  problem.page_size = 16;
+  problem.query_tokens = 1;
+  problem.kv_dtype = SLIMSERVE_KV_NVFP4;
+  EXPECT_REFUSED(slimserve_decode_workspace_size(&problem, indptr, last_page_len, &bytes), SLIMSERVE_UNSUPPORTED,
+                 "decode does not take nvfp4");
+  CHECK_OK(slimserve_device_free(page_ids));
+  CHECK_OK(slimserve_device_free(out));
+  CHECK_OK(slimserve_device_free(scale));
+  CHECK_OK(slimserve_device_free(pages));
+}
+
 int main(void) {
   start_test("c_api_test");
   test_status_and_pool();
@@ -1029,5 +1120,6 @@ int main(void) {
   test_check_page_tags_with();
   test_record_identities();
   test_adopt_and_coalesce();
+  test_nvfp4_by_name();
   return finish_test("c_api_test");
 }

@@ -42,8 +42,8 @@ struct Config {
 class Cache {
  public:
   Cache(const Config& config, std::mt19937_64& rng) : config_(config) {
-    const std::int64_t data = static_cast<std::int64_t>(num_pages) * page_size * heads * head_dim *
-                              attention::element_bytes(config.dtype);
+    const std::int64_t data = static_cast<std::int64_t>(num_pages) * page_size * heads *
+                              attention::head_vector_bytes(config.dtype, head_dim);
     const std::int64_t scales = static_cast<std::int64_t>(num_pages) * page_size * heads * 4;
     const int arrays = config.scales == KvScaleMode::per_token ? 4 : 2;
     for (int a = 0; a < 4; ++a) {
@@ -75,7 +75,7 @@ class Cache {
   const attention::PagedKVCacheView& view() const { return view_; }
   int arrays() const { return config_.scales == KvScaleMode::per_token ? 4 : 2; }
   std::int64_t unit(int a) const {
-    return a < 2 ? static_cast<std::int64_t>(head_dim) * attention::element_bytes(config_.dtype) : 4;
+    return a < 2 ? attention::head_vector_bytes(config_.dtype, head_dim) : 4;  // NVFP4: codes + block scales
   }
   std::int64_t page_bytes(int a) const { return unit(a) * page_size * heads; }
   // Byte offset of (slot, head) inside one page of array a.
@@ -180,6 +180,8 @@ const Config configs[] = {
     {KvDtype::fp8_e4m3, KvLayout::hnd, KvScaleMode::per_token},
     {KvDtype::fp8_e5m2, KvLayout::nhd, KvScaleMode::per_token},
     {KvDtype::fp8_e5m2, KvLayout::hnd, KvScaleMode::per_tensor},
+    {KvDtype::nvfp4, KvLayout::nhd, KvScaleMode::per_tensor},  // 36-byte head vectors
+    {KvDtype::nvfp4, KvLayout::hnd, KvScaleMode::per_tensor},
 };
 
 struct World {

@@ -361,7 +361,7 @@ SLIMSERVE_C_API slimserve_status slimserve_device_tags_fills(const slimserve_dev
 /* slimserve_kv_dtype's values come from the library's one list of KV formats
  * (SLIMSERVE_KV_FORMAT_LIST, slimserve/kv/kv_format.hpp) through tools/gen_kv_formats.py. */
 typedef int32_t slimserve_kv_dtype;
-enum { SLIMSERVE_KV_BF16 = 0, SLIMSERVE_KV_FP16 = 1, SLIMSERVE_KV_FP8_E4M3 = 2, SLIMSERVE_KV_FP8_E5M2 = 3 };
+enum { SLIMSERVE_KV_BF16 = 0, SLIMSERVE_KV_FP16 = 1, SLIMSERVE_KV_FP8_E4M3 = 2, SLIMSERVE_KV_FP8_E5M2 = 3, SLIMSERVE_KV_NVFP4 = 4 };
 typedef int32_t slimserve_activation_dtype;
 enum { SLIMSERVE_ACT_BF16 = 0, SLIMSERVE_ACT_FP16 = 1 };
 typedef int32_t slimserve_kv_layout;

@@ -46,6 +46,13 @@ SLIMSERVE_NAMESPACE_BEGIN
 
 inline constexpr int nvfp4_block_elements = 16;
 inline constexpr int nvfp4_block_code_bytes = nvfp4_block_elements / 2;
+/// The KV cache's storage type of NVFP4 codes: one byte holding two E2M1 codes, element 2j in
+/// the low nibble (the packed layout above). The block scales live after a head vector's codes.
+struct nvfp4 {
+  std::uint8_t bits;
+};
+static_assert(sizeof(nvfp4) == 1);
+
 /// The E4M3 NaN a block's scale becomes for a NaN input or an invalid tensor scale.
 inline constexpr std::uint8_t nvfp4_nan_scale_code = 0x7F;
 

@@ -179,6 +179,11 @@ inline Status validate_static_scales(float k_scale, float v_scale) {
   return validate_static_scale(v_scale, "v_scale");
 }
 
+/// A kernel family's preflight of the cache's format: refuses (unsupported) a format whose
+/// trait does not list the family, naming the format and the formats the family takes.
+/// `dtype` must be valid (validate_cache_view first).
+Status require_kernel(KvDtype dtype, KvKernel kernel);
+
 /// Shape, type, enum-range and pointer checks of a view (the page contents are not read).
 Status validate_cache_view(const PagedKVCacheView& cache);
 /// The preflight name every component uses (same as validate_cache_view).

@@ -22,6 +22,7 @@
 #include "slimserve/activation_dtype.hpp"
 #include "slimserve/config.hpp"
 #include "slimserve/formats/float_formats.hpp"
+#include "slimserve/formats/nvfp4.hpp"
 #include "slimserve/formats/packed.hpp"
 
 /// The KV formats, one X(...) per format, in ABI order:
@@ -36,7 +37,8 @@
   X(bf16,     0, 16, "bfloat16", "bfloat16 bf16",              "bfloat16 uint16")                 \
   X(fp16,     1, 16, "float16",  "float16 fp16 half",          "float16")                         \
   X(fp8_e4m3, 2,  8, "fp8_e4m3", "fp8 fp8_e4m3 float8_e4m3fn", "uint8 int8 float8_e4m3fn")        \
-  X(fp8_e5m2, 3,  8, "fp8_e5m2", "fp8_e5m2 float8_e5m2",       "uint8 int8 float8_e5m2")
+  X(fp8_e5m2, 3,  8, "fp8_e5m2", "fp8_e5m2 float8_e5m2",       "uint8 int8 float8_e5m2")        \
+  X(nvfp4,    4,  4, "nvfp4",    "nvfp4",                      "uint8")
 // clang-format on
 
 SLIMSERVE_NAMESPACE_BEGIN
@@ -58,6 +60,28 @@ enum class KvScaleGeometry : std::uint8_t {
   per_block,        ///< a scale per `scale_block` elements inside the head vector, plus per tensor
 };
 
+/// The kernel families that touch pages. A format's trait lists those that take it: the
+/// dispatch tables instantiate a family only for the formats that list it, and the family's
+/// host preflight refuses the others by name (require_kernel, kv_cache_view.hpp). A new
+/// format thus starts with none and gains them as its arithmetic lands.
+enum class KvKernel : std::uint8_t {
+  append = 1,           ///< append_kv (quantize-and-append, both destination forms)
+  dequantize = 2,       ///< dequantize_pages
+  decode = 4,           ///< the CUDA-core decode (DecodeWrapper)
+  paged_attention = 8,  ///< tensor-core paged attention: decode, prefill, fused prefill
+};
+using KvKernelSet = std::uint8_t;
+inline constexpr KvKernelSet all_kv_kernels = 1 | 2 | 4 | 8;
+constexpr std::string_view to_string(KvKernel kernel) noexcept {
+  switch (kernel) {
+    case KvKernel::append: return "append_kv";
+    case KvKernel::dequantize: return "dequantize_pages";
+    case KvKernel::decode: return "decode";
+    case KvKernel::paged_attention: return "paged attention";
+  }
+  return "unknown";
+}
+
 /// The trait of one format; one specialization per entry of SLIMSERVE_KV_FORMAT_LIST.
 ///   storage          the element (or code-pair) type the kernels are instantiated on
 ///   dtype            its KvDtype
@@ -69,6 +93,7 @@ enum class KvScaleGeometry : std::uint8_t {
 ///   mma_input        the tensor-core operand type the codes widen to
 ///   computes_in_storage_type  queries must be the storage type (`storage_activation`): the
 ///                    codes are the mma operands as stored; else either activation type
+///   kernels          the KvKernel families that take it (a KvKernelSet)
 /// and the register conversions the kernels call (`widen`, `quantize`: a 32-bit word of
 /// codes <-> floats, exactly the bits of the scalar conversions).
 template <class Storage>
@@ -87,6 +112,7 @@ struct KvHalfFormat {
   static constexpr bool computes_in_storage_type = true;
   static constexpr ActivationDtype storage_activation =
       std::same_as<T, bf16> ? ActivationDtype::bf16 : ActivationDtype::fp16;
+  static constexpr KvKernelSet kernels = all_kv_kernels;
   static constexpr int word_elements = 2;
   using wide_word = f32x2;
   SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE static f32x2 widen(std::uint32_t word) { return to_float2<T>(word); }
@@ -104,6 +130,7 @@ struct KvFp8Format {
   using mma_input = fp16;
   static constexpr bool computes_in_storage_type = false;
   static constexpr ActivationDtype storage_activation = ActivationDtype::fp16;  // unused
+  static constexpr KvKernelSet kernels = all_kv_kernels;
   static constexpr int word_elements = 4;
   using wide_word = f32x4;
   SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE static f32x4 widen(std::uint32_t word) { return to_float4<T>(word); }
@@ -114,6 +141,27 @@ template <> struct KvFormat<bf16> : KvHalfFormat<bf16> { static constexpr KvDtyp
 template <> struct KvFormat<fp16> : KvHalfFormat<fp16> { static constexpr KvDtype dtype = KvDtype::fp16; };
 template <> struct KvFormat<fp8_e4m3> : KvFp8Format<fp8_e4m3> { static constexpr KvDtype dtype = KvDtype::fp8_e4m3; };
 template <> struct KvFormat<fp8_e5m2> : KvFp8Format<fp8_e5m2> { static constexpr KvDtype dtype = KvDtype::fp8_e5m2; };
+/// NVFP4 (formats/nvfp4.hpp): E2M1 codes two to a byte, an E4M3 scale per 16 elements after
+/// the codes of each head vector, and a per-tensor FP32 scale (required, a device pointer).
+/// Its codes widen exactly to fp16 (e2m1 x e4m3 has 5 significant bits and |x| <= 2688).
+template <>
+struct KvFormat<nvfp4> {
+  using storage = nvfp4;
+  static constexpr KvDtype dtype = KvDtype::nvfp4;
+  static constexpr int bits = 4;
+  static constexpr KvScaleGeometry scales = KvScaleGeometry::per_block;
+  static constexpr bool per_token_scales = false;  // the block scales already follow each vector
+  static constexpr int scale_block = nvfp4_block_elements;
+  static constexpr int scale_bits = 8;
+  using scale_format = fp8_e4m3;
+  using mma_input = fp16;
+  static constexpr bool computes_in_storage_type = false;
+  static constexpr ActivationDtype storage_activation = ActivationDtype::fp16;  // unused
+  // Written (kv_store_nvfp4.cuh) and read back (dequantize_nvfp4_pages_kernel); no attention
+  // kernel reads NVFP4 pages yet.
+  static constexpr KvKernelSet kernels = static_cast<KvKernelSet>(KvKernel::append) | static_cast<KvKernelSet>(KvKernel::dequantize);
+  static constexpr int word_elements = 8;   // a 32-bit word holds 8 codes
+};
 
 /// f.template operator()<Storage>() for every format of the list, in ABI order.
 template <class F>
@@ -137,6 +185,7 @@ struct KvFormatInfo {
   int scale_bits;
   bool computes_in_storage_type;
   ActivationDtype storage_activation;
+  KvKernelSet kernels;
 };
 /// The list as a table indexed by ABI value.
 inline constexpr KvFormatInfo kv_formats[] = {
@@ -145,7 +194,7 @@ inline constexpr KvFormatInfo kv_formats[] = {
                KvFormat<::slimserve::name>::per_token_scales, KvFormat<::slimserve::name>::scale_block,     \
                KvFormat<::slimserve::name>::scale_bits,                                              \
                KvFormat<::slimserve::name>::computes_in_storage_type,                                \
-               KvFormat<::slimserve::name>::storage_activation},
+               KvFormat<::slimserve::name>::storage_activation, KvFormat<::slimserve::name>::kernels},
     SLIMSERVE_KV_FORMAT_LIST(SLIMSERVE_KV_INFO)
 #undef SLIMSERVE_KV_INFO
 };
@@ -191,9 +240,18 @@ constexpr std::int64_t head_vector_bytes(const KvFormatInfo& f, std::int64_t hea
 constexpr std::int64_t head_vector_bytes(KvDtype dtype, std::int64_t head_dim) noexcept {
   return head_vector_bytes(kv_format_info(dtype), head_dim);
 }
-/// Bytes of one element of a byte-sized format (every format the kernels take today; a
-/// sub-byte format's code needs head_vector_bytes).
+/// Bytes of one element of a byte-sized format (0 for a sub-byte one, whose geometry is
+/// head_vector_bytes: callers that mean bytes of a page use that).
 constexpr int element_bytes(KvDtype dtype) noexcept { return bits_per_element(dtype) / 8; }
+/// Whether the format's trait lists the kernel family.
+constexpr bool has_kernel(KvDtype dtype, KvKernel kernel) noexcept {
+  return (kv_format_info(dtype).kernels & static_cast<KvKernelSet>(kernel)) != 0;
+}
+/// The same for a storage type (the dispatch tables' compile-time gate).
+template <class Storage>
+constexpr bool format_has_kernel(KvKernel kernel) noexcept {
+  return (KvFormat<Storage>::kernels & static_cast<KvKernelSet>(kernel)) != 0;
+}
 /// The format must be given a scale (KvScaleMode::none is refused).
 constexpr bool requires_scale(KvDtype dtype) noexcept {
   return kv_format_info(dtype).scales != KvScaleGeometry::none;

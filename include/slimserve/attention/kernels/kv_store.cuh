@@ -12,7 +12,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "slimserve/attention/kernels/kv_store_nvfp4.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/runtime/platform.hpp"
@@ -78,16 +80,17 @@ struct PageStoreTarget {
   std::int64_t page_stride;  // elements from one page of k_pages (and of v_pages) to the next; 0: packed
 };
 
-/// Quantizes the K and V head vectors whose inputs start at `k_row` / `v_row` (head_dim
-/// elements of InT each, 16-byte aligned) and stores them at (page, slot, head): x / scale,
+/// store_head_vectors of the 16-bit and FP8 formats: quantizes the K and V head vectors whose
+/// inputs start at `k_row` / `v_row` (head_dim elements of InT each, 16-byte aligned) and
+/// stores them at (page, slot, head): x / scale,
 /// rounded to nearest even with saturation; per-token scales from the vector's amax.
 /// Every thread of the lane group calls it (shuffles); `lane` is the thread's index in its
 /// group; `store` false: the group reads and writes nothing (a skipped token or head).
 template <class KvT, class InT, int HeadDim>
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_head_vectors(const PageStoreTarget& target, const InT* k_row,
-                                                               const InT* v_row, int lane, bool store,
-                                                               std::int32_t page, std::int32_t slot,
-                                                               std::int32_t head) {
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_scaled_head_vectors(const PageStoreTarget& target, const InT* k_row,
+                                                                      const InT* v_row, int lane, bool store,
+                                                                      std::int32_t page, std::int32_t slot,
+                                                                      std::int32_t head) {
   using Lanes = HeadVectorLanes<HeadDim>;
   constexpr int in_elements = vector_elements<InT>;  // 8
   static_assert(in_elements == 8, "16-bit inputs");
@@ -157,6 +160,22 @@ SLIMSERVE_ATTENTION_UNROLL
     }
     store16(static_cast<KvT*>(target.k_pages) + out, kq);
     store16(static_cast<KvT*>(target.v_pages) + out, vq);
+  }
+}
+
+/// Quantizes the K and V head vectors whose inputs start at `k_row` / `v_row` (head_dim
+/// elements of InT each, 16-byte aligned) and stores them at (page, slot, head); see
+/// store_scaled_head_vectors (16-bit, FP8) and store_nvfp4_head_vectors (NVFP4).
+template <class KvT, class InT, int HeadDim>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_head_vectors(const PageStoreTarget& target, const InT* k_row,
+                                                               const InT* v_row, int lane, bool store,
+                                                               std::int32_t page, std::int32_t slot,
+                                                               std::int32_t head) {
+  using Lanes = HeadVectorLanes<HeadDim>;
+  if constexpr (std::is_same_v<KvT, nvfp4>) {  // codes and block scales: kv_store_nvfp4.cuh
+    store_nvfp4_head_vectors<InT, HeadDim, Lanes::active>(target, k_row, v_row, lane, store, page, slot, head);
+  } else {
+    store_scaled_head_vectors<KvT, InT, HeadDim>(target, k_row, v_row, lane, store, page, slot, head);
   }
 }
 
