@@ -288,7 +288,7 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
       plan.warpgroup_mma = true;
       plan.wgmma_kernel = args.wgmma_kernel;
       if (plan.wgmma_kernel == PrefillWgmmaKernel::automatic) {  // see PrefillWgmmaKernel
-        plan.wgmma_kernel = is_fp8(p.kv_dtype) ? PrefillWgmmaKernel::one_warpgroup : PrefillWgmmaKernel::ping_pong;
+        plan.wgmma_kernel = PrefillWgmmaKernel::ping_pong;
       }
       plan.choice.reason += plan.wgmma_kernel == PrefillWgmmaKernel::ping_pong
                                 ? "; on the sm_90a ping-pong wgmma kernel (a producer warpgroup and two consumer "

@@ -946,15 +946,12 @@ namespace {
 /// Unsplit and split runs asked for the wgmma kernel; `expect_wgmma`: it was launched (false:
 /// the mma.sync kernel ran instead, and is still right).
 /// Both wgmma kernels (ping-pong and one warpgroup), and the automatic choice unsplit (it must
-/// resolve to one warpgroup for FP8 KV and to ping-pong otherwise).
+/// resolve to ping-pong for every KV type).
 void check_wgmma(const Fixture& f, const Options& opt = {}, bool expect_wgmma = true, RunConfig base = {}) {
   const Reference ref = reference(f, opt);
   for (PrefillWgmmaKernel asked : {PrefillWgmmaKernel::automatic, PrefillWgmmaKernel::ping_pong,
                                    PrefillWgmmaKernel::one_warpgroup}) {
-    const PrefillWgmmaKernel kernel =
-        asked != PrefillWgmmaKernel::automatic ? asked
-        : is_fp8(f.c.dtype)                    ? PrefillWgmmaKernel::one_warpgroup
-                                               : PrefillWgmmaKernel::ping_pong;
+    const PrefillWgmmaKernel kernel = asked != PrefillWgmmaKernel::automatic ? asked : PrefillWgmmaKernel::ping_pong;
     for (bool split : {false, true}) {
       if (asked == PrefillWgmmaKernel::automatic && split) continue;
       RunConfig rc = base;

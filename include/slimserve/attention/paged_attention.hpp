@@ -80,8 +80,8 @@ AttentionKernelChoice choose_attention_kernel(const PagedAttentionProblem& probl
 
 /// The wgmma prefill kernels (both take the plan's 64-row work items and give the same results):
 ///   automatic: the one the static model predicts faster without spilling (the default):
-///     ping_pong for 16-bit KV, one_warpgroup for FP8 KV (the ping-pong consumer spills with
-///     FP8's widening and predicts 0.46 of the tensor peak against 0.51; docs/attention.md);
+///     ping_pong for every KV type (4K causal, pessimistic end: BF16 0.69 of the tensor peak
+///     against 0.55, FP8 0.56 against 0.51; docs/attention.md);
 ///   ping_pong: kernels/paged_prefill_pingpong_kernel.cuh, a producer warpgroup and two consumer
 ///     warpgroups whose softmax and tensor work alternate (one CTA per SM);
 ///   one_warpgroup: kernels/paged_prefill_wgmma_kernel.cuh, one warpgroup per CTA, two CTAs per

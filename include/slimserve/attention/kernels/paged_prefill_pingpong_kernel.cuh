@@ -174,7 +174,10 @@ __global__ void __launch_bounds__(384, 1) paged_prefill_pingpong_kernel(const Pa
   const bool windowed = p.window_left >= 0;
   if (windowed && kv_begin < min_query - p.window_left) kv_begin = min_query - p.window_left;
   if (!has_rows || kv_end < kv_begin) kv_end = kv_begin;
-  const std::int64_t num_tiles = (kv_end - kv_begin + Tile::stage_tokens - 1) / Tile::stage_tokens;
+  // Tile indices, slots and positions in 32 bits (kv_len <= INT32_MAX): the 64-bit forms cost
+  // the producer and consumer loops a 64-bit modulo and compare per tile, and FP8's consumers
+  // the registers they spilled.
+  const auto num_tiles = static_cast<std::int32_t>((kv_end - kv_begin + Tile::stage_tokens - 1) / Tile::stage_tokens);
 
   // [pages of the request]; one pass over the range's page ids by all 384 threads: the common
   // case (all valid) skips the per-token flags.
@@ -203,7 +206,7 @@ __global__ void __launch_bounds__(384, 1) paged_prefill_pingpong_kernel(const Pa
     const std::int32_t head_offset = p.layout == KvLayout::nhd ? kv_head * HeadDim : kv_head * p.page_size * HeadDim;
     const std::int32_t slot_mask = p.page_size - 1;
     const auto num_pages = static_cast<std::uint32_t>(p.num_pages);
-    const auto kv_end32 = static_cast<std::int32_t>(kv_end);
+    const auto kv_end32 = static_cast<std::uint32_t>(kv_end);
     // Thread i_wg copies 16-byte column `chunk` of the tile's tokens first .. first + group - 1
     // of K and V.
     constexpr int row_chunks = fp8 ? Tile::raw_row_chunks : HeadDim / 8;
@@ -215,38 +218,50 @@ __global__ void __launch_bounds__(384, 1) paged_prefill_pingpong_kernel(const Pa
     // A thread's run lies in one page when pages hold whole runs and the range starts on a run
     // (the common case): one page-id load per thread and tile, the tokens a slot stride apart.
     const bool runs_in_a_page = p.page_size >= group && (kv_begin % group) == 0;
-    for (std::int64_t i = 0; i < num_tiles + Tile::lookahead; ++i) {
+    // Tiles before `whole_tiles` lie inside the range: their tokens need no end check.
+    const auto whole_tiles = static_cast<std::int32_t>((kv_end - kv_begin) / Tile::stage_tokens);
+    const auto kv_begin32 = static_cast<std::uint32_t>(kv_begin);
+    int slot = 0;        // of tile i
+    int ready_slot = 0;  // of tile i - lookahead
+    for (std::int32_t i = 0; i < num_tiles + Tile::lookahead; ++i) {
       if (i < num_tiles) {
-        const int slot = static_cast<int>(i % Tile::slots);
         if (i >= Tile::slots) arch::named_barrier_sync(Tile::empty_barrier(slot), Tile::pair_threads);
-        const auto tile_begin = static_cast<std::int32_t>(kv_begin + i * Tile::stage_tokens);
+        // unsigned: a tile's last token may lie past INT32_MAX when the range ends near it
+        const std::uint32_t tile_begin = kv_begin32 + static_cast<std::uint32_t>(i) * Tile::stage_tokens;
         unsigned char* k_dst = smem.kv + Tile::ring_offset + slot * Tile::slot_bytes;
         unsigned char* v_dst = k_dst + Tile::slot_bytes / 2;
         auto destination = [&](int token) -> std::uint32_t {
           return fp8 ? static_cast<std::uint32_t>(token * HeadDim + 16 * chunk) : KvTile::chunk_offset(token, chunk);
         };
-        const std::int32_t position0 = tile_begin + first;
+        const std::uint32_t position0 = tile_begin + static_cast<std::uint32_t>(first);
         if (runs_in_a_page) {
           const std::int32_t page = position0 < kv_end32 ? request_pages[position0 >> p.page_shift] : -1;
           const bool page_ok = static_cast<std::uint32_t>(page) < num_pages;
           const std::int64_t offset =
-              page_ok ? page * page_stride + ((position0 & slot_mask) * slot_stride + head_offset + chunk * chunk_elements) : 0;
+              page_ok ? page * page_stride + ((static_cast<std::int32_t>(position0) & slot_mask) * slot_stride + head_offset + chunk * chunk_elements) : 0;
           const KvT* k_src = k_pages + offset;
           const KvT* v_src = v_pages + offset;
+          auto copy_run = [&](auto whole_tag) {
 SLIMSERVE_ATTENTION_UNROLL
-          for (int j = 0; j < group; ++j) {
-            const bool ok = page_ok && position0 + j < kv_end32;
-            arch::cp_async_16_zfill(k_dst + destination(first + j), k_src + j * slot_stride, ok);
-            arch::cp_async_16_zfill(v_dst + destination(first + j), v_src + j * slot_stride, ok);
+            for (int j = 0; j < group; ++j) {
+              const bool ok = page_ok && (decltype(whole_tag)::value || position0 + j < kv_end32);
+              arch::cp_async_16_zfill(k_dst + destination(first + j), k_src + j * slot_stride, ok);
+              arch::cp_async_16_zfill(v_dst + destination(first + j), v_src + j * slot_stride, ok);
+            }
+          };
+          if (i < whole_tiles) {
+            copy_run(std::true_type{});  // the steady state
+          } else {
+            copy_run(std::false_type{});
           }
         } else {
 SLIMSERVE_ATTENTION_UNROLL
           for (int j = 0; j < group; ++j) {
-            const std::int32_t position = position0 + j;
+            const std::uint32_t position = position0 + j;
             const std::int32_t page = position < kv_end32 ? request_pages[position >> p.page_shift] : -1;
             const bool ok = static_cast<std::uint32_t>(page) < num_pages;
             const std::int64_t offset =
-                ok ? page * page_stride + ((position & slot_mask) * slot_stride + head_offset + chunk * chunk_elements) : 0;
+                ok ? page * page_stride + ((static_cast<std::int32_t>(position) & slot_mask) * slot_stride + head_offset + chunk * chunk_elements) : 0;
             arch::cp_async_16_zfill(k_dst + destination(first + j), k_pages + offset, ok);
             arch::cp_async_16_zfill(v_dst + destination(first + j), v_pages + offset, ok);
           }
@@ -254,20 +269,21 @@ SLIMSERVE_ATTENTION_UNROLL
         if (i_wg < Tile::stage_tokens) {  // whole warps
           bool token_ok = true;
           if (!all_pages_ok) {
-            const std::int32_t position = tile_begin + i_wg;
+            const std::uint32_t position = tile_begin + static_cast<std::uint32_t>(i_wg);
             const std::int32_t page = position < kv_end32 ? request_pages[position >> p.page_shift] : -1;
             token_ok = static_cast<std::uint32_t>(page) < num_pages;
           }
           const std::uint32_t bits = __ballot_sync(0xffffffffu, token_ok);
           if (lane == 0) smem.token_ok[slot][i_wg / 32] = bits;
         }
+        slot = slot + 1 == Tile::slots ? 0 : slot + 1;
       }
       arch::cp_async_commit();
       arch::cp_async_wait<Tile::lookahead>();
-      const std::int64_t ready = i - Tile::lookahead;  // < num_tiles
-      if (ready >= 0) {
+      if (i >= Tile::lookahead) {  // tile i - lookahead (< num_tiles) has landed
         arch::fence_proxy_async_shared();  // the tiles are read by wgmma next
-        arch::named_barrier_arrive(Tile::full_barrier(static_cast<int>(ready % Tile::slots)), Tile::pair_threads);
+        arch::named_barrier_arrive(Tile::full_barrier(ready_slot), Tile::pair_threads);
+        ready_slot = ready_slot + 1 == Tile::slots ? 0 : ready_slot + 1;
       }
     }
     return;
@@ -283,21 +299,21 @@ SLIMSERVE_ATTENTION_UNROLL
   // Q fragments of rows 16 w + g (+ 8), in A-fragment order: register r of k step s holds
   // columns 16 s + 8 (r / 2) + 2 t (+1) of row half r % 2.
   std::uint32_t q_frag[Tile::k_steps][4];
-  PrefillTileMask mask{};
-  mask.kv_end = kv_end;
-  mask.causal = p.causal;
-  mask.windowed = windowed;
-  mask.window_left = p.window_left;
+  PrefillRowRange rows{};
+  rows.kv_end = kv_end;
+  rows.causal = p.causal;
+  rows.windowed = windowed;
+  rows.window_left = p.window_left;
   {
     const QT* q = static_cast<const QT*>(p.q);
     std::int64_t row_base[2];
     for (int half = 0; half < 2; ++half) {
       const std::int64_t packed = tile_row0 + 16 * w + g + 8 * half;
-      mask.row_valid[half] = packed < valid_rows;
-      mask.query_position[half] = mask.row_valid[half] ? row_query_position(packed) : -1;
+      rows.row_valid[half] = packed < valid_rows;
+      rows.query_position[half] = rows.row_valid[half] ? row_query_position(packed) : -1;
       const std::int64_t token = qo_begin + packed / p.group_size;
       const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
-      row_base[half] = mask.row_valid[half] ? token * p.q_token_stride + head * p.q_head_stride : 0;
+      row_base[half] = rows.row_valid[half] ? token * p.q_token_stride + head * p.q_head_stride : 0;
     }
 SLIMSERVE_ATTENTION_UNROLL
     for (int s = 0; s < Tile::k_steps; ++s) {
@@ -305,7 +321,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int r = 0; r < 4; ++r) {
         const int half = r % 2;
         float v[2] = {0.0f, 0.0f};
-        if (mask.row_valid[half]) {
+        if (rows.row_valid[half]) {
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 2; ++e) {
             float x = activation_to_float<QT>(q, row_base[half] + 16 * s + 8 * (r / 2) + 2 * t + e);
@@ -332,22 +348,30 @@ SLIMSERVE_ATTENTION_UNROLL
   // This consumer's tiles c, c + 2, ...: one block of tensor work per tile and one more for
   // the last tile's P V. The blocks of the two consumers alternate (0, 1, 0, 1, ...) while
   // both have some.
-  const std::int64_t own_tiles = (num_tiles - consumer + 1) / 2;
-  const std::int64_t other_tiles = (num_tiles - (1 - consumer) + 1) / 2;
-  const std::int64_t own_blocks = own_tiles > 0 ? own_tiles + 1 : 0;
-  const std::int64_t other_blocks = other_tiles > 0 ? other_tiles + 1 : 0;
+  const std::int32_t own_tiles = (num_tiles - consumer + 1) / 2;
+  const std::int32_t other_tiles = (num_tiles - (1 - consumer) + 1) / 2;
+  const std::int32_t own_blocks = own_tiles > 0 ? own_tiles + 1 : 0;
+  const std::int32_t other_blocks = other_tiles > 0 ? other_tiles + 1 : 0;
+  const PrefillPlainTiles<Tile::stage_tokens> plain(kv_begin, kv_end, min_query, max_query, p.causal, windowed,
+                                                    p.window_left, all_pages_ok);
   const std::uint32_t converted = smem_base + Tile::converted_offset + static_cast<std::uint32_t>(consumer) * 3u * KvTile::bytes;
 
   std::uint32_t p_frag[Tile::token_steps][4];  // P of the previous tile, read by the next block
   std::uint32_t v_previous = 0;                // shared address of the previous tile's V
-  std::int64_t previous_tile = -1;
+  std::int32_t previous_tile = -1;
+  int slot = consumer;  // of this consumer's next tile (its tiles' slots: consumer, consumer + 2, ...)
+  int previous_slot = 0;
 
   // FP8: widen the slot's codes (each once, 16 per thread and step) into this consumer's K
-  // tile and V tile `v_index`.
-  auto widen = [&](int slot, int v_index) {
-    const unsigned char* raw = smem.kv + Tile::ring_offset + slot * Tile::slot_bytes;
+  // tile and V tile `v_index`. Two units per trip, not all eight: fully unrolled, the compiler
+  // hoisted the eight shared loads (32 registers of codes, 64 of halves) over the live O, Q and
+  // P fragments, which spilled 63-68 values (224-232 registers); at two, nothing spills.
+  auto widen = [&](int raw_slot, int v_index) {
+    const unsigned char* raw = smem.kv + Tile::ring_offset + raw_slot * Tile::slot_bytes;
     unsigned char* k_tile = smem.kv + Tile::converted_offset + consumer * 3 * KvTile::bytes;
-SLIMSERVE_ATTENTION_UNROLL
+#if defined(__CUDACC__)
+#pragma unroll 2
+#endif
     for (int unit = 0; unit < 2 * Tile::raw_stage_chunks / Tile::warpgroup_threads; ++unit) {
       const int u = i_wg + Tile::warpgroup_threads * unit;  // [K, V][token][chunk]
       const int which = u / Tile::raw_stage_chunks;
@@ -368,21 +392,20 @@ SLIMSERVE_ATTENTION_UNROLL
 
   // Block `blk` (0 .. own_blocks - 1): HasPv: O += P V of the previous tile; HasS: S of tile
   // consumer + 2 blk, then its softmax.
-  auto block = [&](std::int64_t blk, auto has_pv_tag, auto has_s_tag) {
+  auto block = [&](std::int32_t blk, auto has_pv_tag, auto has_s_tag) {
     constexpr bool has_pv = decltype(has_pv_tag)::value;
     constexpr bool has_s = decltype(has_s_tag)::value;
-    const std::int64_t tile = consumer + 2 * blk;
-    const int slot = static_cast<int>(tile % Tile::slots);
+    const std::int32_t tile = consumer + 2 * blk;
     std::uint32_t k_tile = 0, v_tile = 0;
+    std::uint64_t token_ok = 0;  // read before the slot can be handed back (FP8: at once)
     if constexpr (has_s) {
       arch::named_barrier_sync(Tile::full_barrier(slot), Tile::pair_threads);
-      mask.token_ok = 0;
 SLIMSERVE_ATTENTION_UNROLL
       for (int word = 0; word < Tile::mask_words; ++word) {
-        mask.token_ok |= static_cast<std::uint64_t>(smem.token_ok[slot][word]) << (32 * word);
+        token_ok |= static_cast<std::uint64_t>(smem.token_ok[slot][word]) << (32 * word);
       }
       if constexpr (fp8) {
-        const int v_index = static_cast<int>(blk % 2);
+        const int v_index = blk % 2;
         // every warp of this warpgroup is past the previous block's products (which read the
         // widened tiles being overwritten)
         arch::named_barrier_sync(Tile::convert_barrier(consumer), Tile::warpgroup_threads);
@@ -430,18 +453,16 @@ SLIMSERVE_ATTENTION_UNROLL
     if constexpr (!fp8 && has_pv) {
       // the previous tile's V is read: its slot may be refilled
       if (previous_tile + Tile::slots < num_tiles) {
-        arch::named_barrier_arrive(Tile::empty_barrier(static_cast<int>(previous_tile % Tile::slots)), Tile::pair_threads);
+        arch::named_barrier_arrive(Tile::empty_barrier(previous_slot), Tile::pair_threads);
       }
     }
     if constexpr (has_s) {
-      const std::int64_t tile_begin = kv_begin + tile * Tile::stage_tokens;
-      const std::int64_t tile_last = tile_begin + Tile::stage_tokens - 1;
-      const bool needs_mask = !all_pages_ok || tile_last >= kv_end || (p.causal && tile_last > min_query) ||
-                              (windowed && tile_begin < max_query - p.window_left);
-      mask.tile_begin = tile_begin;
-      prefill_tile_softmax<MmaT>(needs_mask, soft_capped, s, state, p_frag, scale, mask, t);
+      const std::int64_t tile_begin = kv_begin + static_cast<std::int64_t>(tile) * Tile::stage_tokens;
+      prefill_tile_softmax<MmaT>(plain.masked(tile), soft_capped, s, state, p_frag, scale, rows, tile_begin, token_ok, t);
       v_previous = v_tile;
       previous_tile = tile;
+      previous_slot = slot;
+      slot = slot + 2 >= Tile::slots ? slot + 2 - Tile::slots : slot + 2;
     }
   };
 
@@ -449,7 +470,7 @@ SLIMSERVE_ATTENTION_UNROLL
   using no = std::false_type;
   if (own_blocks > 0) {
     block(0, no{}, yes{});
-    for (std::int64_t blk = 1; blk < own_tiles; ++blk) block(blk, yes{}, yes{});  // the steady state
+    for (std::int32_t blk = 1; blk < own_tiles; ++blk) block(blk, yes{}, yes{});  // the steady state
     block(own_tiles, yes{}, no{});
   }
 

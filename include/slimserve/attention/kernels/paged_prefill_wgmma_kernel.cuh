@@ -39,6 +39,8 @@
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
+#include "slimserve/attention/kernels/prefill_pingpong_epilogue.cuh"
+#include "slimserve/attention/kernels/prefill_tile_softmax.cuh"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
@@ -180,18 +182,21 @@ __global__ void __launch_bounds__(128, 2) paged_prefill_wgmma_kernel(const Paged
   // Q fragments of rows 16 w + g (+ 8), in A-fragment order: register r of k step s holds
   // columns 16 s + 8 (r / 2) + 2 t (+1) of row half r % 2.
   std::uint32_t q_frag[Tile::k_steps][4];
-  std::int64_t query_position[2];
-  bool row_valid[2];
+  PrefillRowRange rows{};
+  rows.kv_end = kv_end;
+  rows.causal = p.causal;
+  rows.windowed = windowed;
+  rows.window_left = p.window_left;
   {
     const QT* q = static_cast<const QT*>(p.q);
     std::int64_t row_base[2];
     for (int half = 0; half < 2; ++half) {
       const std::int64_t packed = tile_row0 + 16 * w + g + 8 * half;
-      row_valid[half] = packed < valid_rows;
-      query_position[half] = row_valid[half] ? row_query_position(packed) : -1;
+      rows.row_valid[half] = packed < valid_rows;
+      rows.query_position[half] = rows.row_valid[half] ? row_query_position(packed) : -1;
       const std::int64_t token = qo_begin + packed / p.group_size;
       const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
-      row_base[half] = row_valid[half] ? token * p.q_token_stride + head * p.q_head_stride : 0;
+      row_base[half] = rows.row_valid[half] ? token * p.q_token_stride + head * p.q_head_stride : 0;
     }
 SLIMSERVE_ATTENTION_UNROLL
     for (int s = 0; s < Tile::k_steps; ++s) {
@@ -199,7 +204,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int r = 0; r < 4; ++r) {
         const int half = r % 2;
         float v[2] = {0.0f, 0.0f};
-        if (row_valid[half]) {
+        if (rows.row_valid[half]) {
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 2; ++e) {
             float x = activation_to_float<QT>(q, row_base[half] + 16 * s + 8 * (r / 2) + 2 * t + e);
@@ -216,20 +221,17 @@ SLIMSERVE_ATTENTION_UNROLL
 
   const float k_static = p.scale_mode == KvScaleMode::per_tensor ? *p.k_scale : 1.0f;
   const float v_static = p.scale_mode == KvScaleMode::per_tensor ? *p.v_scale : 1.0f;
-  const float score_scale = p.score_scale * k_static;  // raw q.k -> log2 units
   const bool soft_capped = p.soft_cap > 0.0f;
-  const float cap_in = p.sm_scale * k_static / (soft_capped ? p.soft_cap : 1.0f);
-  const float cap_out = p.soft_cap * paged_log2_e;
-
-  float o_acc[Tile::output_values];
-SLIMSERVE_ATTENTION_UNROLL
-  for (int i = 0; i < Tile::output_values; ++i) o_acc[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // this lane's columns only; quad-reduced at the end
+  const PrefillScoreScale scale{p.score_scale * k_static, p.sm_scale * k_static / (soft_capped ? p.soft_cap : 1.0f),
+                                p.soft_cap * paged_log2_e};
+  PrefillRowState<Tile::output_values> state;  // the O accumulators, row maxima and partial sums
+  state.clear();
 
   const KvT* k_pages = static_cast<const KvT*>(p.k_pages);
   const KvT* v_pages = static_cast<const KvT*>(p.v_pages);
   const std::int64_t num_tiles = (kv_end - kv_begin + Tile::stage_tokens - 1) / Tile::stage_tokens;
+  const PrefillPlainTiles<Tile::stage_tokens> plain(kv_begin, kv_end, min_query, max_query, p.causal, windowed,
+                                                    p.window_left, all_pages_ok);
   // Element offset of (page, slot, kv_head, 0) = page * page_stride + slot * slot_stride + head_offset.
   const std::int64_t page_stride = p.page_stride;
   const std::int32_t slot_stride = p.layout == KvLayout::nhd ? p.num_kv_heads * HeadDim : HeadDim;
@@ -332,77 +334,11 @@ SLIMSERVE_ATTENTION_UNROLL
       arch::wgmma_wait_group<0>();
     }
 
-    const std::int64_t tile_last = tile_begin + Tile::stage_tokens - 1;
-    const bool needs_mask = !all_pages_ok || tile_last >= kv_end || (p.causal && tile_last > min_query) ||
-                            (windowed && tile_begin < max_query - p.window_left);
-    // Softmax of the tile, compiled once per (masked, soft-capped) so the common case has no
-    // per-element branches. s[i]: row half (i / 2) % 2, token 8 (i / 4) + 2 t + i % 2.
+    // Softmax of the tile (prefill_tile_softmax.cuh, shared with the ping-pong kernel),
+    // compiled once per (masked, soft-capped) so the common case has no per-element branches.
     std::uint32_t p_frag[Tile::token_steps][4];
-    auto softmax = [&](auto masked_tag, auto capped_tag) {
-      constexpr bool masked = decltype(masked_tag)::value;
-      constexpr bool capped = decltype(capped_tag)::value;
-      constexpr bool plain = !masked && !capped;
-      // Plain: the maximum of the raw scores (score_scale > 0), scaled once per row.
-      float block_max[2] = {-INFINITY, -INFINITY};
-SLIMSERVE_ATTENTION_UNROLL
-      for (int e = 0; e < Tile::score_values; ++e) {
-        const int half = (e / 2) % 2;
-        float x = s[e];
-        if constexpr (!plain) {
-          x = capped ? cap_out * tanhf(x * cap_in) : x * score_scale;
-        }
-        if constexpr (masked) {
-          const int column = 8 * (e / 4) + 2 * t + e % 2;
-          const std::int64_t position = tile_begin + column;
-          bool visible = row_valid[half] && position < kv_end && ((token_ok >> column) & 1u) != 0;
-          if (p.causal) visible = visible && position <= query_position[half];
-          if (windowed) visible = visible && position >= query_position[half] - p.window_left;
-          if (!visible) x = -INFINITY;
-        }
-        s[e] = x;
-        block_max[half] = fmaxf(block_max[half], x);
-      }
-      bool rescale = false;
-      float alpha[2];
-      float base[2];
-SLIMSERVE_ATTENTION_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        float mx = block_max[half];
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if constexpr (plain) mx *= score_scale;
-        const float new_max = fmaxf(row_max[half], mx);
-        base[half] = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: p = 0
-        alpha[half] = fast_exp2(row_max[half] - base[half]);  // 0 before the first token
-        rescale = rescale || new_max != row_max[half];
-        row_max[half] = new_max;
-        row_sum[half] *= alpha[half];
-      }
-      if (__any_sync(0xffffffffu, rescale)) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < Tile::output_values; ++e) o_acc[e] *= alpha[(e / 2) % 2];
-      }
-      // P = exp2(s - max), summed in FP32, rounded to the mma type in A-fragment order.
-      float pr[Tile::score_values];
-SLIMSERVE_ATTENTION_UNROLL
-      for (int e = 0; e < Tile::score_values; ++e) {
-        const int half = (e / 2) % 2;
-        pr[e] = plain ? fast_exp2(fmaf(s[e], score_scale, -base[half])) : fast_exp2(s[e] - base[half]);
-        row_sum[half] += pr[e];
-      }
-SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < Tile::token_steps; ++k) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int r = 0; r < 4; ++r) p_frag[k][r] = pack_pair<MmaT>(pr[8 * k + 2 * r], pr[8 * k + 2 * r + 1]);
-      }
-    };
-    using yes = std::true_type;
-    using no = std::false_type;
-    if (needs_mask) {
-      if (soft_capped) softmax(yes{}, yes{}); else softmax(yes{}, no{});
-    } else {
-      if (soft_capped) softmax(no{}, yes{}); else softmax(no{}, no{});  // the steady state
-    }
+    prefill_tile_softmax<MmaT>(plain.masked(static_cast<std::int32_t>(i)), soft_capped, s, state, p_frag, scale, rows,
+                               tile_begin, token_ok, t);
 
     // O += P V: V MN-major (rows = tokens = K, columns = head_dim = N).
     {
@@ -410,7 +346,7 @@ SLIMSERVE_ATTENTION_UNROLL
       arch::wgmma_fence();
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < Tile::token_steps; ++k) {
-        paged_wgmma_rs<MmaT, HeadDim, arch::WgmmaMajor::mn>(o_acc, p_frag[k], v_desc + KvTile::mn_major_step(k, 0), true);
+        paged_wgmma_rs<MmaT, HeadDim, arch::WgmmaMajor::mn>(state.o, p_frag[k], v_desc + KvTile::mn_major_step(k, 0), true);
       }
       arch::wgmma_commit_group();
       arch::wgmma_wait_group<0>();
@@ -437,54 +373,9 @@ SLIMSERVE_ATTENTION_UNROLL
   }
   arch::cp_async_wait<0>();
 
-  // Epilogue straight from the accumulators: rows 16 w + g + 8 half, columns
-  // 8 (i / 4) + 2 t + i % 2 of o_acc[i] with (i / 2) % 2 == half.
-  const float out_scale = v_static;
-SLIMSERVE_ATTENTION_UNROLL
-  for (int half = 0; half < 2; ++half) {
-    float sum = row_sum[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int r = 16 * w + g + 8 * half;
-    const std::int64_t packed = tile_row0 + r;
-    if (packed >= valid_rows && !p.split_kv) continue;
-    const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
-    // Sinks count once: here when unsplit, in the merge when split.
-    const float sink = (!p.split_kv && p.sinks != nullptr && packed < valid_rows) ? p.sinks[head] * paged_log2_e : -INFINITY;
-    const float m = row_max[half];
-    const float top = fmaxf(m, sink);
-    float weight = 0.0f;
-    if (top != -INFINITY) {
-      weight = exp2f(m - top);  // 0 for a row that saw nothing
-      sum = sum * weight + exp2f(sink - top);
-    } else {
-      sum = 0.0f;
-    }
-    const bool empty = !(sum > 0.0f);
-    const float norm = empty ? 0.0f : weight * out_scale / sum;
-    const float lse = empty ? -INFINITY : (top + log2f(sum)) * paged_ln_2;
-    if (p.split_kv) {
-      const std::int64_t partial_row = (static_cast<std::int64_t>(work) * p.num_kv_heads + kv_head) * Tile::rows + r;
-      float* po = p.partial_o + partial_row * HeadDim;
-SLIMSERVE_ATTENTION_UNROLL
-      for (int i = 0; i < Tile::output_values; i += 4) {
-        const int column = 8 * (i / 4) + 2 * t;
-        po[column] = o_acc[i + 2 * half] * norm;
-        po[column + 1] = o_acc[i + 2 * half + 1] * norm;
-      }
-      if (t == 0) p.partial_lse[partial_row] = packed < valid_rows ? lse : -INFINITY;
-    } else {
-      const std::int64_t token = qo_begin + packed / p.group_size;
-      QT* o = static_cast<QT*>(p.o) + token * p.o_token_stride + head * p.o_head_stride;
-SLIMSERVE_ATTENTION_UNROLL
-      for (int i = 0; i < Tile::output_values; i += 4) {
-        const int column = 8 * (i / 4) + 2 * t;
-        const std::uint32_t pair = pack_pair<QT>(o_acc[i + 2 * half] * norm, o_acc[i + 2 * half + 1] * norm);
-        store4(o + column, pair);  // 4-byte aligned: column is even
-      }
-      if (p.lse != nullptr && t == 0) p.lse[token * p.num_qo_heads + head] = lse;
-    }
-  }
+  // Epilogue straight from the accumulators (prefill_pingpong_epilogue.cuh, shared with the
+  // ping-pong kernel's consumer 0).
+  prefill_store_rows<QT, HeadDim>(p, state, work, kv_head, qo_begin, tile_row0, valid_rows, v_static, w, g, t);
 }
 
 }  // namespace attention::kernels

@@ -20,16 +20,43 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
 
-/// What decides which scores of a tile a thread's two rows may see (the masked variant only).
+/// Which scores of a tile a thread's two rows may see (the masked variant only): per row
+/// half the tile's visible columns [column_begin, column_end) and, per token, a valid page id.
+/// The bounds are the row's causal end, window start and the range's end, computed once per
+/// tile (PrefillRowRange::tile_mask) so that the per-score test is two 32-bit compares.
 struct PrefillTileMask {
-  std::int64_t tile_begin;         // position of the tile's first token
-  std::int64_t kv_end;             // first position past the visible range
   std::uint64_t token_ok;          // bit c: token c of the tile has a valid page id
+  std::int32_t column_begin[2];    // in [0, 64]
+  std::int32_t column_end[2];      // in [0, 64]; 0 for a padding row
+};
+
+/// What a thread's two rows may see over the whole KV range, in positions (64-bit: the
+/// request may be up to INT32_MAX tokens long, a tile may end past it).
+struct PrefillRowRange {
+  std::int64_t kv_end;             // first position past the visible range
   std::int64_t query_position[2];  // of the thread's rows (row half 0, 1); -1: padding row
   bool row_valid[2];
   bool causal;
   bool windowed;
   std::int32_t window_left;
+
+  /// The tile starting at `tile_begin` as column bounds, clamped to [0, stage] (the visible
+  /// columns of a row: kv_end, its causal end, its window start).
+  template <int Stage>
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE PrefillTileMask tile_mask(std::int64_t tile_begin, std::uint64_t token_ok) const {
+    PrefillTileMask mask;
+    mask.token_ok = token_ok;
+SLIMSERVE_ATTENTION_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      std::int64_t end = kv_end - tile_begin;
+      if (causal && query_position[half] + 1 - tile_begin < end) end = query_position[half] + 1 - tile_begin;
+      std::int64_t begin = windowed ? query_position[half] - window_left - tile_begin : 0;
+      if (!row_valid[half]) end = 0;
+      mask.column_end[half] = static_cast<std::int32_t>(end < 0 ? 0 : (end > Stage ? Stage : end));
+      mask.column_begin[half] = static_cast<std::int32_t>(begin < 0 ? 0 : (begin > Stage ? Stage : begin));
+    }
+    return mask;
+  }
 };
 
 /// Score scaling: plain tiles scale the row maximum once (score_scale > 0); soft-capped ones
@@ -75,10 +102,8 @@ SLIMSERVE_ATTENTION_UNROLL
     }
     if constexpr (Masked) {
       const int column = 8 * (e / 4) + 2 * t + e % 2;
-      const std::int64_t position = mask.tile_begin + column;
-      bool visible = mask.row_valid[half] && position < mask.kv_end && ((mask.token_ok >> column) & 1u) != 0;
-      if (mask.causal) visible = visible && position <= mask.query_position[half];
-      if (mask.windowed) visible = visible && position >= mask.query_position[half] - mask.window_left;
+      const bool visible = column >= mask.column_begin[half] && column < mask.column_end[half] &&
+                           ((mask.token_ok >> column) & 1u) != 0;
       if (!visible) x = -INFINITY;
     }
     s[e] = x;
@@ -119,28 +144,69 @@ SLIMSERVE_ATTENTION_UNROLL
   }
 }
 
-/// The four compiled variants, picked once per tile.
+/// The four compiled variants, picked once per tile; the masked ones build the tile's column
+/// bounds from `rows` (the steady state, unmasked, never does). `token_ok`: bit c, token c of
+/// the tile has a valid page id.
 template <class MmaT, int ScoreValues, int OutputValues>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void prefill_tile_softmax(bool needs_mask, bool soft_capped,
                                                                  float (&s)[ScoreValues],
                                                                  PrefillRowState<OutputValues>& state,
                                                                  std::uint32_t (&p_frag)[ScoreValues / 8][4],
                                                                  const PrefillScoreScale& scale,
-                                                                 const PrefillTileMask& mask, int t) {
+                                                                 const PrefillRowRange& rows, std::int64_t tile_begin,
+                                                                 std::uint64_t token_ok, int t) {
+  constexpr int stage_tokens = 2 * ScoreValues;  // m64nN: N / 2 accumulators per thread
   if (needs_mask) {
+    const PrefillTileMask mask = rows.tile_mask<stage_tokens>(tile_begin, token_ok);
     if (soft_capped) {
       prefill_tile_softmax<MmaT, true, true>(s, state, p_frag, scale, mask, t);
     } else {
       prefill_tile_softmax<MmaT, true, false>(s, state, p_frag, scale, mask, t);
     }
   } else {
+    const PrefillTileMask none{};
     if (soft_capped) {
-      prefill_tile_softmax<MmaT, false, true>(s, state, p_frag, scale, mask, t);
+      prefill_tile_softmax<MmaT, false, true>(s, state, p_frag, scale, none, t);
     } else {
-      prefill_tile_softmax<MmaT, false, false>(s, state, p_frag, scale, mask, t);  // the steady state
+      prefill_tile_softmax<MmaT, false, false>(s, state, p_frag, scale, none, t);  // the steady state
     }
   }
 }
+
+/// The first and one-past-last tile of a KV range [kv_begin, kv_end) (tiles of `Stage`
+/// tokens from kv_begin) that every row of a row tile sees whole: before the range's end,
+/// at or before the first row's causal end (`min_query`), at or after the last row's window
+/// start (`max_query` - window_left); all pages valid. Outside it a tile takes the masked
+/// softmax; the per-tile test is then two 32-bit compares.
+template <int Stage>
+struct PrefillPlainTiles {
+  std::int32_t begin = 0;
+  std::int32_t end = 0;
+
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE PrefillPlainTiles(std::int64_t kv_begin, std::int64_t kv_end,
+                                                          std::int64_t min_query, std::int64_t max_query,
+                                                          bool causal, bool windowed, std::int32_t window_left,
+                                                          bool all_pages_ok) {
+    if (!all_pages_ok || kv_end <= kv_begin) return;
+    std::int64_t last = (kv_end - kv_begin) / Stage;  // whole tiles before kv_end
+    if (causal) {
+      const std::int64_t seen = min_query + 1 - kv_begin;  // positions up to the first row's end
+      const std::int64_t whole = seen > 0 ? seen / Stage : 0;
+      if (whole < last) last = whole;
+    }
+    std::int64_t first = 0;
+    if (windowed) {
+      const std::int64_t before = max_query - window_left - kv_begin;  // positions before the last row's start
+      first = before > 0 ? (before + Stage - 1) / Stage : 0;
+    }
+    if (first < last) {  // both in [0, tiles of the range] <= INT32_MAX / Stage + 1
+      begin = static_cast<std::int32_t>(first);
+      end = static_cast<std::int32_t>(last);
+    }
+  }
+
+  SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE bool masked(std::int32_t tile) const { return tile < begin || tile >= end; }
+};
 
 }  // namespace attention::kernels
 SLIMSERVE_NAMESPACE_END
