@@ -332,7 +332,10 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int unit = 0; unit < units; ++unit) {
         const int token = warp + warps * unit;
         const int c = lane;
-        const std::uint32_t factor = __shfl_sync(0xffffffffu, group_factor, unit + units * (lane / 8));
+        // Lane unit + 8 (lane / 8): `unit` within the lane's segment of 8 (a constant lane
+        // index: no per-unit address add).
+        static_assert(units == 8);
+        const std::uint32_t factor = __shfl_sync(0xffffffffu, group_factor, unit, units);
         const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
         Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
