@@ -341,7 +341,7 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
         for (int k = 0; k < 4; ++k) {
           // Both pairs of the word converted in place (the upper one read as the register's
-          // upper half, not shifted down first: 8 instructions per unit fewer).
+          // upper half, not shifted down first: 4 instructions per unit fewer).
           std::uint32_t pair[2];
           if constexpr (std::is_same_v<KvT, fp8_e4m3>) {
             arch::cvt_e4m3x4_to_f16x2x2(codes.word[k], pair[0], pair[1]);
