@@ -15,6 +15,7 @@
 
 #include "slimserve/arch/f16x2_math.cuh"
 #include "slimserve/arch/fp8_convert.cuh"
+#include "slimserve/arch/fp8x4_convert.cuh"
 #include "slimserve/runtime/launch.hpp"
 #include "slimserve/runtime/memory.hpp"
 #include "support/random.hpp"
@@ -31,6 +32,24 @@ __global__ void decode_kernel(std::uint32_t* __restrict__ e4m3,  // [128]: codes
   const auto pair = static_cast<std::uint16_t>((2 * i) | (2 * i + 1) << 8);
   e4m3[i] = arch::cvt_e4m3x2_to_f16x2(pair);
   e5m2[i] = arch::cvt_e5m2x2_to_f16x2(pair);
+}
+
+// Thread i: the word of codes i, i + 1, i + 2, i + 3 (mod 256, byte 0 first) through the
+// four-code conversion, and its two 16-bit pairs through the two-code one.
+__global__ void decode4_kernel(std::uint32_t* __restrict__ quad,   // [256][2 formats][2]
+                               std::uint32_t* __restrict__ pairs)  // [256][2 formats][2]
+{
+  const unsigned i = threadIdx.x;
+  std::uint32_t word = 0;
+  for (unsigned b = 0; b < 4; ++b) word |= ((i + b) & 0xFFu) << (8 * b);
+  std::uint32_t* q = quad + 4 * i;
+  std::uint32_t* p = pairs + 4 * i;
+  arch::cvt_e4m3x4_to_f16x2x2(word, q[0], q[1]);
+  arch::cvt_e5m2x4_to_f16x2x2(word, q[2], q[3]);
+  p[0] = arch::cvt_e4m3x2_to_f16x2(static_cast<std::uint16_t>(word & 0xFFFFu));
+  p[1] = arch::cvt_e4m3x2_to_f16x2(static_cast<std::uint16_t>(word >> 16));
+  p[2] = arch::cvt_e5m2x2_to_f16x2(static_cast<std::uint16_t>(word & 0xFFFFu));
+  p[3] = arch::cvt_e5m2x2_to_f16x2(static_cast<std::uint16_t>(word >> 16));
 }
 
 __global__ void encode_kernel(const float* __restrict__ in,  // [2n]
@@ -130,6 +149,40 @@ TEST_CASE("fp8x2 -> f16x2 decodes all 256 codes exactly", "[emu][arch]") {
       } else {
         CHECK(static_cast<double>(value) == code_value(code, f));
         CHECK(std::signbit(value) == ((code & 0x80u) != 0));
+      }
+    }
+  }
+}
+
+TEST_CASE("fp8x4 -> two f16x2: every code in every byte position, as the pair conversions", "[emu][arch]") {
+  auto d_quad = rt::DeviceBuffer<std::uint32_t>::create(256 * 4);
+  auto d_pairs = rt::DeviceBuffer<std::uint32_t>::create(256 * 4);
+  REQUIRE((d_quad.ok() && d_pairs.ok()));
+  REQUIRE(d_quad->fill_bytes(0xAB).ok());
+  REQUIRE(d_pairs->fill_bytes(0xCD).ok());
+  const slimserve::Status status = rt::launch(&decode4_kernel, {dim3(1), dim3(256), 0, nullptr},
+                                              d_quad->data(), d_pairs->data());
+  INFO(status.to_string());
+  REQUIRE(status.ok());
+  std::vector<std::uint32_t> quad(256 * 4), pairs(256 * 4);
+  REQUIRE(d_quad->download(quad).ok());
+  REQUIRE(d_pairs->download(pairs).ok());
+  for (unsigned i = 0; i < 256; ++i) {
+    for (unsigned b = 0; b < 4; ++b) {
+      const unsigned code = (i + b) & 0xFFu;
+      INFO("word " << i << " byte " << b << " code " << code);
+      for (int which = 0; which < 2; ++which) {
+        const Format& f = which == 0 ? e4m3 : e5m2;
+        const std::uint32_t got = quad[4 * i + 2 * which + b / 2];
+        CHECK(got == pairs[4 * i + 2 * which + b / 2]);
+        const float value = f16_to_float(static_cast<std::uint16_t>(got >> (16 * (b % 2))));
+        if (is_nan_code(code, f)) {
+          CHECK(std::isnan(value));
+        } else if (is_inf_code(code, f)) {
+          CHECK(value == ((code & 0x80u) ? -INFINITY : INFINITY));
+        } else {
+          CHECK(static_cast<double>(value) == code_value(code, f));
+        }
       }
     }
   }

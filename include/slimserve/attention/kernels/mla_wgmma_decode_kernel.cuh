@@ -36,6 +36,7 @@
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/arch/f16x2_math.cuh"
+#include "slimserve/arch/fp8x4_convert.cuh"
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
@@ -331,15 +332,25 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int unit = 0; unit < units; ++unit) {
         const int token = warp + warps * unit;
         const int c = lane;
-        const std::uint32_t factor = __shfl_sync(0xffffffffu, group_factor, unit + units * (lane / 8));
+        // Lane unit + 8 (lane / 8): `unit` within the lane's segment of 8 (a constant lane
+        // index: no per-unit address add).
+        static_assert(units == 8);
+        const std::uint32_t factor = __shfl_sync(0xffffffffu, group_factor, unit, units);
         const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
         Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
         for (int k = 0; k < 4; ++k) {
+          // Both pairs of the word converted in place (the upper one read as the register's
+          // upper half, not shifted down first: 4 instructions per unit fewer).
+          std::uint32_t pair[2];
+          if constexpr (std::is_same_v<KvT, fp8_e4m3>) {
+            arch::cvt_e4m3x4_to_f16x2x2(codes.word[k], pair[0], pair[1]);
+          } else {
+            arch::cvt_e5m2x4_to_f16x2x2(codes.word[k], pair[0], pair[1]);
+          }
 SLIMSERVE_ATTENTION_UNROLL
           for (int half = 0; half < 2; ++half) {
-            const std::uint32_t code = fp8_pair_to_f16x2<KvT>(codes.word[k] >> (16 * half));
-            wide[k / 2].word[2 * (k % 2) + half] = arch::mul_rn_f16x2(code, factor);
+            wide[k / 2].word[2 * (k % 2) + half] = arch::mul_rn_f16x2(pair[half], factor);
           }
         }
         store16(tile + LatentTile::chunk_offset(token, 2 * c), wide[0]);
