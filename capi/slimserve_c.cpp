@@ -979,6 +979,8 @@ slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args, slims
     cpp.token_position = a.token_position;
     cpp.append_indptr = a.append_indptr;
     cpp.slot_mapping = a.slot_mapping;
+    if (a.reserved != 0) return make_status(StatusCode::invalid_argument, "args->reserved must be 0");
+    SLIMSERVE_RETURN_IF_ERROR(to_enum(a.rotation, "rotation", cpp.rotation));
     return attention::append_kv(cpp, stream);
   });
 }

@@ -576,6 +576,16 @@ static void test_kv_append_page_stride_and_slots(void) {
   EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "page_stride");
   args.struct_size = 8;
   EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "struct_size");
+  /* The rotation: an unknown value, or a nonzero reserved word, is refused by name. */
+  args.struct_size = sizeof args;
+  args.kv_page_stride = (int64_t)(2 * page_elements);
+  args.rotation = 3;
+  EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "rotation");
+  args.rotation = SLIMSERVE_KV_ROTATION_KEYS;
+  args.reserved = 1;
+  EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "reserved");
+  args.reserved = 0;
+  args.rotation = SLIMSERVE_KV_ROTATION_NONE;
   CHECK_OK(slimserve_device_free(device_append));
   CHECK_OK(slimserve_device_free(device_slots));
   CHECK_OK(slimserve_device_free((void*)args.k_new));
