@@ -998,6 +998,39 @@ def _kv_append(cache: PagedKVCache, kr, vr, input_dtype: int, *, table=None, sta
     _check(_lib.slimserve_kv_append(byref(args), _stream(stream)))
 
 
+def rotate_heads(x, out=None, *, dtype: Optional[str] = None, stream=None):
+    """Rotates each head vector of x [num_tokens, num_heads, head_dim] (bfloat16 or float16,
+    head_dim 64, 128 or 256) by the normalized Walsh-Hadamard transform H / sqrt(head_dim),
+    its own inverse: queries before they attend to a cache appended with rotation="keys" or
+    "keys_and_values", and, for "keys_and_values", the attention output afterwards. out: a
+    tensor of x's shape and dtype that does not overlap x, or None (in place: x is
+    overwritten). x and out may be row-strided views (a Q slice of a fused QKV output: heads
+    contiguous inside a token's row, rows a multiple of 8 elements apart). Launches on
+    `stream`; allocates and synchronizes nothing. Returns out (x when in place)."""
+    xr = _tensor(x, name="x", ndim=3, strided=True)
+    tokens, heads, head_dim = xr.shape
+    if head_dim not in ROTATION_HEAD_DIMS:
+        raise SlimserveValueError(f"slimserve: x has head_dim {head_dim}; rotate_heads takes 64, 128 or 256 "
+                                  f"(shape {xr.shape})", "unsupported")
+    code = _activation(xr, "x", dtype)
+    if out is None:
+        if isinstance(x, np.ndarray) and not x.flags.writeable:
+            raise value_error("slimserve: x is read-only; pass out= to rotate into another array")
+        out, orr = x, xr
+    else:
+        orr = _tensor(out, name="out", shape=xr.shape, strided=True)
+        if orr.dtype != xr.dtype:
+            raise type_error(f"slimserve: out has dtype {orr.dtype}; x has {xr.dtype}")
+    args = _capi.versioned(_capi.RotateHeadsArgs)
+    args.input, args.output = xr.ptr, orr.ptr
+    args.dtype = code
+    args.num_tokens, args.num_heads, args.head_dim = tokens, heads, head_dim
+    args.input_row_stride = _row_stride(xr, "x")
+    args.output_row_stride = _row_stride(orr, "out")
+    _check(_lib.slimserve_rotate_heads(byref(args), _stream(stream)))
+    return out
+
+
 def _device_ints(value, name: str, length: int, dtype, keep: list, stream):
     """A device int array: a tensor on the library's device is used in place (no copy, no
     sync); a host list / array is uploaded (into `keep`)."""

@@ -479,6 +479,21 @@ class KvAppendArgs(Structure):
     ]
 
 
+class RotateHeadsArgs(Structure):
+    """slimserve_rotate_heads_args"""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("input", c_void_p),
+        ("output", c_void_p),
+        ("dtype", c_int32),
+        ("num_tokens", c_int32),
+        ("num_heads", c_int32),
+        ("head_dim", c_int32),
+        ("input_row_stride", c_int64),
+        ("output_row_stride", c_int64),
+    ]
+
+
 class RuntimeCounters(Structure):
     """slimserve_runtime_counters"""
     _fields_ = [
@@ -796,6 +811,7 @@ SIGNATURES = {
     "slimserve_merge_attention_states": (c_int32, [POINTER(MergeArgs), c_void_p]),
     "slimserve_dequantize_pages": (c_int32, [POINTER(KvCache), c_void_p, c_int32, c_void_p, c_void_p, c_void_p]),
     "slimserve_kv_append": (c_int32, [POINTER(KvAppendArgs), c_void_p]),
+    "slimserve_rotate_heads": (c_int32, [POINTER(RotateHeadsArgs), c_void_p]),
     "slimserve_get_runtime_counters": (c_int32, [POINTER(RuntimeCounters)]),
     "slimserve_page_pool_new_writer": (c_int32, [c_void_p, c_void_p]),
     "slimserve_page_pool_grant_write": (c_int32, [c_void_p, Page, c_uint32]),
@@ -861,6 +877,7 @@ STRUCTS = (
     PagedAttentionArgs,
     MergeArgs,
     KvAppendArgs,
+    RotateHeadsArgs,
     RuntimeCounters,
     MlaCache,
     MlaAppendArgs,
@@ -910,6 +927,7 @@ __all__ = [
     "PagedAttentionArgs",
     "MergeArgs",
     "KvAppendArgs",
+    "RotateHeadsArgs",
     "RuntimeCounters",
     "MlaCache",
     "MlaAppendArgs",

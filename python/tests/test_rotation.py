@@ -50,3 +50,40 @@ def test_append_rotation_refusals_name_the_argument(rng):
     with pytest.raises(ss.SlimserveValueError, match="rotation"):
         ss.reshape_and_cache(k64, k64, k_cache, k_cache.copy(), slots, rotation="values")
     assert np.isnan(k_cache).all()
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_rotate_heads_matches_fp64_and_is_its_own_inverse(rng, dim):
+    x = (rng.standard_normal((7, 3, dim)) * 2).astype(np.float16)
+    out = np.full_like(x, np.nan)
+    assert ss.rotate_heads(x, out) is out
+    want = x.astype(np.float64) @ hadamard(dim).T
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=2.0**-10, atol=1e-4)
+    # A row-strided view (a Q slice of a fused QKV output), rotated in place, twice: x again.
+    fused = np.zeros((7, 3 * dim + 8), np.float16)
+    view = fused[:, : 3 * dim].reshape(7, 3, dim)
+    view[...] = x
+    ss.rotate_heads(view)
+    np.testing.assert_array_equal(view, out)
+    ss.rotate_heads(view)
+    np.testing.assert_allclose(view.astype(np.float64), x.astype(np.float64), rtol=2.0**-8, atol=2e-3)
+    assert not fused[:, 3 * dim :].any()  # the gap is untouched
+
+
+def test_rotate_heads_refusals_name_the_argument(rng):
+    x = rng.standard_normal((2, 2, 96)).astype(np.float16)
+    with pytest.raises(ss.SlimserveValueError, match="head_dim"):
+        ss.rotate_heads(x)
+    x = rng.standard_normal((2, 2, 64)).astype(np.float16)
+    with pytest.raises(ss.SlimserveValueError, match="out"):
+        ss.rotate_heads(x, np.zeros((2, 2, 128), np.float16))
+    with pytest.raises(ss.SlimserveTypeError, match="out"):
+        ss.rotate_heads(x, np.zeros((2, 2, 64), np.float32))
+    with pytest.raises(ss.SlimserveTypeError, match="x"):
+        ss.rotate_heads(x.astype(np.float32))
+    with pytest.raises(ss.SlimserveValueError, match="x"):
+        ss.rotate_heads(x[:, :, None, :])
+    with pytest.raises(ss.SlimserveValueError, match="overlaps"):
+        ss.rotate_heads(x[:, :1], x[:, 1:])
+    before = x.copy()
+    assert np.array_equal(x, before)

@@ -21,6 +21,7 @@
 
 #include "attention_test_support.hpp"
 #include "slimserve/attention/append.hpp"
+#include "slimserve/attention/rotate_heads.hpp"
 #include "slimserve/attention/rotation.hpp"
 #include "slimserve/formats/fp4.hpp"
 #include "slimserve/formats/nvfp4.hpp"
@@ -346,4 +347,263 @@ TEST_CASE("rotated append: unsupported head_dim and unknown rotation are refused
       CHECK(download(device.v, image.v.size()) == image.v);
     }
   }
+}
+
+
+// ---- rotate_heads -------------------------------------------------------------------------
+
+namespace rotation_test {
+
+/// Half an ulp of the activation type at |x| (subnormals: their fixed spacing).
+inline double half_ulp(ActivationDtype t, double x) {
+  const int mantissa = t == ActivationDtype::bf16 ? 7 : 10;
+  const int min_exp = t == ActivationDtype::bf16 ? -126 : -14;
+  const int e = x == 0.0 ? min_exp : std::max(std::ilogb(x), min_exp);
+  return std::ldexp(1.0, e - mantissa - 1);
+}
+
+/// Rows [tokens][stride] of activation bits: heads x D values, then a gap (NaN bits) to the
+/// stride. `values`: what the bits hold.
+struct HeadRows {
+  std::vector<std::uint16_t> bits;
+  std::vector<float> values;
+};
+inline HeadRows make_head_rows(std::mt19937_64& rng, ActivationDtype type, int tokens, int heads, int d_dim,
+                               std::int64_t stride) {
+  HeadRows r;
+  r.bits.assign(static_cast<std::size_t>(tokens) * static_cast<std::size_t>(stride), 0x7E00);
+  r.values.assign(r.bits.size(), 0.0f);
+  std::vector<float> row(static_cast<std::size_t>(d_dim));
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      realistic_row(rng, d_dim, row.data(), 2.0f);
+      for (int d = 0; d < d_dim; ++d) {
+        const std::size_t i = static_cast<std::size_t>(t * stride + h * d_dim + d);
+        r.bits[i] = to_activation(type, row[static_cast<std::size_t>(d)]);
+        r.values[i] = from_activation(type, r.bits[i]);
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace rotation_test
+
+TEST_CASE("rotate_heads: every element is the FP64 rotation rounded once; in place twice gives the input back",
+          "[attention][rotation]") {
+  auto rng = slimserve_test::make_rng(2532);
+  for (const ActivationDtype type : {ActivationDtype::bf16, ActivationDtype::fp16}) {
+    for (const int d_dim : {64, 128, 256}) {
+      for (const int tokens : {1, 7, 33}) {
+        const int heads = 3;
+        const std::int64_t row = static_cast<std::int64_t>(heads) * d_dim;
+        const std::int64_t in_stride = row + 8 * (tokens % 3), out_stride = row + 16;  // strided views
+        INFO("dtype " << to_string(type) << " D " << d_dim << " tokens " << tokens);
+        const HeadRows x = make_head_rows(rng, type, tokens, heads, d_dim, in_stride);
+        std::vector<std::uint16_t> poison(static_cast<std::size_t>(tokens * out_stride), 0x7C01);
+        auto in = upload(x.bits);
+        auto out = upload(poison);
+        RotateHeadsArguments a;
+        a.input = in.data();
+        a.output = out.data();
+        a.dtype = type;
+        a.num_tokens = tokens;
+        a.num_heads = heads;
+        a.head_dim = d_dim;
+        a.input_row_stride = in_stride;
+        a.output_row_stride = out_stride;
+        REQUIRE(rotate_heads(a, nullptr).ok());
+        const auto once = download(out, poison.size());
+        CHECK(download(in, x.bits.size()) == x.bits);  // the input is read only
+        std::size_t bad = 0, gap_bad = 0;
+        std::vector<double> y(static_cast<std::size_t>(d_dim));
+        for (int t = 0; t < tokens; ++t) {
+          for (int h = 0; h < heads; ++h) {
+            const double e = hadamard_reference(x.values.data() + t * in_stride + h * d_dim, d_dim, y.data());
+            for (int d = 0; d < d_dim; ++d) {
+              const float got = from_activation(type, once[static_cast<std::size_t>(t * out_stride + h * d_dim + d)]);
+              const float lo = from_activation(type, to_activation(type, below(y[d] - e)));
+              const float hi = from_activation(type, to_activation(type, above(y[d] + e)));
+              bad += !(got >= lo && got <= hi);
+            }
+          }
+          for (std::int64_t g = row; g < out_stride; ++g) gap_bad += once[static_cast<std::size_t>(t * out_stride + g)] != 0x7C01;
+        }
+        CHECK(bad == 0);
+        CHECK(gap_bad == 0);
+
+        // In place, twice: x back within the two roundings (the first one's error, carried
+        // through the orthogonal transform, is at most its L1 norm / sqrt(D) an element).
+        RotateHeadsArguments twice = a;
+        twice.input = twice.output = in.data();
+        twice.output_row_stride = in_stride;
+        REQUIRE(rotate_heads(twice, nullptr).ok());
+        const auto first = download(in, x.bits.size());
+        REQUIRE(rotate_heads(twice, nullptr).ok());
+        const auto back = download(in, x.bits.size());
+        std::size_t far = 0, gap_moved = 0;
+        for (int t = 0; t < tokens; ++t) {
+          for (int h = 0; h < heads; ++h) {
+            const std::size_t base = static_cast<std::size_t>(t * in_stride + h * d_dim);
+            double r1 = 0.0, l1 = 0.0;
+            for (int d = 0; d < d_dim; ++d) {
+              r1 += half_ulp(type, std::fabs(from_activation(type, first[base + static_cast<std::size_t>(d)])));
+              l1 += std::fabs(x.values[base + static_cast<std::size_t>(d)]);
+            }
+            const double root = std::sqrt(static_cast<double>(d_dim));
+            for (int d = 0; d < d_dim; ++d) {
+              const double want = x.values[base + static_cast<std::size_t>(d)];
+              const double got = from_activation(type, back[base + static_cast<std::size_t>(d)]);
+              const double bound = r1 / root + half_ulp(type, std::fabs(got)) + 4.0 * (std::log2(d_dim) + 2.0) * 0x1p-24 * l1;
+              far += std::fabs(got - want) > bound;
+            }
+          }
+          for (std::int64_t g = row; g < in_stride; ++g) gap_moved += back[static_cast<std::size_t>(t * in_stride + g)] != 0x7E00;
+        }
+        CHECK(far == 0);
+        CHECK(gap_moved == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("rotation keeps q.k: rotated q against rotated-then-quantized NVFP4 keys, within the quantization error",
+          "[attention][append][rotation][nvfp4]") {
+  // Keys appended rotated into an NVFP4 cache, queries rotated by rotate_heads (BF16). The
+  // rotated product differs from the plain q.k only by the two quantizations: NVFP4's half a
+  // code step per element (1.375 steps when saturated) and BF16's half an ulp, plus the FP32
+  // rotations' rounding: sum |Hq| kerr + sum qerr |Hk| + sum qerr kerr.
+  auto rng = slimserve_test::make_rng(2533);
+  for (const int d_dim : {64, 128, 256}) {
+    INFO("D " << d_dim);
+    const int heads = 2, tokens = 40, page_size = 16, num_pages = 4;
+    const auto type = ActivationDtype::bf16;
+    const HeadRows k = make_head_rows(rng, type, tokens, heads, d_dim, heads * d_dim);
+    const HeadRows q = make_head_rows(rng, type, tokens, heads, d_dim, heads * d_dim);
+    std::vector<double> hk(k.values.size()), hq(q.values.size());
+    std::vector<double> k_err(static_cast<std::size_t>(tokens * heads)), q_err(k_err.size());
+    double amax = 0.0;
+    for (std::size_t v = 0; v < k_err.size(); ++v) {
+      k_err[v] = hadamard_reference(k.values.data() + v * d_dim, d_dim, hk.data() + v * d_dim);
+      q_err[v] = hadamard_reference(q.values.data() + v * d_dim, d_dim, hq.data() + v * d_dim);
+      for (int d = 0; d < d_dim; ++d) amax = std::max(amax, std::fabs(hk[v * d_dim + d]));
+    }
+    const float tensor_scale = static_cast<float>(amax / 2688.0);
+    const std::size_t vb = static_cast<std::size_t>(head_vector_bytes(KvDtype::nvfp4, d_dim));
+    std::vector<unsigned char> image(static_cast<std::size_t>(num_pages * page_size * heads) * vb, 0);
+    auto k_pages = upload(image);
+    auto v_pages = upload(image);
+    auto scale = upload(std::vector<float>{tensor_scale});
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(tokens));
+    for (int t = 0; t < tokens; ++t) slots[static_cast<std::size_t>(t)] = (t * 37) % (num_pages * page_size);
+    auto slot_dev = upload(slots);
+    auto k_new = upload(k.bits);
+    AppendArguments a;
+    a.cache.k_pages = k_pages.data();
+    a.cache.v_pages = v_pages.data();
+    a.cache.k_scale = scale.data();
+    a.cache.v_scale = scale.data();
+    a.cache.num_pages = num_pages;
+    a.cache.page_size = page_size;
+    a.cache.num_kv_heads = heads;
+    a.cache.head_dim = d_dim;
+    a.cache.dtype = KvDtype::nvfp4;
+    a.cache.scale_mode = KvScaleMode::per_tensor;
+    a.input_dtype = type;
+    a.num_tokens = tokens;
+    a.k_new = k_new.data();
+    a.v_new = k_new.data();
+    a.slot_mapping = slot_dev.data();
+    a.rotation = KvRotation::keys;
+    REQUIRE(append_kv(a, nullptr).ok());
+    const auto stored = download(k_pages, image.size());
+    auto q_dev = upload(q.bits);
+    RotateHeadsArguments r;
+    r.input = r.output = q_dev.data();
+    r.dtype = type;
+    r.num_tokens = tokens;
+    r.num_heads = heads;
+    r.head_dim = d_dim;
+    REQUIRE(rotate_heads(r, nullptr).ok());
+    const auto q_rot = download(q_dev, q.bits.size());
+
+    std::size_t outside = 0;
+    double worst = 0.0;
+    for (int qt = 0; qt < tokens; qt += 3) {
+      for (int kt = 0; kt < tokens; ++kt) {
+        for (int h = 0; h < heads; ++h) {
+          const std::size_t qv = static_cast<std::size_t>(qt * heads + h), kv = static_cast<std::size_t>(kt * heads + h);
+          const std::uint8_t* vec = stored.data() + static_cast<std::size_t>(slots[static_cast<std::size_t>(kt)] * heads + h) * vb;
+          double plain = 0.0, rotated = 0.0, bound = 0.0;
+          for (int d = 0; d < d_dim; ++d) {
+            const fp8_e4m3 block = fp8_e4m3::from_bits(vec[d_dim / 2 + d / 16]);
+            const fp4_e2m1 code = fp4_e2m1::from_bits(static_cast<std::uint8_t>(vec[d / 2] >> (4 * (d % 2))));
+            const double k_stored = static_cast<double>(to_float(code)) * to_float(block) * tensor_scale;
+            const double q_stored = from_activation(type, q_rot[qv * d_dim + static_cast<std::size_t>(d)]);
+            plain += static_cast<double>(q.values[qv * d_dim + d]) * k.values[kv * d_dim + d];
+            rotated += q_stored * k_stored;
+            const double step = static_cast<double>(to_float(block)) * tensor_scale;
+            const double m = std::fabs(hk[kv * d_dim + d]) / step;
+            const double kb = step * (m < 2.0 ? 0.25 : m < 4.0 ? 0.5 : 1.0) + 0.375 * step * (m > 6.0) + k_err[kv];
+            const double qb = half_ulp(type, std::fabs(q_stored)) + q_err[qv];
+            bound += std::fabs(hq[qv * d_dim + d]) * kb + qb * std::fabs(hk[kv * d_dim + d]) + qb * kb;
+          }
+          outside += std::fabs(rotated - plain) > bound * 1.001 + 1e-9;
+          worst = std::max(worst, std::fabs(rotated - plain) / bound);
+        }
+      }
+    }
+    INFO("worst |error| / bound " << worst);
+    CHECK(outside == 0);
+  }
+}
+
+TEST_CASE("rotate_heads: bad input is refused by name, nothing written", "[attention][rotation]") {
+  const int heads = 2, tokens = 3;
+  std::vector<std::uint16_t> poison(static_cast<std::size_t>(tokens * heads * 256 * 2), 0x7C01);
+  auto in = upload(poison);
+  auto out = upload(poison);
+  const auto base = [&] {
+    RotateHeadsArguments a;
+    a.input = in.data();
+    a.output = out.data();
+    a.dtype = ActivationDtype::fp16;
+    a.num_tokens = tokens;
+    a.num_heads = heads;
+    a.head_dim = 128;
+    return a;
+  };
+  struct Bad {
+    const char* what;
+    RotateHeadsArguments args;
+    StatusCode code;
+  };
+  std::vector<Bad> cases;
+  auto add = [&](const char* what, auto change, StatusCode code) {
+    RotateHeadsArguments a = base();
+    change(a);
+    cases.push_back({what, a, code});
+  };
+  add("head_dim", [](RotateHeadsArguments& a) { a.head_dim = 96; }, StatusCode::unsupported);
+  add("head_dim", [](RotateHeadsArguments& a) { a.head_dim = 192; }, StatusCode::unsupported);
+  add("dtype", [](RotateHeadsArguments& a) { a.dtype = static_cast<ActivationDtype>(7); }, StatusCode::invalid_argument);
+  add("input_row_stride", [](RotateHeadsArguments& a) { a.input_row_stride = 2 * 128 - 8; }, StatusCode::invalid_argument);
+  add("output_row_stride", [](RotateHeadsArguments& a) { a.output_row_stride = 2 * 128 + 4; }, StatusCode::invalid_argument);
+  add("num_heads", [](RotateHeadsArguments& a) { a.num_heads = 0; }, StatusCode::invalid_argument);
+  add("num_tokens", [](RotateHeadsArguments& a) { a.num_tokens = -1; }, StatusCode::invalid_argument);
+  add("non-null", [](RotateHeadsArguments& a) { a.output = nullptr; }, StatusCode::invalid_argument);
+  add("aligned", [&](RotateHeadsArguments& a) { a.output = out.data() + 4; }, StatusCode::invalid_argument);
+  add("overlaps", [&](RotateHeadsArguments& a) { a.output = in.data() + 8; }, StatusCode::invalid_argument);
+  add("row strides", [&](RotateHeadsArguments& a) {
+    a.output = in.data();
+    a.output_row_stride = 2 * 128 + 8;
+  }, StatusCode::invalid_argument);
+  for (const Bad& b : cases) {
+    INFO(b.what);
+    const Status status = rotate_heads(b.args, nullptr);
+    CHECK(status.code() == b.code);
+    CHECK_THAT(std::string(status.message()), Catch::Contains(b.what));
+  }
+  CHECK(download(in, poison.size()) == poison);
+  CHECK(download(out, poison.size()) == poison);
 }

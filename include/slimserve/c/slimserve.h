@@ -891,6 +891,26 @@ typedef struct slimserve_kv_append_args {
 SLIMSERVE_C_API slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args,
                                                      slimserve_stream stream);
 
+/* Rotates head vectors [num_tokens, num_heads, head_dim] (bf16 or fp16, heads contiguous in a
+ * token's row, rows *_row_stride elements apart; 0: packed) by the normalized Walsh-Hadamard
+ * transform H / sqrt(head_dim), its own inverse: queries before attending to a rotated cache,
+ * and the attention output after it when V is rotated. output == input rotates in place (equal
+ * strides); otherwise the two must not overlap. head_dim 64, 128 or 256; 16-byte aligned rows.
+ * Launches only (capturable): no allocation, no synchronization. */
+typedef struct slimserve_rotate_heads_args {
+  size_t struct_size;
+  const void* input;
+  void* output;
+  slimserve_activation_dtype dtype;
+  int32_t num_tokens;
+  int32_t num_heads;
+  int32_t head_dim;
+  int64_t input_row_stride;
+  int64_t output_row_stride;
+} slimserve_rotate_heads_args;
+SLIMSERVE_C_API slimserve_status slimserve_rotate_heads(const slimserve_rotate_heads_args* args,
+                                                        slimserve_stream stream);
+
 /* Calls the library made into the runtime since the process started: stream
  * synchronizations, device and pinned allocations, frees and copies (relaxed counts, both
  * builds). A test reads them around a run to prove it neither synchronized nor allocated. */
