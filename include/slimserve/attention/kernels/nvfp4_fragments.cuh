@@ -125,20 +125,15 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_qk_chunk_pair(float (&s0)[4], 
   std::uint32_t scale_lo[2], scale_hi[2];
   nvfp4_scale_pairs(arch::prmt(nvfp4_scale_word<HeadDim>(k_scales, row0 + g, chunk / 2), 0u, dup), scale_lo);
   nvfp4_scale_pairs(arch::prmt(nvfp4_scale_word<HeadDim>(k_scales, row0 + 8 + g, chunk / 2), 0u, dup), scale_hi);
-  std::uint32_t w[4][4];
-  nvfp4_widen8<fp16>(r[0], scale_lo[0], w[0]);
-  nvfp4_widen8<fp16>(r[1], scale_lo[1], w[1]);
-  nvfp4_widen8<fp16>(r[2], scale_hi[0], w[2]);
-  nvfp4_widen8<fp16>(r[3], scale_hi[1], w[3]);
+  // Each word widened right before its two mma (4 live registers, not 16).
 SLIMSERVE_ATTENTION_UNROLL
-  for (int j = 0; j < 2; ++j) {  // chunk + j: k steps 2 (chunk + j) and 2 (chunk + j) + 1
-    const int step = 2 * (chunk + j);
-    const std::uint32_t lo_a[2] = {w[j][0], w[j][1]}, lo_b[2] = {w[j][2], w[j][3]};
-    const std::uint32_t hi_a[2] = {w[2 + j][0], w[2 + j][1]}, hi_b[2] = {w[2 + j][2], w[2 + j][3]};
-    mma<fp16>(s0, q[step], lo_a);
-    mma<fp16>(s0, q[step + 1], lo_b);
-    mma<fp16>(s1, q[step], hi_a);
-    mma<fp16>(s1, q[step + 1], hi_b);
+  for (int i = 0; i < 4; ++i) {  // r[i]: chunk + (i & 1), tokens 8 (i >> 1) ..
+    const int step = 2 * (chunk + (i & 1));  // k steps step and step + 1
+    std::uint32_t w[4];
+    nvfp4_widen8<fp16>(r[i], (i >> 1) == 0 ? scale_lo[i & 1] : scale_hi[i & 1], w);
+    const std::uint32_t b_lo[2] = {w[0], w[1]}, b_hi[2] = {w[2], w[3]};
+    mma<fp16>((i >> 1) == 0 ? s0 : s1, q[step], b_lo);
+    mma<fp16>((i >> 1) == 0 ? s0 : s1, q[step + 1], b_hi);
   }
 }
 
@@ -166,16 +161,15 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_pv_chunk_pair(float (*o)[4], c
   nvfp4_scale_pairs(arch::prmt(nvfp4_scale_word<HeadDim>(v_scales, row0 + 8 + 2 * t, chunk / 2),
                                nvfp4_scale_word<HeadDim>(v_scales, row0 + 9 + 2 * t, chunk / 2), pick),
                     scale_hi);
-  std::uint32_t w[4][4];
-  nvfp4_widen8_token_pairs(r[0], scale_lo[0], w[0]);
-  nvfp4_widen8_token_pairs(r[1], scale_hi[0], w[1]);
-  nvfp4_widen8_token_pairs(r[2], scale_lo[1], w[2]);
-  nvfp4_widen8_token_pairs(r[3], scale_hi[1], w[3]);
+  // One chunk at a time: its two token halves widened, then its four mma (8 live registers).
 SLIMSERVE_ATTENTION_UNROLL
   for (int j = 0; j < 2; ++j) {
+    std::uint32_t lo[4], hi[4];  // tokens 2t, 2t+1 and 2t+8, 2t+9
+    nvfp4_widen8_token_pairs(r[2 * j], scale_lo[j], lo);
+    nvfp4_widen8_token_pairs(r[2 * j + 1], scale_hi[j], hi);
 SLIMSERVE_ATTENTION_UNROLL
     for (int e = 0; e < 4; ++e) {
-      const std::uint32_t b[2] = {w[2 * j][e], w[2 * j + 1][e]};
+      const std::uint32_t b[2] = {lo[e], hi[e]};
       mma<fp16>(o[4 * (chunk + j) + e], a, b);
     }
   }
