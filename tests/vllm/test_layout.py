@@ -35,6 +35,9 @@ def refusals():
                  kv_sharing_target_layer_name=None)
     assert support.check_layer(**layer) == "auto"
     assert support.check_layer(**{**layer, "kv_cache_dtype": "fp8"}) == "fp8_e4m3"
+    assert support.check_layer(**{**layer, "kv_cache_dtype": "nvfp4"}) == "nvfp4"
+    expect_refusal(lambda: support.check_layer(**{**layer, "kv_cache_dtype": "nvfp4", "head_size": 96}),
+                   "head size with kv_cache_dtype nvfp4: 96", "64, 128, 192, 256")
     expect_refusal(lambda: support.check_layer(**{**layer, "head_size": 80}), "head size 80", "64, 96, 128")
     expect_refusal(lambda: support.check_layer(**{**layer, "sliding_window": 4096}), "sliding window 4096")
     expect_refusal(lambda: support.check_layer(**{**layer, "kv_cache_dtype": "int8"}), "'int8'", "fp8_e5m2")
@@ -56,17 +59,41 @@ def refusals():
             del os.environ[host_attention.ENV]
         else:
             os.environ[host_attention.ENV] = saved
-    print("refusals: 10 checked")
+    print("refusals: 11 checked")
+
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def e4m3_value(code: int) -> float:
+    """E4M3 (fn) by its definition: bias 7, subnormals at exponent field 0, 0x7f/0xff NaN."""
+    sign = -1.0 if code & 0x80 else 1.0
+    e, m = (code >> 3) & 0xF, code & 0x7
+    if e == 0xF and m == 0x7:
+        return float("nan")
+    return sign * (m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+
+
+def decode_nvfp4(vector: np.ndarray, tensor_scale: float) -> np.ndarray:
+    """One stored NVFP4 head vector (9 D / 16 bytes) as float64 values, from the format's
+    definition (written here, not the library's codec): codes two to a byte, low nibble first,
+    then an E4M3 scale per 16 elements."""
+    d = vector.size * 16 // 9
+    codes = np.stack([vector[: d // 2] & 0xF, vector[: d // 2] >> 4], axis=1).reshape(-1)
+    blocks = np.array([e4m3_value(int(c)) for c in vector[d // 2:]])
+    return E2M1[codes] * np.repeat(blocks, 16) * tensor_scale
 
 
 def one_step(rng, kv_dtype: str, block_size: int):
     heads, kv_heads, head = 6, 2, 64
     num_blocks = 16
-    cache = torch.empty(num_blocks, kv_heads, block_size, 2 * head,
-                        dtype=torch.uint8 if kv_dtype in FP8 else torch.bfloat16)
+    nvfp4 = kv_dtype == "nvfp4"
+    vector = head // 2 + head // 16 if nvfp4 else head  # a head vector's elements (bytes for nvfp4)
+    cache = torch.empty(num_blocks, kv_heads, block_size, 2 * vector,
+                        dtype=torch.uint8 if kv_dtype in FP8 or nvfp4 else torch.bfloat16)
     cache.view(torch.uint8).random_(generator=torch.Generator().manual_seed(int(rng.integers(1 << 30))))
     poison = cache.clone()
-    scale = (0.5, 0.25) if kv_dtype in FP8 else (None, None)
+    scale = (0.5, 0.25) if kv_dtype in FP8 else (1 / 6, 0.0123) if nvfp4 else (None, None)
     scales = [torch.tensor([s], dtype=torch.float32) if s else None for s in scale]
     layer = LayerCache(cache, kv_dtype=kv_dtype, k_scale=scales[0], v_scale=scales[1])
     # Ragged requests: new tokens at the end of cached prefixes (decode, chunk, prefill);
@@ -134,8 +161,26 @@ def one_step(rng, kv_dtype: str, block_size: int):
             return (x / s).to(torch.float32).to(FP8[kv_dtype]).double() * s
         return x
 
-    kk = {w: stored(k[i], scale[0]) for i, w in enumerate(which) if w}
-    vv = {w: stored(v[i], scale[1]) for i, w in enumerate(which) if w}
+    if nvfp4:
+        # The reference reads the stored codes and scales (the append's own rule is checked bit
+        # for bit by the C++ tests): each vector decoded by the definition, and checked to be
+        # the input within NVFP4's error (half a step of its block's E2M1 grid, scale rounding
+        # included: 1/4 of the block's amax, plus E4M3's 1/16 relative rounding of the scale).
+        raw = cache.view(torch.uint8).view(num_blocks, 2, block_size, kv_heads, vector).numpy()
+        kk, vv = {}, {}
+        for i, w in enumerate(which):
+            if not w:
+                continue
+            block, row = divmod(slots[i], block_size)
+            for side, (src, dst, s) in enumerate(((k, kk, scale[0]), (v, vv, scale[1]))):
+                real = np.stack([decode_nvfp4(raw[block, side, row, h], s) for h in range(kv_heads)])
+                given = src[i].double().numpy()
+                amax = np.abs(given.reshape(kv_heads, -1, 16)).max(axis=2).repeat(16, axis=1)
+                assert (np.abs(real - given) <= amax * (0.25 + 1 / 16) + 1e-6).all(), f"nvfp4 token {w} side {side}"
+                dst[w] = torch.from_numpy(real)
+    else:
+        kk = {w: stored(k[i], scale[0]) for i, w in enumerate(which) if w}
+        vv = {w: stored(v[i], scale[1]) for i, w in enumerate(which) if w}
     worst = worst_host = 0.0
     for r, (length, n) in enumerate(zip(seq_lens, new)):
         K = torch.stack([kk[(r, p)] for p in range(length)]).repeat_interleave(heads // kv_heads, 1)
@@ -165,7 +210,7 @@ def main():
     print(f"seed {seed}")
     rng = np.random.default_rng(seed)
     refusals()
-    for kv_dtype in ("bfloat16", "fp8_e4m3", "fp8_e5m2"):
+    for kv_dtype in ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4"):
         for block_size in (32, 128):
             one_step(rng, kv_dtype, block_size)
     return 0
