@@ -24,6 +24,7 @@
 #include "slimserve/attention/decode.hpp"
 #include "slimserve/attention/decode_plan.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/attention/rotate_heads.hpp"
 #include "slimserve/int4/gemm.hpp"
 #include "slimserve/int4/gemm_layout.hpp"
 #include "slimserve/int4/quantize.hpp"
@@ -979,7 +980,26 @@ slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args, slims
     cpp.token_position = a.token_position;
     cpp.append_indptr = a.append_indptr;
     cpp.slot_mapping = a.slot_mapping;
+    if (a.reserved != 0) return make_status(StatusCode::invalid_argument, "args->reserved must be 0");
+    SLIMSERVE_RETURN_IF_ERROR(to_enum(a.rotation, "rotation", cpp.rotation));
     return attention::append_kv(cpp, stream);
+  });
+}
+
+slimserve_status slimserve_rotate_heads(const slimserve_rotate_heads_args* args, slimserve_stream stream) {
+  return guarded([&]() -> Status {
+    slimserve_rotate_heads_args a;
+    SLIMSERVE_RETURN_IF_ERROR(read_versioned(args, "args", a));
+    attention::RotateHeadsArguments cpp;
+    SLIMSERVE_RETURN_IF_ERROR(to_enum(a.dtype, "activation dtype", cpp.dtype));
+    cpp.input = a.input;
+    cpp.output = a.output;
+    cpp.num_tokens = a.num_tokens;
+    cpp.num_heads = a.num_heads;
+    cpp.head_dim = a.head_dim;
+    cpp.input_row_stride = a.input_row_stride;
+    cpp.output_row_stride = a.output_row_stride;
+    return attention::rotate_heads(cpp, stream);
   });
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <span>
 
+#include "append_launchers.cuh"
 #include "kernel_tables.cuh"
 #include "slimserve/attention/append.hpp"
 #include "slimserve/attention/dequantize.hpp"
@@ -32,7 +33,7 @@ template <class KvT, int HeadDim>
 constexpr bool whole_word_vectors = head_vector_bytes(kv_dtype_v<KvT>, HeadDim) % 4 == 0;
 
 // ---- append table: (stored type, input type, head_dim) -> launcher --------------------------
-using AppendLauncher = Status (*)(const kernels::AppendParams&, dim3, dim3, cudaStream_t);
+using detail::AppendLauncher;
 struct AppendKernelEntry {
   KvDtype kv_dtype;
   ActivationDtype input_dtype;
@@ -115,6 +116,15 @@ Status can_implement(const AppendArguments& a) {
     return make_status(StatusCode::unsupported, "append_kv supports head_dim ", PagedHeadDims::describe(),
                        ", got ", a.cache.head_dim);
   }
+  if (!is_valid(a.rotation)) {
+    return make_status(StatusCode::invalid_argument, "append_kv: unknown rotation ", static_cast<int>(a.rotation),
+                       " (none, keys or keys_and_values)");
+  }
+  if (a.rotation != KvRotation::none && !RotationHeadDims::contains(a.cache.head_dim)) {
+    return make_status(StatusCode::unsupported, "append_kv: rotation ", to_string(a.rotation), " needs head_dim ",
+                       RotationHeadDims::describe(), " (a Walsh-Hadamard transform of a power-of-two length), got ",
+                       a.cache.head_dim);
+  }
   if (!is_valid(a.input_dtype)) {
     return make_status(StatusCode::invalid_argument, "unknown activation dtype ",
                        static_cast<int>(a.input_dtype));
@@ -171,14 +181,18 @@ Status append_kv(const AppendArguments& a, cudaStream_t stream) {
   SLIMSERVE_RETURN_IF_ERROR(can_implement(a));
   if (a.num_tokens == 0 || (a.slot_mapping == nullptr && a.table.batch_size == 0)) return {};
   AppendLauncher launch = nullptr;
-  for (const auto& entry : append_table()) {
-    if (entry.kv_dtype == a.cache.dtype && entry.input_dtype == a.input_dtype && entry.head_dim == a.cache.head_dim) {
-      launch = entry.launch;
+  if (a.rotation != KvRotation::none) {
+    launch = detail::rotated_append_launcher(a.cache.dtype, a.input_dtype, a.cache.head_dim, a.rotation);
+  } else {
+    for (const auto& entry : append_table()) {
+      if (entry.kv_dtype == a.cache.dtype && entry.input_dtype == a.input_dtype && entry.head_dim == a.cache.head_dim) {
+        launch = entry.launch;
+      }
     }
   }
   if (launch == nullptr) {
     return make_status(StatusCode::unsupported, "no append kernel for ", to_string(a.cache.dtype),
-                       " head_dim ", a.cache.head_dim);
+                       " head_dim ", a.cache.head_dim, " rotation ", to_string(a.rotation));
   }
   kernels::AppendParams params{};
   detail::fill_paged_cache_fields(params, a.cache, a.table, a.request_status);

@@ -45,6 +45,11 @@ _KV_CODE_NAMES = dict(_kv_formats.KV_CODE_NAMES)
 # Tensor dtypes (DLPack names) that may hold pages of each KV element type.
 _KV_TENSOR_DTYPES = dict(_kv_formats.KV_TENSOR_DTYPES)
 LAYOUTS = {"NHD": 0, "HND": 1}
+# Which head vectors the append stores Walsh-Hadamard rotated (docs/kv.md, "Rotated keys"):
+# queries then go through rotate_heads first, and with "keys_and_values" the attention output
+# after. head_dim 64, 128 or 256.
+ROTATIONS = {"none": 0, "keys": 1, "keys_and_values": 2}
+ROTATION_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128)  # tokens per page the kernels take (see PagedKVCache)
 REQUEST_STATES = {0: "ok", 1: "stale_tag", 2: "page_out_of_range", 3: "bad_page_table",
                   4: "guard_page", 5: "write_denied", 6: "read_denied", 7: "unwritten_slots",
@@ -955,9 +960,21 @@ def _row_stride(r, name: str) -> int:
     return s0
 
 
+def _rotation(rotation, head_dim: int) -> int:
+    """The C value of an append's `rotation` ("none", "keys", "keys_and_values"), refused by
+    name when unknown or when the cache's head_dim has no rotation."""
+    if not isinstance(rotation, str) or rotation not in ROTATIONS:
+        raise value_error(f"slimserve: rotation must be one of {', '.join(map(repr, ROTATIONS))}, got {rotation!r}")
+    if rotation != "none" and head_dim not in ROTATION_HEAD_DIMS:
+        raise SlimserveValueError(f"slimserve: rotation {rotation!r} needs head_dim 64, 128 or 256; this cache has "
+                                  f"{head_dim}", "unsupported")
+    return ROTATIONS[rotation]
+
+
 def _kv_append(cache: PagedKVCache, kr, vr, input_dtype: int, *, table=None, statuses=None,
                token_request=None, token_position=None, append_indptr=None, slot_mapping=None,
-               stream=None, names=("k", "v")) -> None:
+               stream=None, names=("k", "v"), rotation: str = "none") -> None:
+    rotation_value = _rotation(rotation, cache.view.head_dim)
     args = _capi.versioned(_capi.KvAppendArgs)
     args.cache = cache.view
     args.kv_page_stride = cache.page_stride
@@ -971,7 +988,41 @@ def _kv_append(cache: PagedKVCache, kr, vr, input_dtype: int, *, table=None, sta
     args.num_tokens = kr.shape[0]
     args.token_request, args.token_position = token_request, token_position
     args.append_indptr, args.slot_mapping = append_indptr, slot_mapping
+    args.rotation = rotation_value
     _check(_lib.slimserve_kv_append(byref(args), _stream(stream)))
+
+
+def rotate_heads(x, out=None, *, dtype: Optional[str] = None, stream=None):
+    """Rotates each head vector of x [num_tokens, num_heads, head_dim] (bfloat16 or float16,
+    head_dim 64, 128 or 256) by the normalized Walsh-Hadamard transform H / sqrt(head_dim),
+    its own inverse: queries before they attend to a cache appended with rotation="keys" or
+    "keys_and_values", and, for "keys_and_values", the attention output afterwards. out: a
+    tensor of x's shape and dtype that does not overlap x, or None (in place: x is
+    overwritten). x and out may be row-strided views (a Q slice of a fused QKV output: heads
+    contiguous inside a token's row, rows a multiple of 8 elements apart). Launches on
+    `stream`; allocates and synchronizes nothing. Returns out (x when in place)."""
+    xr = _tensor(x, name="x", ndim=3, strided=True)
+    tokens, heads, head_dim = xr.shape
+    if head_dim not in ROTATION_HEAD_DIMS:
+        raise SlimserveValueError(f"slimserve: x has head_dim {head_dim}; rotate_heads takes 64, 128 or 256 "
+                                  f"(shape {xr.shape})", "unsupported")
+    code = _activation(xr, "x", dtype)
+    if out is None:
+        if isinstance(x, np.ndarray) and not x.flags.writeable:
+            raise value_error("slimserve: x is read-only; pass out= to rotate into another array")
+        out, orr = x, xr
+    else:
+        orr = _tensor(out, name="out", shape=xr.shape, strided=True)
+        if orr.dtype != xr.dtype:
+            raise type_error(f"slimserve: out has dtype {orr.dtype}; x has {xr.dtype}")
+    args = _capi.versioned(_capi.RotateHeadsArgs)
+    args.input, args.output = xr.ptr, orr.ptr
+    args.dtype = code
+    args.num_tokens, args.num_heads, args.head_dim = tokens, heads, head_dim
+    args.input_row_stride = _row_stride(xr, "x")
+    args.output_row_stride = _row_stride(orr, "out")
+    _check(_lib.slimserve_rotate_heads(byref(args), _stream(stream)))
+    return out
 
 
 def _device_ints(value, name: str, length: int, dtype, keep: list, stream):
@@ -989,11 +1040,13 @@ def _device_ints(value, name: str, length: int, dtype, keep: list, stream):
 
 def append_kv(cache: PagedKVCache, table: BuiltTable, k, v, *, token_request=None,
               token_position=None, append_indptr=None, statuses: Optional[RequestStatuses] = None,
-              dtype: Optional[str] = None, stream=None) -> None:
+              dtype: Optional[str] = None, rotation: str = "none", stream=None) -> None:
     """Quantize-and-append new K/V rows [num_tokens, H, D] into the pages the table gives them:
     token_request + token_position ([num_tokens] each), or append_indptr ([batch + 1]: request
     b's rows fill its last slots). Index arrays: int32 tensors on the library's device (used
-    in place) or host arrays (uploaded, then the call synchronizes before freeing them)."""
+    in place) or host arrays (uploaded, then the call synchronizes before freeing them).
+    rotation: "none", "keys" or "keys_and_values" (head_dim 64, 128, 256): those head vectors
+    are stored Walsh-Hadamard rotated (see rotate_heads)."""
     if not isinstance(cache, PagedKVCache):
         raise type_error(f"slimserve: cache must be a PagedKVCache, got {type(cache).__name__}")
     if not isinstance(table, BuiltTable):
@@ -1007,6 +1060,7 @@ def append_kv(cache: PagedKVCache, table: BuiltTable, k, v, *, token_request=Non
                           f"cache has {cache.num_pages} pages", "out_of_range")
     kr, vr = cache.check_rows(k, v)
     input_dtype = _activation(kr, "k", dtype)
+    _rotation(rotation, cache.view.head_dim)
     n, batch = kr.shape[0], table.batch_size
     if (token_request is None) != (token_position is None) or \
             (token_request is None) == (append_indptr is None):
@@ -1019,14 +1073,14 @@ def append_kv(cache: PagedKVCache, table: BuiltTable, k, v, *, token_request=Non
         pointers["token_request"] = _device_ints(token_request, "token_request", n, np.int32, keep, stream)
         pointers["token_position"] = _device_ints(token_position, "token_position", n, np.int32, keep, stream)
     _kv_append(cache, kr, vr, input_dtype, table=device, statuses=_statuses_ptr(statuses, batch, "the table"),
-               stream=stream, **pointers)
+               stream=stream, rotation=rotation, **pointers)
     if keep:
         _check(_lib.slimserve_stream_synchronize(_stream(stream)))  # the uploads above are freed next
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
                       k_scale=None, v_scale=None, *, layout: str = "NHD", dtype: Optional[str] = None,
-                      stream=None) -> None:
+                      rotation: str = "none", stream=None) -> None:
     """vLLM-style append: token t goes to flat slot slot_mapping[t] = page * page_size + offset
     of the caches ([num_pages, page_size, H, D] NHD or [num_pages, H, page_size, D] HND, or the
     K/V views of one combined allocation); slot -1 skips the token. slot_mapping: an int64
@@ -1035,13 +1089,13 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
     dtype; k_scale / v_scale: floats or one-element float32 tensors. value_cache None: key_cache
     is the combined [num_pages, 2, ...] allocation. key / value may be strided views (the K
     and V slices of a fused QKV output: tokens' rows a multiple of 8 elements apart, heads
-    contiguous inside a row), read in place."""
+    contiguous inside a row), read in place. rotation: as append_kv's."""
     cache = PagedKVCache(key_cache, value_cache, layout=layout, dtype=kv_cache_dtype,
                          k_scale=k_scale, v_scale=v_scale)
     kr, vr = cache.check_rows(key, value, "key", "value", strided=True)
     slots = _tensor(slot_mapping, name="slot_mapping", dtypes={"int64"}, shape=(kr.shape[0],))
     _kv_append(cache, kr, vr, _activation(kr, "key", dtype), slot_mapping=slots.ptr, stream=stream,
-               names=("key", "value"))
+               names=("key", "value"), rotation=rotation)
 
 
 def copy_pages(cache: PagedKVCache, tags: DeviceTags, copies: Sequence[dict], stream=None) -> List[Tuple[str, int]]:

@@ -45,6 +45,9 @@ SLIMSERVE_KV_HND = 1
 SLIMSERVE_SCALE_NONE = 0
 SLIMSERVE_SCALE_PER_TENSOR = 1
 SLIMSERVE_SCALE_PER_TOKEN = 2
+SLIMSERVE_KV_ROTATION_NONE = 0
+SLIMSERVE_KV_ROTATION_KEYS = 1
+SLIMSERVE_KV_ROTATION_KEYS_AND_VALUES = 2
 SLIMSERVE_SWAP_OUT = 0
 SLIMSERVE_SWAP_IN = 1
 SLIMSERVE_WEIGHT_F32 = 0
@@ -471,6 +474,23 @@ class KvAppendArgs(Structure):
         ("slot_mapping", c_void_p),
         ("k_row_stride", c_int64),
         ("v_row_stride", c_int64),
+        ("rotation", c_int32),
+        ("reserved", c_int32),
+    ]
+
+
+class RotateHeadsArgs(Structure):
+    """slimserve_rotate_heads_args"""
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("input", c_void_p),
+        ("output", c_void_p),
+        ("dtype", c_int32),
+        ("num_tokens", c_int32),
+        ("num_heads", c_int32),
+        ("head_dim", c_int32),
+        ("input_row_stride", c_int64),
+        ("output_row_stride", c_int64),
     ]
 
 
@@ -791,6 +811,7 @@ SIGNATURES = {
     "slimserve_merge_attention_states": (c_int32, [POINTER(MergeArgs), c_void_p]),
     "slimserve_dequantize_pages": (c_int32, [POINTER(KvCache), c_void_p, c_int32, c_void_p, c_void_p, c_void_p]),
     "slimserve_kv_append": (c_int32, [POINTER(KvAppendArgs), c_void_p]),
+    "slimserve_rotate_heads": (c_int32, [POINTER(RotateHeadsArgs), c_void_p]),
     "slimserve_get_runtime_counters": (c_int32, [POINTER(RuntimeCounters)]),
     "slimserve_page_pool_new_writer": (c_int32, [c_void_p, c_void_p]),
     "slimserve_page_pool_grant_write": (c_int32, [c_void_p, Page, c_uint32]),
@@ -856,6 +877,7 @@ STRUCTS = (
     PagedAttentionArgs,
     MergeArgs,
     KvAppendArgs,
+    RotateHeadsArgs,
     RuntimeCounters,
     MlaCache,
     MlaAppendArgs,
@@ -905,6 +927,7 @@ __all__ = [
     "PagedAttentionArgs",
     "MergeArgs",
     "KvAppendArgs",
+    "RotateHeadsArgs",
     "RuntimeCounters",
     "MlaCache",
     "MlaAppendArgs",
@@ -958,6 +981,9 @@ __all__ = [
     "SLIMSERVE_SCALE_NONE",
     "SLIMSERVE_SCALE_PER_TENSOR",
     "SLIMSERVE_SCALE_PER_TOKEN",
+    "SLIMSERVE_KV_ROTATION_NONE",
+    "SLIMSERVE_KV_ROTATION_KEYS",
+    "SLIMSERVE_KV_ROTATION_KEYS_AND_VALUES",
     "SLIMSERVE_SWAP_OUT",
     "SLIMSERVE_SWAP_IN",
     "SLIMSERVE_WEIGHT_F32",

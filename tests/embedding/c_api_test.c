@@ -576,6 +576,16 @@ static void test_kv_append_page_stride_and_slots(void) {
   EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "page_stride");
   args.struct_size = 8;
   EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "struct_size");
+  /* The rotation: an unknown value, or a nonzero reserved word, is refused by name. */
+  args.struct_size = sizeof args;
+  args.kv_page_stride = (int64_t)(2 * page_elements);
+  args.rotation = 3;
+  EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "rotation");
+  args.rotation = SLIMSERVE_KV_ROTATION_KEYS;
+  args.reserved = 1;
+  EXPECT_REFUSED(slimserve_kv_append(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "reserved");
+  args.reserved = 0;
+  args.rotation = SLIMSERVE_KV_ROTATION_NONE;
   CHECK_OK(slimserve_device_free(device_append));
   CHECK_OK(slimserve_device_free(device_slots));
   CHECK_OK(slimserve_device_free((void*)args.k_new));
@@ -1108,6 +1118,56 @@ static void test_nvfp4_by_name(void) {
   CHECK_OK(slimserve_device_free(pages));
 }
 
+/* rotate_heads on exact values: e_0 rotates to 1/8 everywhere, e_1 to +-1/8 alternating (D 64);
+ * twice in place gives them back bit for bit. Refusals name the argument. */
+static void test_rotate_heads(void) {
+  uint16_t host[2 * 64], back[2 * 64];
+  void* rows = NULL;
+  void* rotated = NULL;
+  slimserve_rotate_heads_args args;
+  int i, bad = 0;
+  memset(host, 0, sizeof host);
+  host[0] = 0x3C00;      /* head 0: e_0 (FP16 1.0) */
+  host[64 + 1] = 0x3C00; /* head 1: e_1 */
+  CHECK_OK(slimserve_device_alloc(sizeof host, &rows));
+  CHECK_OK(slimserve_device_alloc(sizeof host, &rotated));
+  CHECK_OK(slimserve_memcpy_async(rows, host, sizeof host, SLIMSERVE_HOST_TO_DEVICE, NULL));
+  memset(&args, 0, sizeof args);
+  args.struct_size = sizeof args;
+  args.input = rows;
+  args.output = rotated;
+  args.dtype = SLIMSERVE_ACT_FP16;
+  args.num_tokens = 1;
+  args.num_heads = 2;
+  args.head_dim = 64;
+  CHECK_OK(slimserve_rotate_heads(&args, NULL));
+  CHECK_OK(slimserve_memcpy_async(back, rotated, sizeof back, SLIMSERVE_DEVICE_TO_HOST, NULL));
+  CHECK_OK(slimserve_stream_synchronize(NULL));
+  for (i = 0; i < 64; ++i) {
+    bad += back[i] != 0x3000;                                   /* 0.125 */
+    bad += back[64 + i] != ((i & 1) ? 0xB000 : 0x3000);         /* -+0.125 */
+  }
+  EXPECT(bad == 0);
+  args.input = rotated; /* in place, back to e_0 / e_1 */
+  CHECK_OK(slimserve_rotate_heads(&args, NULL));
+  CHECK_OK(slimserve_memcpy_async(back, rotated, sizeof back, SLIMSERVE_DEVICE_TO_HOST, NULL));
+  CHECK_OK(slimserve_stream_synchronize(NULL));
+  EXPECT(memcmp(back, host, sizeof host) == 0);
+  args.head_dim = 96;
+  EXPECT_REFUSED(slimserve_rotate_heads(&args, NULL), SLIMSERVE_UNSUPPORTED, "head_dim");
+  args.head_dim = 64;
+  args.input_row_stride = 100;
+  EXPECT_REFUSED(slimserve_rotate_heads(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "input_row_stride");
+  args.input_row_stride = 0;
+  args.struct_size = 8;
+  EXPECT_REFUSED(slimserve_rotate_heads(&args, NULL), SLIMSERVE_INVALID_ARGUMENT, "struct_size");
+  CHECK_OK(slimserve_memcpy_async(back, rotated, sizeof back, SLIMSERVE_DEVICE_TO_HOST, NULL));
+  CHECK_OK(slimserve_stream_synchronize(NULL));
+  EXPECT(memcmp(back, host, sizeof host) == 0); /* refused calls wrote nothing */
+  CHECK_OK(slimserve_device_free(rows));
+  CHECK_OK(slimserve_device_free(rotated));
+}
+
 int main(void) {
   start_test("c_api_test");
   test_status_and_pool();
@@ -1121,5 +1181,6 @@ int main(void) {
   test_record_identities();
   test_adopt_and_coalesce();
   test_nvfp4_by_name();
+  test_rotate_heads();
   return finish_test("c_api_test");
 }

@@ -20,6 +20,7 @@
 
 #include "slimserve/attention/detail/stream.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/attention/rotation.hpp"
 #include "slimserve/config.hpp"
 #include "slimserve/kv/page_access.hpp"
 #include "slimserve/kv/page_table_view.hpp"
@@ -53,6 +54,13 @@ struct AppendArguments {
   /// its slot in its page's fill under the table's expected tag (table.expected_tags is then
   /// required), which the tag check's `check_fill` compares later rows with.
   kv::PageFillWord* page_fills = nullptr;
+  /// Head vectors stored rotated (attention/rotation.hpp): keys, or keys_and_values, are
+  /// multiplied by H / sqrt(head_dim) in registers before the amax and the scale are taken,
+  /// for every format; head_dim 64, 128 or 256 (RotationHeadDims), others refused. A NaN or
+  /// infinity anywhere in a rotated vector spreads to the whole vector. The cache's readers
+  /// must then get queries rotated the same way (rotate_heads), and with keys_and_values
+  /// rotate the attention output back.
+  KvRotation rotation = KvRotation::none;
 };
 
 /// Preflight only (shapes, enum ranges, types, pointers, alignment); nothing is launched.

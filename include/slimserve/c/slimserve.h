@@ -368,6 +368,12 @@ typedef int32_t slimserve_kv_layout;
 enum { SLIMSERVE_KV_NHD = 0, SLIMSERVE_KV_HND = 1 };
 typedef int32_t slimserve_kv_scale_mode;
 enum { SLIMSERVE_SCALE_NONE = 0, SLIMSERVE_SCALE_PER_TENSOR = 1, SLIMSERVE_SCALE_PER_TOKEN = 2 };
+/* Head vectors stored rotated by the normalized Walsh-Hadamard transform (head_dim 64, 128,
+ * 256): K (and V) rotated before quantization by slimserve_kv_append; queries (and, for
+ * KEYS_AND_VALUES, the attention output) rotated with slimserve_rotate_heads (docs/kv.md). */
+typedef int32_t slimserve_kv_rotation;
+enum { SLIMSERVE_KV_ROTATION_NONE = 0, SLIMSERVE_KV_ROTATION_KEYS = 1,
+       SLIMSERVE_KV_ROTATION_KEYS_AND_VALUES = 2 };
 
 /* A paged K/V cache (see docs/attention.md for layouts and the scale convention). */
 typedef struct slimserve_kv_cache {
@@ -876,9 +882,34 @@ typedef struct slimserve_kv_append_args {
    * A struct_size that ends before these fields means 0 (packed). */
   int64_t k_row_stride;
   int64_t v_row_stride;
+  /* K (KEYS) or K and V (KEYS_AND_VALUES) rotated in registers before quantization, every
+   * format; head_dim 64, 128 or 256, else SLIMSERVE_UNSUPPORTED with nothing written. A
+   * struct_size that ends before it means SLIMSERVE_KV_ROTATION_NONE. */
+  slimserve_kv_rotation rotation;
+  int32_t reserved; /* 0 */
 } slimserve_kv_append_args;
 SLIMSERVE_C_API slimserve_status slimserve_kv_append(const slimserve_kv_append_args* args,
                                                      slimserve_stream stream);
+
+/* Rotates head vectors [num_tokens, num_heads, head_dim] (bf16 or fp16, heads contiguous in a
+ * token's row, rows *_row_stride elements apart; 0: packed) by the normalized Walsh-Hadamard
+ * transform H / sqrt(head_dim), its own inverse: queries before attending to a rotated cache,
+ * and the attention output after it when V is rotated. output == input rotates in place (equal
+ * strides); otherwise the two must not overlap. head_dim 64, 128 or 256; 16-byte aligned rows.
+ * Launches only (capturable): no allocation, no synchronization. */
+typedef struct slimserve_rotate_heads_args {
+  size_t struct_size;
+  const void* input;
+  void* output;
+  slimserve_activation_dtype dtype;
+  int32_t num_tokens;
+  int32_t num_heads;
+  int32_t head_dim;
+  int64_t input_row_stride;
+  int64_t output_row_stride;
+} slimserve_rotate_heads_args;
+SLIMSERVE_C_API slimserve_status slimserve_rotate_heads(const slimserve_rotate_heads_args* args,
+                                                        slimserve_stream stream);
 
 /* Calls the library made into the runtime since the process started: stream
  * synchronizations, device and pinned allocations, frees and copies (relaxed counts, both

@@ -116,8 +116,9 @@ SLIMSERVE_DEVICE inline TokenDestination find_destination(const AppendParams& p,
   return dest;
 }
 
-template <class KvT, class InT, int HeadDim>
-__global__ void append_kernel(const AppendParams p) {
+/// One block's work: token blockIdx.x, heads_per_block heads from blockIdx.y on.
+template <class KvT, class InT, int HeadDim, KvRotation Rotation>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void append_token_heads(const AppendParams& p) {
   constexpr int lanes = HeadVectorLanes<HeadDim>::lanes;  // threads per head vector
 
   const std::int32_t t = static_cast<std::int32_t>(blockIdx.x);
@@ -135,9 +136,21 @@ __global__ void append_kernel(const AppendParams p) {
   const std::int64_t v_row = static_cast<std::int64_t>(t) * p.v_row_stride + head_offset;
   const PageStoreTarget target{p.k_pages, p.v_pages, p.k_token_scales, p.v_token_scales, p.k_scale,
                                p.v_scale, p.page_size, p.num_kv_heads, p.layout, p.scale_mode, p.page_stride};
-  store_head_vectors<KvT, InT, HeadDim>(target, static_cast<const InT*>(p.k_new) + k_row,
-                                        static_cast<const InT*>(p.v_new) + v_row, lane, head_valid, dest.page,
-                                        dest.slot, head);
+  store_head_vectors<KvT, InT, HeadDim, Rotation>(target, static_cast<const InT*>(p.k_new) + k_row,
+                                                  static_cast<const InT*>(p.v_new) + v_row, lane, head_valid,
+                                                  dest.page, dest.slot, head);
+}
+
+template <class KvT, class InT, int HeadDim>
+__global__ void append_kernel(const AppendParams p) {
+  append_token_heads<KvT, InT, HeadDim, KvRotation::none>(p);
+}
+
+/// append_kernel with K (RotateValues: and V) rotated before quantization (kv_rotate.cuh);
+/// head dims of RotationHeadDims. A kernel of its own so append_kernel's code is unchanged.
+template <class KvT, class InT, int HeadDim, bool RotateValues>
+__global__ void rotated_append_kernel(const AppendParams p) {
+  append_token_heads<KvT, InT, HeadDim, RotateValues ? KvRotation::keys_and_values : KvRotation::keys>(p);
 }
 
 /// Device-held lengths, after append_kernel on the same stream: one thread per token records

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "slimserve/attention/kernels/kv_rotate.cuh"
 #include "slimserve/attention/kernels/kv_store_nvfp4.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
@@ -86,7 +87,8 @@ struct PageStoreTarget {
 /// rounded to nearest even with saturation; per-token scales from the vector's amax.
 /// Every thread of the lane group calls it (shuffles); `lane` is the thread's index in its
 /// group; `store` false: the group reads and writes nothing (a skipped token or head).
-template <class KvT, class InT, int HeadDim>
+/// `Rotation`: the vectors are rotated first (rotate_loaded_head_vectors).
+template <class KvT, class InT, int HeadDim, KvRotation Rotation = KvRotation::none>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_scaled_head_vectors(const PageStoreTarget& target, const InT* k_row,
                                                                       const InT* v_row, int lane, bool store,
                                                                       std::int32_t page, std::int32_t slot,
@@ -108,6 +110,10 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int i = 0; i < in_elements; ++i) {
       k[i] = element_to_float<InT>(kv, i);
       v[i] = element_to_float<InT>(vv, i);
+    }
+    rotate_loaded_head_vectors<Rotation, HeadDim>(k, v);
+SLIMSERVE_ATTENTION_UNROLL
+    for (int i = 0; i < in_elements; ++i) {
       k_amax = fmaxf(k_amax, fabsf(k[i]));
       v_amax = fmaxf(v_amax, fabsf(v[i]));
     }
@@ -165,17 +171,19 @@ SLIMSERVE_ATTENTION_UNROLL
 
 /// Quantizes the K and V head vectors whose inputs start at `k_row` / `v_row` (head_dim
 /// elements of InT each, 16-byte aligned) and stores them at (page, slot, head); see
-/// store_scaled_head_vectors (16-bit, FP8) and store_nvfp4_head_vectors (NVFP4).
-template <class KvT, class InT, int HeadDim>
+/// store_scaled_head_vectors (16-bit, FP8) and store_nvfp4_head_vectors (NVFP4). `Rotation`:
+/// K (and V) are rotated in registers first (rotate_loaded_head_vectors; RotationHeadDims).
+template <class KvT, class InT, int HeadDim, KvRotation Rotation = KvRotation::none>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_head_vectors(const PageStoreTarget& target, const InT* k_row,
                                                                const InT* v_row, int lane, bool store,
                                                                std::int32_t page, std::int32_t slot,
                                                                std::int32_t head) {
   using Lanes = HeadVectorLanes<HeadDim>;
   if constexpr (std::is_same_v<KvT, nvfp4>) {  // codes and block scales: kv_store_nvfp4.cuh
-    store_nvfp4_head_vectors<InT, HeadDim, Lanes::active>(target, k_row, v_row, lane, store, page, slot, head);
+    store_nvfp4_head_vectors<InT, HeadDim, Lanes::active, Rotation>(target, k_row, v_row, lane, store, page, slot,
+                                                                    head);
   } else {
-    store_scaled_head_vectors<KvT, InT, HeadDim>(target, k_row, v_row, lane, store, page, slot, head);
+    store_scaled_head_vectors<KvT, InT, HeadDim, Rotation>(target, k_row, v_row, lane, store, page, slot, head);
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "slimserve/attention/kernels/kv_rotate.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/formats/float_formats.hpp"
@@ -25,8 +26,8 @@ SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
 
 /// store_head_vectors for an NVFP4 cache; same contract (every thread of the warp calls it).
-/// Target: kv_store.cuh's PageStoreTarget.
-template <class InT, int HeadDim, int ActiveLanes, class Target>
+/// Target: kv_store.cuh's PageStoreTarget. `Rotation`: rotated before the block amax.
+template <class InT, int HeadDim, int ActiveLanes, KvRotation Rotation = KvRotation::none, class Target>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store_nvfp4_head_vectors(const Target& target, const InT* k_row,
                                                                      const InT* v_row, int lane, bool store,
                                                                      std::int32_t page, std::int32_t slot,
@@ -45,6 +46,7 @@ SLIMSERVE_ATTENTION_UNROLL
       v[i] = element_to_float<InT>(vv, i);
     }
   }
+  rotate_loaded_head_vectors<Rotation, HeadDim>(k, v);
   // Every lane takes part in the pair shuffle; inactive lanes (zeros) pair among themselves
   // (ActiveLanes is even: HeadDim is a multiple of 16).
   const Nvfp4LaneCodes kc = nvfp4_quantize_lane(k, *target.k_scale);
