@@ -27,9 +27,11 @@ struct PagedAttentionKernelEntry {
   std::int32_t head_dim;
   std::size_t shared_bytes;
   PagedAttentionLauncher launch;
-  PagedAttentionLauncher launch_fused;  ///< fused prefill (quantize-and-append of the chunk)
+  /// Fused prefill (quantize-and-append of the chunk); null for NVFP4 (block_scaled_format:
+  /// its chunk tiles would need the NVFP4 d order and the append's block quantizer).
+  PagedAttentionLauncher launch_fused;
   /// The wgmma prefill kernel (64-row schedules), or null where PagedWgmmaHeadDims lacks the
-  /// head_dim.
+  /// head_dim or the format is NVFP4 (the plan then keeps the mma.sync kernel).
   PagedAttentionLauncher launch_wgmma;
   PagedAttentionLauncher launch_wgmma_ping_pong;  ///< the same, warp-specialized (paged_prefill_pingpong_launch.cuh)
 };
@@ -59,9 +61,14 @@ Status launch_paged_prefill_wgmma(const kernels::PagedAttentionParams& params, d
                     rt::LaunchConfig{grid, dim3(Tile::threads), Tile::shared_bytes, stream}, params);
 }
 
+/// Formats whose head vectors carry in-vector block scales (NVFP4): read by the mma.sync
+/// kernel only.
+template <class KvT>
+inline constexpr bool block_scaled_format = KvFormat<KvT>::scales == KvScaleGeometry::per_block;
+
 template <class KvT, class QT, int HeadDim>
 constexpr PagedAttentionLauncher paged_wgmma_launcher() {
-  if constexpr (PagedWgmmaHeadDims::contains(HeadDim)) {
+  if constexpr (PagedWgmmaHeadDims::contains(HeadDim) && !block_scaled_format<KvT>) {
     return &launch_paged_prefill_wgmma<KvT, QT, HeadDim>;
   } else {
     return nullptr;
@@ -70,11 +77,22 @@ constexpr PagedAttentionLauncher paged_wgmma_launcher() {
 
 template <class KvT, class QT, int HeadDim>
 constexpr PagedAttentionKernelEntry paged_attention_entry() {
+  PagedAttentionLauncher fused = nullptr, ping_pong = nullptr;
+  if constexpr (!block_scaled_format<KvT>) {
+    fused = &launch_paged_prefill_fused<KvT, QT, HeadDim>;
+    ping_pong = paged_pingpong_launcher<KvT, QT, HeadDim>();
+  }
   return {kv_dtype_of<KvT>::value, activation_dtype_of<QT>::value, HeadDim,
           sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>),
-          &launch_paged_attention<KvT, QT, HeadDim>, &launch_paged_prefill_fused<KvT, QT, HeadDim>,
-          paged_wgmma_launcher<KvT, QT, HeadDim>(), paged_pingpong_launcher<KvT, QT, HeadDim>()};
+          &launch_paged_attention<KvT, QT, HeadDim>, fused,
+          paged_wgmma_launcher<KvT, QT, HeadDim>(), ping_pong};
 }
+
+/// head_dims a format's head vector fits: whole 4-byte words (NVFP4 at 96 would be 54 bytes,
+/// refused by validate_cache_view, so not instantiated).
+template <class KvT, int HeadDim>
+inline constexpr bool paged_head_dim_fits = HeadDim * KvFormat<KvT>::bits / 8 % 32 == 0 &&
+                                            (!block_scaled_format<KvT> || HeadDim * 9 / 16 % 4 == 0);
 
 /// Activation types a cache computes with: 16-bit caches their own type, FP8 caches either.
 template <class KvT, class F>
@@ -97,7 +115,7 @@ std::span<const PagedAttentionKernelEntry> paged_attention_kernels() {
       std::size_t count = 0;
       for_each_activation<KvT>([&]<class QT>() {
         PagedHeadDims::for_each([&]<int HeadDim>() {
-          entries[count++] = paged_attention_entry<KvT, QT, HeadDim>();
+          if constexpr (paged_head_dim_fits<KvT, HeadDim>) entries[count++] = paged_attention_entry<KvT, QT, HeadDim>();
         });
       });
       return std::pair{entries, count};

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "plan_support.hpp"
 #include "slimserve/attention/paged_attention.hpp"
@@ -278,7 +279,10 @@ Result<PagedAttentionPlan> make_paged_attention_plan(const PagedAttentionPlanArg
   for (const std::int64_t len : kv_len) plan.max_kv_tokens = std::max(plan.max_kv_tokens, len);
   if (args.warpgroup_mma && plan.choice.kernel == AttentionKernel::tensor_core) {
     // The wgmma kernel's CTA is one warpgroup over one m64 tile: the 4 x 1 schedule's 64 rows.
-    if (!PagedWgmmaHeadDims::contains(p.head_dim)) {
+    if (kv_format_info(p.kv_dtype).scales == KvScaleGeometry::per_block) {
+      plan.choice.reason += "; not the wgmma kernel: " + std::string(to_string(p.kv_dtype)) +
+                            " pages (block-scaled codes) are read by the mma.sync kernel only";
+    } else if (!PagedWgmmaHeadDims::contains(p.head_dim)) {
       plan.choice.reason += "; not the wgmma kernel: head_dim " + std::to_string(p.head_dim) +
                             " is not one of its head dims (" + PagedWgmmaHeadDims::describe() + ")";
     } else if (s.warps_m != 4) {

@@ -1,10 +1,11 @@
 #pragma once
 /// \file
-/// \brief cp.async: asynchronous 16-byte global -> shared copies, grouped by commit and
-/// completed by wait.
+/// \brief cp.async: asynchronous 16-byte (or 4/8-byte) global -> shared copies, grouped by
+/// commit and completed by wait.
 ///
 ///   cp_async_16(dst, src);               // queue a copy
 ///   cp_async_16_zfill(dst, src, valid);  // ... or 16 zero bytes when !valid (src not read)
+///   cp_async_zfill<Bytes>(dst, src, valid);  // 4, 8 or 16 bytes, both addresses Bytes-aligned
 ///   cp_async_16_zfill_hint(dst, src, valid, policy);  // ... with an L2 cache policy
 ///   cp_async_commit();                   // close the current group
 ///   cp_async_wait<N>();                  // wait until at most N groups are pending
@@ -42,6 +43,22 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gm
                : "memory");
 }
 
+/// 4 and 8 bytes exist only as .ca (cached in L1 too); 16 takes .cg as cp_async_16_zfill. For
+/// rows whose size is not a multiple of 16 bytes (NVFP4 head vectors: 36 or 72 bytes).
+template <int Bytes>
+__device__ __forceinline__ void cp_async_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  if constexpr (Bytes == 16) {
+    cp_async_16_zfill(smem_dst, gmem_src, valid);
+  } else {
+    const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_dst));
+    const int source_bytes = valid ? Bytes : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem_src), "n"(Bytes),
+                 "r"(source_bytes)
+                 : "memory");
+  }
+}
+
 /// An L2 policy that marks lines read under it first in line for eviction: for data streamed
 /// once (INT4 weights in decode), so it does not push reused data (activations) out of L2.
 __device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
@@ -76,6 +93,11 @@ inline void cp_async_16(void* smem_dst, const void* gmem_src) {
 }
 inline void cp_async_16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
   emu::detail::async_copy_16(smem_dst, valid ? gmem_src : nullptr, !valid, "cp_async_16_zfill");
+}
+template <int Bytes>
+inline void cp_async_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  emu::detail::async_copy(smem_dst, valid ? gmem_src : nullptr, Bytes, !valid, "cp_async_zfill");
 }
 // The emulator has no L2: a policy is a token and the copy is the plain one.
 inline std::uint64_t l2_evict_first_policy() { return 0; }

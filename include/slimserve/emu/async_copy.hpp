@@ -14,16 +14,22 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace emu::detail {
 
-inline void async_copy_16(void* destination, const void* source, bool zero_fill,
-                          const char* what) {
+/// One copy of `bytes` (4, 8 or 16; PTX requires both addresses aligned to it).
+inline void async_copy(void* destination, const void* source, unsigned bytes, bool zero_fill,
+                       const char* what) {
   EmulatedThread& self = this_thread(what);
   const auto dst = reinterpret_cast<std::uintptr_t>(destination);
   const auto src = reinterpret_cast<std::uintptr_t>(source);
-  if (dst % 16 != 0 || (!zero_fill && src % 16 != 0)) {
-    fail_this_thread(std::string(what) + ": addresses must be 16-byte aligned (shared " +
-                     std::to_string(dst) + ", global " + std::to_string(src) + ")");
+  if (dst % bytes != 0 || (!zero_fill && src % bytes != 0)) {
+    fail_this_thread(std::string(what) + ": addresses must be " + std::to_string(bytes) +
+                     "-byte aligned (shared " + std::to_string(dst) + ", global " + std::to_string(src) + ")");
   }
-  self.async_copies.copies.push_back(AsyncCopy{destination, source, zero_fill, 0});
+  self.async_copies.copies.push_back(AsyncCopy{destination, source, zero_fill, 0, bytes});
+}
+
+inline void async_copy_16(void* destination, const void* source, bool zero_fill,
+                          const char* what) {
+  async_copy(destination, source, 16, zero_fill, what);
 }
 
 inline void async_copy_commit() {
@@ -44,9 +50,9 @@ inline void async_copy_wait(int pending) {
     for (const AsyncCopy& copy : queue.copies) {
       if (copy.group != queue.completed_groups) break;
       if (copy.zero_fill) {
-        std::memset(copy.destination, 0, 16);
+        std::memset(copy.destination, 0, copy.bytes);
       } else {
-        std::memcpy(copy.destination, copy.source, 16);
+        std::memcpy(copy.destination, copy.source, copy.bytes);
       }
       ++done;
     }

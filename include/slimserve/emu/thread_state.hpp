@@ -60,6 +60,7 @@ struct AsyncCopy {
   const void* source = nullptr;
   bool zero_fill = false;
   std::uint64_t group = 0;  // 0: not committed yet; otherwise the commit number
+  unsigned bytes = 16;      // 4, 8 or 16
 };
 struct AsyncCopyQueue {
   std::vector<AsyncCopy> copies;  // oldest first

@@ -99,9 +99,10 @@ struct KvRowGeometry {
   }
 };
 
-/// The mma input type: the cache's own type for 16-bit caches, fp16 for FP8 (exact widening).
+/// The mma input type: the cache's own type for 16-bit caches, fp16 for FP8 and NVFP4 (exact
+/// widening; the format trait's mma_input).
 template <class KvT>
-using mma_input_t = std::conditional_t<fp8_format<KvT>, fp16, KvT>;
+using mma_input_t = std::conditional_t<fp8_format<KvT> || std::is_same_v<KvT, nvfp4>, fp16, KvT>;
 
 /// D += A * B on one m16n8k16 tile in the mma input type `T`.
 template <class T>

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// \brief Tensor-core paged attention (FlashAttention-2 style) for prefill, append, decode and
-/// speculative verify over BF16/FP16/FP8 pages; and the merge of its split-KV partials.
+/// speculative verify over BF16/FP16/FP8/NVFP4 pages; and the merge of its split-KV partials.
 ///
 /// Rows. For one KV head, the query rows of a request are packed as row = token * group +
 /// head-in-group (group = num_qo_heads / num_kv_heads), so the mma's M dimension holds every
@@ -16,7 +16,10 @@
 ///
 /// Per sub-block and warp: S = Q K^T on tensor cores (Q fragments live in registers for the
 /// whole kernel), online softmax in FP32 registers in log2 units (exp2), P rounded to the mma
-/// type, O += P V. FP8 fragments are converted once per warp (see mma_fragments.cuh).
+/// type, O += P V. FP8 fragments are converted once per warp (see mma_fragments.cuh); NVFP4
+/// fragments are widened with their block scales in registers (nvfp4_fragments.cuh), the
+/// per-tensor scale times nvfp4_fragment_unit folding into the score and output scales.
+/// NVFP4 takes the paged kernel only: not the fused prefill (the table has no launcher).
 /// Scales: per-tensor k_scale folds into the score scale and v_scale into the output; per-token
 /// k scales multiply score columns (FP32), per-token v scales multiply P before it is rounded
 /// (by v_scale * 2^8, undone at the end, which keeps P*v_scale in the fp16 normal range).
@@ -25,6 +28,7 @@
 /// normalized output (+ natural-log LSE) or, for split-KV plans, an FP32 partial that
 /// `paged_merge_kernel` combines.
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -33,6 +37,7 @@
 #include "slimserve/attention/kernels/chunk_kv.cuh"
 #include "slimserve/attention/kernels/merge_kernel.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
+#include "slimserve/attention/kernels/nvfp4_fragments.cuh"
 #include "slimserve/attention/kernels/page_locator.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
@@ -119,14 +124,27 @@ struct PagedAttentionTile {
   static constexpr int output_tiles = HeadDim / 8;          // n8 tiles of O
   static constexpr int max_rows = 64;                       // cta_rows at warps_m = 4
   static constexpr int stage_chunks = stage_tokens * Row::row_chunks;  // per K (and per V)
+  /// NVFP4: a [stage_tokens, head_dim / 16] byte array of block scales per K and per V stage.
+  static constexpr bool block_scaled = std::is_same_v<KvT, nvfp4>;
+  static constexpr int block_scale_bytes = block_scaled ? stage_tokens * HeadDim / nvfp4_block_elements : 0;
   /// CTAs per SM the registers are sized for (__launch_bounds__). 16-bit head_dim 64 stages
   /// 128 tokens (~100 KB of shared memory), so 2 CTAs fit: saying so gives the compiler up to
   /// 255 registers, where its own occupancy guess (168) spilled. Others: the default.
-  static constexpr int min_ctas_per_sm = (!Row::fp8 && HeadDim == 64) ? 2 : 1;
+  static constexpr int min_ctas_per_sm = (Row::bits == 16 && HeadDim == 64) ? 2 : 1;
   static_assert(warp_tokens % 16 == 0, "sub-blocks of whole k steps");
   static_assert(stage_chunks % threads == 0, "whole chunks per thread");
   static_assert(stage_tokens <= threads, "one thread per token of a stage for its metadata");
 };
+
+/// The block scales of one stage (NVFP4; empty for the other formats, so their stages keep
+/// their size).
+template <int Bytes>
+struct StageBlockScales {
+  alignas(16) unsigned char k[Bytes];  // [stage_tokens, head_dim / 16] E4M3
+  alignas(16) unsigned char v[Bytes];
+};
+template <>
+struct StageBlockScales<0> {};
 
 template <class KvT, int HeadDim>
 struct PagedAttentionSharedStorage {
@@ -138,6 +156,7 @@ struct PagedAttentionSharedStorage {
     // per-tensor) or NaN where the token must be left out (past the end, invalid page id).
     float k_token_scale[Tile::stage_tokens];
     float v_token_scale[Tile::stage_tokens];  // per_token: v scale * 2^8, else 1
+    [[no_unique_address]] StageBlockScales<Tile::block_scale_bytes> block_scales;
   };
   struct Epilogue {
     float o[Tile::max_rows * HeadDim];  // [warps_n, cta_rows, D] unnormalized
@@ -169,6 +188,8 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
   using MmaT = mma_input_t<KvT>;
   using Smem = PagedAttentionSharedStorage<KvT, HeadDim>;
   constexpr bool fp8 = Row::fp8;
+  constexpr bool block_scaled = Tile::block_scaled;
+  static_assert(!(block_scaled && FusedChunk), "NVFP4 has no fused prefill (its table entry has no launcher)");
   auto& smem = rt::shared_storage<Smem>();
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -294,10 +315,12 @@ SLIMSERVE_ATTENTION_UNROLL
           const std::int64_t packed = tile_row0 + wm * 16 + g + half * 8;
           const std::int64_t token = qo_begin + packed / p.group_size;
           const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
-          const std::int64_t base = token * p.q_token_stride + head * p.q_head_stride + 16 * s;
+          const std::int64_t base = token * p.q_token_stride + head * p.q_head_stride;
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {
-            float x = activation_to_float<QT>(q, base + q_fragment_column<fp8>(t, e));
+            // The d order of the K fragments (mma_fragments.cuh, nvfp4_fragments.cuh).
+            const int column = block_scaled ? nvfp4_q_column(s, t, e) : 16 * s + q_fragment_column<fp8>(t, e);
+            float x = activation_to_float<QT>(q, base + column);
             if constexpr (!std::is_same_v<QT, MmaT>) {
               x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
             }
@@ -311,8 +334,18 @@ SLIMSERVE_ATTENTION_UNROLL
   }
 
   const bool per_token = p.scale_mode == KvScaleMode::per_token;
-  const float k_static = p.scale_mode == KvScaleMode::per_tensor ? *p.k_scale : 1.0f;
-  const float v_static = p.scale_mode == KvScaleMode::per_tensor ? *p.v_scale : 1.0f;
+  float k_static = p.scale_mode == KvScaleMode::per_tensor ? *p.k_scale : 1.0f;
+  float v_static = p.scale_mode == KvScaleMode::per_tensor ? *p.v_scale : 1.0f;
+  if constexpr (block_scaled) {
+    // Products of widened NVFP4 fragments carry 2^-14 (nvfp4_fragment_unit). A tensor scale that is not finite
+    // and > 0 gives NaN scores and outputs, as the append makes such a cache's blocks NaN: a
+    // bad device-held scale is visible, never a silent rescale.
+    auto unit = [](float tensor_scale) {
+      return tensor_scale > 0.0f && tensor_scale <= FLT_MAX ? tensor_scale * nvfp4_fragment_unit : NAN;
+    };
+    k_static = unit(k_static);
+    v_static = unit(v_static);
+  }
   const float score_scale = p.score_scale * k_static;  // raw q.k -> log2 units
   const bool soft_capped = p.soft_cap > 0.0f;
   const float cap_in = p.sm_scale * k_static / (soft_capped ? p.soft_cap : 1.0f);
@@ -332,8 +365,9 @@ SLIMSERVE_ATTENTION_UNROLL
   const std::int64_t num_page_tiles = (span + Tile::stage_tokens - 1) / Tile::stage_tokens;
   // Chunk tiles: the same stage bytes in the mma type's 16-bit rows (FP8: half the tokens).
   using ChunkRow = KvRowGeometry<MmaT, HeadDim>;
-  constexpr int chunk_tile_tokens = Tile::stage_tokens * Row::element_bytes / ChunkRow::element_bytes;
-  static_assert(chunk_tile_tokens * ChunkRow::row_chunks == Tile::stage_chunks, "same stage bytes");
+  constexpr int chunk_tile_tokens =
+      block_scaled ? Tile::stage_tokens : Tile::stage_tokens * Row::element_bytes / ChunkRow::element_bytes;
+  static_assert(block_scaled || chunk_tile_tokens * ChunkRow::row_chunks == Tile::stage_chunks, "same stage bytes");
   static_assert(chunk_tile_tokens % Tile::warp_tokens == 0, "whole sub-blocks per chunk tile");
   const std::int64_t chunk_span = FusedChunk && kv_end > chunk_begin ? kv_end - chunk_begin : 0;
   const std::int64_t num_tiles = num_page_tiles + (chunk_span + chunk_tile_tokens - 1) / chunk_tile_tokens;
@@ -347,11 +381,49 @@ SLIMSERVE_ATTENTION_UNROLL
   const auto num_pages = static_cast<std::uint32_t>(p.num_pages);
   const auto page_end32 = static_cast<std::int32_t>(page_end);
 
+  // NVFP4 producer (nvfp4_fragments.cuh): the pieces of every head vector of the tile, codes
+  // into the swizzled chunk rows, scales into the stage's block-scale arrays; consecutive
+  // lanes copy consecutive pieces. Pages are packed (validate_cache_view), addressed in bytes:
+  // vector (page, slot, head) is at vector_bytes * its cache_offset with head_dim 1.
+  auto produce_nvfp4_pages = [&](auto& stage, std::int32_t tile_begin) {
+    if constexpr (block_scaled) {
+      using Vec = Nvfp4VectorGeometry<HeadDim>;
+      const auto* k_bytes = static_cast<const unsigned char*>(p.k_pages);
+      const auto* v_bytes = static_cast<const unsigned char*>(p.v_pages);
+      const std::int64_t page_vectors = static_cast<std::int64_t>(p.page_size) * p.num_kv_heads;
+      const std::int32_t vector_slot_stride = p.layout == KvLayout::nhd ? p.num_kv_heads : 1;
+      const std::int32_t vector_head_offset = p.layout == KvLayout::nhd ? kv_head : kv_head * p.page_size;
+      static_assert(Tile::stage_tokens * Vec::pieces % Tile::threads == 0, "whole pieces per thread");
+SLIMSERVE_ATTENTION_UNROLL
+      for (int j = 0; j < Tile::stage_tokens * Vec::pieces / Tile::threads; ++j) {
+        const int piece_id = tid + j * Tile::threads;
+        const int token = piece_id / Vec::pieces;
+        const int piece = piece_id % Vec::pieces;
+        const std::int32_t position = tile_begin + token;
+        const std::int32_t page = position < page_end32 ? request_pages[position >> p.page_shift] : -1;
+        const bool ok = static_cast<std::uint32_t>(page) < num_pages;
+        const std::int64_t offset =
+            ok ? (page * page_vectors + ((position & slot_mask) * vector_slot_stride + vector_head_offset)) * Vec::vector_bytes +
+                     piece * Vec::piece_bytes
+               : 0;
+        const int byte = piece * Vec::piece_bytes;
+        const bool code = piece < Vec::code_pieces;
+        const int dst = code ? Row::byte_offset(token, byte / 16) + byte % 16
+                             : token * Vec::scale_bytes + (byte - Vec::code_bytes);
+        arch::cp_async_zfill<Vec::piece_bytes>((code ? stage.k : stage.block_scales.k) + dst, k_bytes + offset, ok);
+        arch::cp_async_zfill<Vec::piece_bytes>((code ? stage.v : stage.block_scales.v) + dst, v_bytes + offset, ok);
+      }
+    }
+  };
+
   // Producer: every thread queues its chunks of K and V of tile `i` into stage `i % stages`
   // (one page-id load per chunk; rows of consecutive lanes are consecutive 16-byte chunks).
   auto produce_pages = [&](std::int64_t i) {
     auto& stage = smem.u.stages[i % Tile::stages];
     const auto tile_begin = static_cast<std::int32_t>(kv_begin + i * Tile::stage_tokens);
+    if constexpr (block_scaled) {
+      produce_nvfp4_pages(stage, tile_begin);
+    } else {
 SLIMSERVE_ATTENTION_UNROLL
     for (int j = 0; j < Tile::stage_chunks / Tile::threads; ++j) {
       const int chunk_id = tid + j * Tile::threads;
@@ -365,6 +437,7 @@ SLIMSERVE_ATTENTION_UNROLL
       const int dst = Row::byte_offset(token, chunk);
       arch::cp_async_16_zfill(stage.k + dst, k_pages + offset, ok);
       arch::cp_async_16_zfill(stage.v + dst, v_pages + offset, ok);
+    }
     }
     if (!all_pages_ok || per_token) {
       if (tid < Tile::stage_tokens) {
@@ -390,6 +463,7 @@ SLIMSERVE_ATTENTION_UNROLL
   // cache scale the kernel applies to page columns (per-tensor: 1 / scale; per-token: the P
   // headroom only), so the inputs enter unscaled.
   auto produce_chunk = [&](std::int64_t i) {
+    if constexpr (FusedChunk) {
     auto& stage = smem.u.stages[i % Tile::stages];
     const std::int64_t tile_begin = chunk_begin + (i - num_page_tiles) * chunk_tile_tokens;
     const QT* chunk_k = static_cast<const QT*>(p.chunk.k);
@@ -432,6 +506,7 @@ SLIMSERVE_ATTENTION_UNROLL
       stage.k_token_scale[tid] = tensor_scaled ? 1.0f / k_static : 1.0f;
       stage.v_token_scale[tid] = tensor_scaled ? 1.0f / v_static : (per_token ? per_token_p_headroom : 1.0f);
     }
+    }
   };
   auto produce = [&](std::int64_t i) {
     if constexpr (FusedChunk) {
@@ -466,7 +541,12 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int m = 0; m < Tile::warp_tokens / 16; ++m) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int c = 0; c < TileRow::row_chunks; c += 2) {
-          qk_chunk_pair<Elem, HeadDim>(s[2 * m], s[2 * m + 1], stage.k, row0 + 16 * m, c, q_frag, lane);
+          if constexpr (block_scaled) {
+            nvfp4_qk_chunk_pair<HeadDim>(s[2 * m], s[2 * m + 1], stage.k, stage.block_scales.k, row0 + 16 * m, c,
+                                         q_frag, lane);
+          } else {
+            qk_chunk_pair<Elem, HeadDim>(s[2 * m], s[2 * m + 1], stage.k, row0 + 16 * m, c, q_frag, lane);
+          }
         }
       }
 
@@ -567,7 +647,11 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < Tile::warp_tokens / 16; ++k) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int c = 0; c < TileRow::row_chunks; c += 2) {
-          pv_chunk_pair<Elem, HeadDim>(o_acc, stage.v, row0 + 16 * k, c, p_frag[k], lane);
+          if constexpr (block_scaled) {
+            nvfp4_pv_chunk_pair<HeadDim>(o_acc, stage.v, stage.block_scales.v, row0 + 16 * k, c, p_frag[k], lane);
+          } else {
+            pv_chunk_pair<Elem, HeadDim>(o_acc, stage.v, row0 + 16 * k, c, p_frag[k], lane);
+          }
         }
       }
     }
@@ -614,7 +698,8 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
       for (int e = 0; e < 4; ++e) {
-        epi.o[(partial_row0 + 8 * (e >> 1)) * HeadDim + output_column<fp8>(n, t, e)] = o_acc[n][e];
+        const int column = block_scaled ? nvfp4_output_column(n, t, e) : output_column<fp8>(n, t, e);
+        epi.o[(partial_row0 + 8 * (e >> 1)) * HeadDim + column] = o_acc[n][e];
       }
     }
     if (t == 0) {
@@ -653,8 +738,13 @@ SLIMSERVE_ATTENTION_UNROLL
       }
     }
     const bool empty = !(sum > 0.0f);
-    const float norm = empty ? 0.0f : out_scale / sum;
-    const float lse = empty ? -INFINITY : (top + log2f(sum)) * paged_ln_2;
+    float norm = empty ? 0.0f : out_scale / sum;
+    float lse = empty ? -INFINITY : (top + log2f(sum)) * paged_ln_2;
+    if constexpr (block_scaled) {
+      // NaN scores are dropped by the running max (fmaxf), which would leave an invalid K
+      // tensor scale looking like "nothing visible": mark the rows NaN instead.
+      if (std::isnan(k_static)) norm = lse = NAN;
+    }
     if (p.split_kv) {
       const std::int64_t partial_row = (static_cast<std::int64_t>(work) * p.num_kv_heads + kv_head) * p.cta_rows + r;
       float* po = p.partial_o + partial_row * HeadDim + d0;

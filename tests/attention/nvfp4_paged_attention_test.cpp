@@ -1,0 +1,384 @@
+// Tensor-core paged attention over NVFP4 pages against an FP64 reference decoded on the host
+// from the stored codes and block scales (formats/nvfp4.hpp's codec; e2m1 * e4m3 * tensor
+// scale in FP64): decode (GQA 8, GQA 4) and causal prefill chunks over cached prefixes,
+// ragged lengths (1, page-1, page, page+1, long), NHD and HND, head_dim 64/128/192/256,
+// shuffled pages with holes (poisoned: NaN scales) and a shared prefix, split and unsplit
+// plans, poisoned outputs; an invalid device-held tensor scale gives NaN (as the append
+// does); the fused prefill, the wgmma kernels and head_dim 96 are refused or fall back.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "attention_test_support.hpp"
+#include "slimserve/attention/paged_attention.hpp"
+#include "slimserve/formats/nvfp4.hpp"
+
+using namespace attn_test;
+
+namespace {
+
+/// An NVFP4 cache image: head vectors of head_dim / 2 code bytes then head_dim / 16 E4M3
+/// scales, 0xFF everywhere nothing was stored (scale 0xFF is the E4M3 NaN: a read of an unowned
+/// slot makes its row NaN).
+struct Nvfp4HostCache {
+  KvLayout layout;
+  std::int32_t num_pages, page_size, num_kv_heads, head_dim;
+  std::vector<unsigned char> k, v;
+  float k_scale = 1.0f, v_scale = 1.0f;  // per-tensor FP32 scales
+
+  Nvfp4HostCache(KvLayout l, std::int32_t pages, std::int32_t ps, std::int32_t heads, std::int32_t d)
+      : layout(l), num_pages(pages), page_size(ps), num_kv_heads(heads), head_dim(d) {
+    k.assign(static_cast<std::size_t>(pages) * ps * heads * vector_bytes(), 0xFF);
+    v = k;
+  }
+  std::size_t vector_bytes() const { return static_cast<std::size_t>(head_dim) * 9 / 16; }
+  std::size_t vector_at(int page, int slot, int head) const {
+    return static_cast<std::size_t>(cache_offset(layout, page_size, num_kv_heads, 1, page, slot, head, 0)) *
+           vector_bytes();
+  }
+  /// Quantizes one head vector with the host codec (the append's rule).
+  void store(bool is_v, int page, int slot, int head, const float* x) {
+    unsigned char* vec = (is_v ? v : k).data() + vector_at(page, slot, head);
+    const float ts = is_v ? v_scale : k_scale;
+    for (int b = 0; b < head_dim / nvfp4_block_elements; ++b) {
+      float amax = 0.0f;
+      for (int i = 0; i < nvfp4_block_elements; ++i) amax = std::max(amax, std::fabs(x[16 * b + i]));
+      const fp8_e4m3 scale = nvfp4_block_scale(amax, ts);
+      const float multiplier = nvfp4_code_multiplier(scale, ts);
+      for (int i = 0; i < nvfp4_block_elements; i += 2) {
+        const std::uint32_t lo = nvfp4_code(x[16 * b + i], multiplier);
+        const std::uint32_t hi = nvfp4_code(x[16 * b + i + 1], multiplier);
+        vec[8 * b + i / 2] = static_cast<unsigned char>((lo & 0xF) | (hi & 0xF) << 4);
+      }
+      vec[head_dim / 2 + b] = scale.bits;
+    }
+  }
+  /// The stored value, decoded in FP64 from the bytes.
+  double real(bool is_v, int page, int slot, int head, int d) const {
+    const unsigned char* vec = (is_v ? v : k).data() + vector_at(page, slot, head);
+    const auto code = fp4_e2m1::from_bits(static_cast<std::uint8_t>(vec[d / 2] >> (4 * (d % 2)) & 0xF));
+    const auto scale = fp8_e4m3::from_bits(vec[head_dim / 2 + d / nvfp4_block_elements]);
+    return static_cast<double>(to_float(code)) * static_cast<double>(to_float(scale)) *
+           static_cast<double>(is_v ? v_scale : k_scale);
+  }
+};
+
+struct Case {
+  KvLayout layout;
+  int head_dim, num_kv_heads, group, page_size;
+  ActivationDtype q_dtype;
+  std::vector<std::int64_t> kv_lengths;
+  std::vector<std::int32_t> qo_lengths;
+};
+
+struct Fixture {
+  Case c;
+  HostPageTable table;
+  Nvfp4HostCache cache;
+  std::vector<std::int32_t> qo_indptr{0};
+  std::vector<float> q_values;
+  std::vector<std::uint16_t> q_bits;
+  std::vector<double> v_max;  // per request and KV head
+
+  /// The stored value of request b's position p (attend_row's key or value accessor).
+  auto value(std::size_t b, int kv_head, bool is_v) const {
+    return [this, pages = table.pages_of(b), kv_head, is_v](std::int64_t p, int d) {
+      return cache.real(is_v, pages[static_cast<std::size_t>(p / c.page_size)], static_cast<int>(p % c.page_size),
+                        kv_head, d);
+    };
+  }
+
+  Fixture(const Case& cc, std::mt19937_64& rng)
+      : c(cc), table(make_page_table(cc.kv_lengths, cc.page_size, rng, cc.kv_lengths.size() > 2)),
+        cache(cc.layout, table.num_pages, cc.page_size, cc.num_kv_heads, cc.head_dim) {
+    // Realistic rows (outlier channels), tensor scales from their amax: the largest block
+    // scale lands near E4M3's 448; a page shared by two requests is written once.
+    struct Row { int page, slot, head; std::vector<float> k, v; };
+    std::vector<Row> rows;
+    std::vector<bool> seen(static_cast<std::size_t>(table.num_pages * c.page_size), false);
+    float k_amax = 0.0f, v_amax = 0.0f;
+    for (std::size_t b = 0; b < c.kv_lengths.size(); ++b) {
+      const auto pages = table.pages_of(b);
+      for (std::int64_t p = 0; p < c.kv_lengths[b]; ++p) {
+        const int page = pages[static_cast<std::size_t>(p / c.page_size)];
+        const int slot = static_cast<int>(p % c.page_size);
+        const auto owned = static_cast<std::size_t>(page * c.page_size + slot);
+        if (seen[owned]) continue;
+        seen[owned] = true;
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          Row r{page, slot, h, std::vector<float>(static_cast<std::size_t>(c.head_dim)),
+                std::vector<float>(static_cast<std::size_t>(c.head_dim))};
+          realistic_row(rng, c.head_dim, r.k.data(), 1.0f);
+          realistic_row(rng, c.head_dim, r.v.data(), 0.5f);
+          for (int d = 0; d < c.head_dim; ++d) {
+            k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
+            v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
+          }
+          rows.push_back(std::move(r));
+        }
+      }
+    }
+    cache.k_scale = k_amax / 2688.0f;
+    cache.v_scale = v_amax / 2688.0f;
+    for (const Row& r : rows) {
+      cache.store(false, r.page, r.slot, r.head, r.k.data());
+      cache.store(true, r.page, r.slot, r.head, r.v.data());
+    }
+    for (auto len : c.qo_lengths) qo_indptr.push_back(qo_indptr.back() + len);
+    Activations q = random_activations(rng, c.q_dtype, tokens() * static_cast<std::size_t>(heads() * c.head_dim));
+    q_bits = std::move(q.bits);
+    q_values = std::move(q.values);
+    for (std::size_t b = 0; b < c.kv_lengths.size(); ++b) {
+      for (int h = 0; h < c.num_kv_heads; ++h) v_max.push_back(max_abs_value(c.kv_lengths[b], c.head_dim, value(b, h, true)));
+    }
+  }
+  int heads() const { return c.num_kv_heads * c.group; }
+  std::size_t tokens() const { return static_cast<std::size_t>(qo_indptr.back()); }
+  PagedAttentionProblem problem() const {
+    PagedAttentionProblem p;
+    p.batch_size = static_cast<std::int32_t>(c.kv_lengths.size());
+    p.num_qo_heads = heads();
+    p.num_kv_heads = c.num_kv_heads;
+    p.head_dim = c.head_dim;
+    p.page_size = c.page_size;
+    p.kv_dtype = KvDtype::nvfp4;
+    p.q_dtype = c.q_dtype;
+    p.causal = true;
+    return p;
+  }
+  Reference reference() const {
+    Reference ref;
+    const auto d_size = static_cast<std::size_t>(c.head_dim);
+    ref.o.assign(tokens() * static_cast<std::size_t>(heads()) * d_size, 0.0);
+    ref.lse.assign(tokens() * static_cast<std::size_t>(heads()), -INFINITY);
+    for (std::size_t b = 0; b < c.kv_lengths.size(); ++b) {
+      for (std::int32_t i = 0; i < c.qo_lengths[b]; ++i) {
+        const std::int64_t position = c.kv_lengths[b] - c.qo_lengths[b] + i;
+        const auto token = static_cast<std::size_t>(qo_indptr[b] + i);
+        for (int h = 0; h < heads(); ++h) {
+          const std::size_t row = token * static_cast<std::size_t>(heads()) + static_cast<std::size_t>(h);
+          RowOptions opt;
+          opt.sm_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+          ref.lse[row] = attend_row(q_values.data() + row * d_size, c.head_dim, 0, position + 1, opt,
+                                    value(b, h / c.group, false), value(b, h / c.group, true),
+                                    ref.o.data() + row * d_size);
+        }
+      }
+    }
+    return ref;
+  }
+};
+
+struct RunConfig {
+  bool allow_split = false;
+  std::int32_t num_sms = 132;
+  bool warpgroup_mma = false;
+  float k_scale_override = 0.0f;  // != 0: the device-held K tensor scale
+  bool fused = false;             // pass chunk_kv (refused for NVFP4)
+};
+
+struct Output {
+  Status status;
+  std::vector<float> o, lse;
+  PagedAttentionPlan plan;
+  bool ran_wgmma = false;
+};
+
+Output run(const Fixture& f, const RunConfig& rc = {}) {
+  auto k_pages = upload(f.cache.k);
+  auto v_pages = upload(f.cache.v);
+  auto scales = upload(std::vector<float>{rc.k_scale_override != 0.0f ? rc.k_scale_override : f.cache.k_scale,
+                                          f.cache.v_scale});
+  auto indptr = upload(f.table.indptr);
+  auto indices = upload(f.table.indices);
+  auto last = upload(f.table.last_page_len);
+  auto qo_indptr = upload(f.qo_indptr);
+  auto q = upload(f.q_bits);
+  auto chunk = upload(std::vector<std::uint16_t>(f.q_bits.size() + 8, 0));
+  const std::size_t heads = static_cast<std::size_t>(f.heads());
+  auto o = rt::DeviceBuffer<std::uint16_t>::create(std::max<std::size_t>(f.q_bits.size(), 1));
+  auto lse = rt::DeviceBuffer<float>::create(std::max<std::size_t>(f.tokens() * heads, 1));
+  REQUIRE(o.ok());
+  REQUIRE(lse.ok());
+  REQUIRE(o->fill_bytes(0xFF).ok());  // poison: every element must be written
+  REQUIRE(lse->fill_bytes(0xFF).ok());
+
+  PagedAttentionPlanArguments plan_args{f.problem(), f.qo_indptr, f.table.indptr, f.table.last_page_len};
+  plan_args.allow_split = rc.allow_split;
+  plan_args.num_sms = rc.num_sms;
+  plan_args.ctas_per_sm = 1;
+  plan_args.min_chunk_tokens = 128;
+  plan_args.warpgroup_mma = rc.warpgroup_mma;
+  auto bytes = paged_attention_workspace_size(plan_args);
+  INFO((bytes.ok() ? std::string() : bytes.status().to_string()));
+  REQUIRE(bytes.ok());
+  auto workspace = rt::DeviceBuffer<unsigned char>::create(*bytes);
+  REQUIRE(workspace.ok());
+  REQUIRE(workspace->fill_bytes(0xFF).ok());
+  auto plan = plan_paged_attention(plan_args, workspace->data(), *bytes, nullptr);
+  INFO((plan.ok() ? std::string() : plan.status().to_string()));
+  REQUIRE(plan.ok());
+
+  PagedAttentionArguments args;
+  args.cache.k_pages = k_pages.data();
+  args.cache.v_pages = v_pages.data();
+  args.cache.k_scale = scales.data();
+  args.cache.v_scale = scales.data() + 1;
+  args.cache.num_pages = f.cache.num_pages;
+  args.cache.page_size = f.c.page_size;
+  args.cache.num_kv_heads = f.c.num_kv_heads;
+  args.cache.head_dim = f.c.head_dim;
+  args.cache.dtype = KvDtype::nvfp4;
+  args.cache.layout = f.c.layout;
+  args.cache.scale_mode = KvScaleMode::per_tensor;
+  const auto batch = static_cast<std::int32_t>(f.c.kv_lengths.size());
+  args.table = kv::PageTableView{indptr.data(), indices.data(), last.data(), nullptr, batch, f.c.page_size};
+  args.qo_indptr = qo_indptr.data();
+  args.q = q.data();
+  args.o = o->data();
+  args.lse = lse->data();
+  if (rc.fused) {
+    args.chunk_kv.k = chunk.data();
+    args.chunk_kv.v = chunk.data();
+  }
+  Output out;
+  out.status = run_paged_attention(args, *plan, workspace->data(), *bytes, nullptr);
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  out.plan = *plan;
+  out.ran_wgmma = runs_warpgroup_mma(args, *plan);
+  for (auto bits : download(*o, f.q_bits.size())) out.o.push_back(from_activation(f.c.q_dtype, bits));
+  out.lse = download(*lse, f.tokens() * heads);
+  return out;
+}
+
+void check(const Fixture& f, const Output& out, const Reference& ref) {
+  INFO(out.status.to_string());
+  REQUIRE(out.status.ok());
+  const std::size_t heads = static_cast<std::size_t>(f.heads());
+  std::vector<std::size_t> request;
+  for (std::size_t b = 0; b + 1 < f.qo_indptr.size(); ++b) {
+    request.insert(request.end(), static_cast<std::size_t>(f.qo_indptr[b + 1] - f.qo_indptr[b]) * heads, b);
+  }
+  const RowComparison r = compare_rows(
+      out.o, out.lse, ref, f.tokens() * heads, f.c.head_dim,
+      [&](std::size_t row, double want) {
+        const std::size_t kv_head = row % heads / static_cast<std::size_t>(f.c.group);
+        return tensor_core_tolerance(f.c.q_dtype, KvDtype::nvfp4, want,
+                                     f.v_max[request[row] * static_cast<std::size_t>(f.c.num_kv_heads) + kv_head]);
+      },
+      [](std::size_t) { return false; },
+      [&](std::size_t row) {
+        return "request " + std::to_string(request[row]) + " token " + std::to_string(row / heads) + " head " +
+               std::to_string(row % heads) + " (split " + std::to_string(out.plan.split_kv) + " rows " +
+               std::to_string(out.plan.cta_rows) + ")";
+      });
+  CHECK(r.checked > 0);
+  CHECK(r.mismatches == 0);
+}
+
+void check_split_and_unsplit(const Fixture& f) {
+  const Reference ref = f.reference();
+  const Output unsplit = run(f);
+  CHECK_FALSE(unsplit.plan.split_kv);
+  check(f, unsplit, ref);
+  const Output split = run(f, RunConfig{true, 4096});  // a wide device: chunks of 128
+  std::int64_t longest = 0;
+  for (auto len : f.c.kv_lengths) longest = std::max(longest, len);
+  CHECK(split.plan.split_kv == (longest > 128));
+  check(f, split, ref);
+}
+
+const auto bf = ActivationDtype::bf16;
+const auto fp = ActivationDtype::fp16;
+
+}  // namespace
+
+TEST_CASE("paged attention over NVFP4 pages: decode, GQA 8 and 4, head_dim 64/128/256", "[attention][paged][nvfp4]") {
+  auto rng = slimserve_test::make_rng(2531);
+  for (const Case& c : std::vector<Case>{
+           {KvLayout::nhd, 128, 2, 8, 16, bf, {1, 15, 16, 17, 300}, {1, 1, 1, 1, 1}},
+           {KvLayout::hnd, 64, 2, 4, 32, fp, {1, 31, 32, 33, 200}, {1, 1, 1, 1, 1}},
+           {KvLayout::nhd, 256, 1, 8, 16, fp, {1, 17, 150}, {1, 1, 1}},
+       }) {
+    INFO("D " << c.head_dim << " group " << c.group);
+    Fixture f(c, rng);
+    check_split_and_unsplit(f);
+  }
+}
+
+TEST_CASE("paged attention over NVFP4 pages: causal prefill chunks over cached prefixes", "[attention][paged][nvfp4]") {
+  auto rng = slimserve_test::make_rng(2532);
+  for (const Case& c : std::vector<Case>{
+           // chunks of 1, page-1, page, page+1 and long, on prefixes that end mid-page
+           {KvLayout::nhd, 128, 2, 2, 16, bf, {9, 40, 16, 17, 260}, {1, 15, 16, 17, 70}},
+           {KvLayout::hnd, 192, 1, 4, 32, fp, {33, 140}, {31, 40}},
+       }) {
+    INFO("D " << c.head_dim << " group " << c.group);
+    Fixture f(c, rng);
+    check_split_and_unsplit(f);
+  }
+}
+
+TEST_CASE("paged attention over NVFP4 pages: an invalid device-held tensor scale gives NaN", "[attention][paged][nvfp4]") {
+  // The host cannot read the scale; the append makes such a cache's blocks NaN, and attention
+  // over a cache whose scale went bad afterwards makes every output NaN too.
+  auto rng = slimserve_test::make_rng(2533);
+  const Fixture f(Case{KvLayout::nhd, 128, 1, 8, 16, bf, {5, 40}, {1, 3}}, rng);
+  for (const float bad : {-1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    INFO("k_scale " << bad);
+    RunConfig rc;
+    rc.k_scale_override = bad;
+    const Output out = run(f, rc);
+    REQUIRE(out.status.ok());
+    std::size_t finite = 0;
+    for (float x : out.o) finite += std::isfinite(x);
+    CHECK(finite == 0);
+  }
+}
+
+TEST_CASE("paged attention over NVFP4 pages: the fused prefill is refused, the wgmma kernels fall back", "[attention][paged][nvfp4]") {
+  auto rng = slimserve_test::make_rng(2534);
+  const Fixture f(Case{KvLayout::nhd, 128, 1, 2, 16, bf, {20, 90}, {20, 40}}, rng);
+  RunConfig fused;
+  fused.fused = true;
+  const Output refused = run(f, fused);
+  CHECK(refused.status.code() == StatusCode::unsupported);
+  CHECK(refused.status.to_string().find("fused prefill") != std::string::npos);
+  CHECK(refused.status.to_string().find("nvfp4") != std::string::npos);
+  std::size_t written = 0;  // nothing overwritten: the poison (NaN) stays
+  for (float x : refused.o) written += !std::isnan(x);
+  CHECK(written == 0);
+
+  // 4 x 1 rows at head_dim 128 would take the wgmma kernel for FP8: NVFP4 keeps the mma.sync one.
+  RunConfig wgmma;
+  wgmma.warpgroup_mma = true;
+  const Output out = run(f, wgmma);
+  CHECK(out.plan.cta_rows == 64);
+  CHECK_FALSE(out.plan.warpgroup_mma);
+  CHECK_FALSE(out.ran_wgmma);
+  CHECK(out.plan.choice.reason.find("not the wgmma kernel") != std::string::npos);
+  check(f, out, f.reference());
+}
+
+TEST_CASE("paged attention over NVFP4 pages: head_dim 96 is refused by name", "[attention][paged][nvfp4]") {
+  PagedKVCacheView view;
+  unsigned char byte = 0;
+  const float scale = 1.0f;
+  view.k_pages = &byte;
+  view.v_pages = &byte;
+  view.k_scale = &scale;
+  view.v_scale = &scale;
+  view.num_pages = 1;
+  view.page_size = 16;
+  view.num_kv_heads = 1;
+  view.head_dim = 96;
+  view.dtype = KvDtype::nvfp4;
+  view.scale_mode = KvScaleMode::per_tensor;
+  const Status s = validate_cache_view(view);
+  CHECK(s.code() == StatusCode::unsupported);
+  CHECK(s.to_string().find("nvfp4") != std::string::npos);
+}
