@@ -30,14 +30,13 @@ const auto& rotated_append_table() {
     auto add = [&]<class KvT>() {
       if constexpr (format_has_kernel<KvT>(KvKernel::append)) {
         RotationHeadDims::for_each([&]<int HeadDim>() {
-          constexpr KvDtype dtype = kv_dtype_of<KvT>::value;
-          entries[count++] = {dtype, ActivationDtype::bf16, HeadDim, KvRotation::keys,
+          entries[count++] = {kv_dtype_of<KvT>::value, ActivationDtype::bf16, HeadDim, KvRotation::keys,
                               &launch_rotated_append<KvT, bf16, HeadDim, false>};
-          entries[count++] = {dtype, ActivationDtype::fp16, HeadDim, KvRotation::keys,
+          entries[count++] = {kv_dtype_of<KvT>::value, ActivationDtype::fp16, HeadDim, KvRotation::keys,
                               &launch_rotated_append<KvT, fp16, HeadDim, false>};
-          entries[count++] = {dtype, ActivationDtype::bf16, HeadDim, KvRotation::keys_and_values,
+          entries[count++] = {kv_dtype_of<KvT>::value, ActivationDtype::bf16, HeadDim, KvRotation::keys_and_values,
                               &launch_rotated_append<KvT, bf16, HeadDim, true>};
-          entries[count++] = {dtype, ActivationDtype::fp16, HeadDim, KvRotation::keys_and_values,
+          entries[count++] = {kv_dtype_of<KvT>::value, ActivationDtype::fp16, HeadDim, KvRotation::keys_and_values,
                               &launch_rotated_append<KvT, fp16, HeadDim, true>};
         });
       }

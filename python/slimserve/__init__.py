@@ -45,7 +45,7 @@ _KV_CODE_NAMES = dict(_kv_formats.KV_CODE_NAMES)
 # Tensor dtypes (DLPack names) that may hold pages of each KV element type.
 _KV_TENSOR_DTYPES = dict(_kv_formats.KV_TENSOR_DTYPES)
 LAYOUTS = {"NHD": 0, "HND": 1}
-# Which head vectors the append stores Walsh-Hadamard rotated (docs/kv.md, "Rotated keys"):
+# Which head vectors the append stores Walsh-Hadamard rotated (docs/attention.md, "Rotated keys"):
 # queries then go through rotate_heads first, and with "keys_and_values" the attention output
 # after. head_dim 64, 128 or 256.
 ROTATIONS = {"none": 0, "keys": 1, "keys_and_values": 2}

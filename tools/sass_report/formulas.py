@@ -288,6 +288,18 @@ def kv_append(args: list[str], problem: dict) -> Work:
                 bytes_formula="K,V in (T·H·D·in) + K,V out (T·H·D·kv)", whole_kernel=True)
 
 
+@formula("rotate_heads")
+def rotate_heads(args: list[str], problem: dict) -> Work:
+    """rotate_heads_kernel<T, HeadDim>: 128 threads, head_dim / 8 per head vector, no loop."""
+    src, head_dim = args[0], int(args[1])
+    tokens, heads = _need(problem, "tokens", "heads")
+    vectors_per_cta = 128 // (head_dim // 8)
+    ctas = math.ceil(tokens * heads / vectors_per_cta)
+    bytes_each = tokens * heads * head_dim * dtype_bytes(src)
+    return Work(threads=128, ctas=ctas, dram_bytes=2 * bytes_each, iterations=ctas,
+                bytes_formula="in + out (T·H·D·in each)", whole_kernel=True)
+
+
 @formula("merge_states")
 def merge_states(args: list[str], problem: dict) -> Work:
     """merge_states_kernel<OutT>: one CTA per (request, row), head_dim threads, loop over splits."""

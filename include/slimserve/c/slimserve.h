@@ -370,7 +370,8 @@ typedef int32_t slimserve_kv_scale_mode;
 enum { SLIMSERVE_SCALE_NONE = 0, SLIMSERVE_SCALE_PER_TENSOR = 1, SLIMSERVE_SCALE_PER_TOKEN = 2 };
 /* Head vectors stored rotated by the normalized Walsh-Hadamard transform (head_dim 64, 128,
  * 256): K (and V) rotated before quantization by slimserve_kv_append; queries (and, for
- * KEYS_AND_VALUES, the attention output) rotated with slimserve_rotate_heads (docs/kv.md). */
+ * KEYS_AND_VALUES, the attention output) rotated with slimserve_rotate_heads
+ * (docs/attention.md, "Rotated keys (and values)"). */
 typedef int32_t slimserve_kv_rotation;
 enum { SLIMSERVE_KV_ROTATION_NONE = 0, SLIMSERVE_KV_ROTATION_KEYS = 1,
        SLIMSERVE_KV_ROTATION_KEYS_AND_VALUES = 2 };
