@@ -383,14 +383,14 @@ SLIMSERVE_ATTENTION_UNROLL
 
   // NVFP4 producer (nvfp4_fragments.cuh): the pieces of every head vector of the tile, codes
   // into the swizzled chunk rows, scales into the stage's block-scale arrays; consecutive
-  // lanes copy consecutive pieces. Pages are packed (validate_cache_view), addressed in bytes:
-  // vector (page, slot, head) is at vector_bytes * its cache_offset with head_dim 1.
+  // lanes copy consecutive pieces. Pages are addressed in bytes, page_stride apart (an NVFP4
+  // page stride counts bytes: packed, or vLLM's K page + V page blocks): vector (slot, head)
+  // of a page is at vector_bytes * its cache_offset with head_dim 1.
   auto produce_nvfp4_pages = [&](auto& stage, std::int32_t tile_begin) {
     if constexpr (block_scaled) {
       using Vec = Nvfp4VectorGeometry<HeadDim>;
       const auto* k_bytes = static_cast<const unsigned char*>(p.k_pages);
       const auto* v_bytes = static_cast<const unsigned char*>(p.v_pages);
-      const std::int64_t page_vectors = static_cast<std::int64_t>(p.page_size) * p.num_kv_heads;
       const std::int32_t vector_slot_stride = p.layout == KvLayout::nhd ? p.num_kv_heads : 1;
       const std::int32_t vector_head_offset = p.layout == KvLayout::nhd ? kv_head : kv_head * p.page_size;
       static_assert(Tile::stage_tokens * Vec::pieces % Tile::threads == 0, "whole pieces per thread");
@@ -403,7 +403,7 @@ SLIMSERVE_ATTENTION_UNROLL
         const std::int32_t page = position < page_end32 ? request_pages[position >> p.page_shift] : -1;
         const bool ok = static_cast<std::uint32_t>(page) < num_pages;
         const std::int64_t offset =
-            ok ? (page * page_vectors + ((position & slot_mask) * vector_slot_stride + vector_head_offset)) * Vec::vector_bytes +
+            ok ? page * page_stride + ((position & slot_mask) * vector_slot_stride + vector_head_offset) * Vec::vector_bytes +
                      piece * Vec::piece_bytes
                : 0;
         const int byte = piece * Vec::piece_bytes;
