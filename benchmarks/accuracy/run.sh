@@ -119,11 +119,13 @@ for name in ${rows//,/ }; do
     run_row "$name" "$folder" "$kv" "$weights" "${row_options[@]}"
     [[ -f $results/reference.json ]] || { echo "run.sh: the reference row failed" >&2; exit 1; }
   else
-    while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
+    # `jobs` in a command substitution would list a subshell's jobs (none): count in this shell.
+    while jobs -rp >"$results/.running" && [[ $(wc -l <"$results/.running") -ge $jobs ]]; do wait -n || true; done
     run_row "$name" "$folder" "$kv" "$weights" "${row_options[@]}" &
   fi
 done
 wait
+rm -f "$results/.running"
 failed=$(cd "$results" && ls -- *.failed 2>/dev/null | sed 's/\.failed$//' | tr '\n' ' ')
 [[ -n $failed ]] && echo "run.sh: rows that failed (logs in $results): $failed" >&2
 "$python" benchmarks/accuracy/accuracy.py table --results "$results" --rows "$rows"
