@@ -84,7 +84,13 @@ def decode_nvfp4(vector: np.ndarray, tensor_scale: float) -> np.ndarray:
     return E2M1[codes] * np.repeat(blocks, 16) * tensor_scale
 
 
-def one_step(rng, kv_dtype: str, block_size: int):
+def hadamard(d: int) -> torch.Tensor:
+    """H / sqrt(d) in float64 (Sylvester: H[i][j] = (-1)^popcount(i & j))."""
+    signs = torch.tensor([[bin(a & b).count("1") % 2 for b in range(d)] for a in range(d)], dtype=torch.float64)
+    return (1 - 2 * signs) / math.sqrt(d)
+
+
+def one_step(rng, kv_dtype: str, block_size: int, rotation: str = "none"):
     heads, kv_heads, head = 6, 2, 64
     num_blocks = 16
     nvfp4 = kv_dtype == "nvfp4"
@@ -138,22 +144,33 @@ def one_step(rng, kv_dtype: str, block_size: int):
     slot_tensor = torch.tensor(slots, dtype=torch.int64)
     _s._kv_append(layer.attention, kr, vr, _s.ACTIVATION_DTYPES["bfloat16"],
                   slot_mapping=_s._tensor(slot_tensor, name="slot_mapping", dtypes={"int64"}).ptr,
-                  names=("key", "value"))
+                  names=("key", "value"), rotation=rotation)
     # Blocks no request uses keep their bytes.
     untouched = sorted(set(range(num_blocks)) - {int(b) for t in tables for b in t})
     changed = [b for b in untouched if not torch.equal(cache[b].view(torch.uint8), poison[b].view(torch.uint8))]
     assert not changed, f"append wrote blocks {changed}, which no request holds (tables {tables})"
     q = torch.from_numpy(rng.standard_normal((int(qo[-1]), heads, head), dtype=np.float32)).to(torch.bfloat16)
     out = torch.full_like(q, float("nan"))
-    torch.ops.slimserve.paged_attention_run(q, layer.pages, None, block_table, lens, out, None, planner.attention.id,
-                                            kv_dtype, "NHD", 1 / math.sqrt(head), layer.k_scale, layer.v_scale)
+    # With rotated pages, what the plugin's forward does (rotation.py): queries rotated first,
+    # and with rotated values the output rotated back.
+    q_attend = _s.rotate_heads(q, torch.empty_like(q)) if rotation != "none" else q
+    torch.ops.slimserve.paged_attention_run(q_attend, layer.pages, None, block_table, lens, out, None,
+                                            planner.attention.id, kv_dtype, "NHD", 1 / math.sqrt(head),
+                                            layer.k_scale, layer.v_scale)
+    if rotation == "keys_and_values":
+        _s.rotate_heads(out)
 
     # The host attention mode (SLIMSERVE_ATTENTION=host) over the same pages.
     host = torch.full_like(q, float("nan"))
-    host_attention.attend(q=q, out=host, pages=layer.pages, kv_dtype=kv_dtype, k_scale=layer.k_scale,
+    host_attention.attend(q=q_attend, out=host, pages=layer.pages, kv_dtype=kv_dtype, k_scale=layer.k_scale,
                           v_scale=layer.v_scale, k_token_scales=None, v_token_scales=None, query_start_loc=qo,
                           seq_lens=seq_lens, block_table=block_table, num_reqs=len(seq_lens),
                           sm_scale=1 / math.sqrt(head), statuses=None)
+    if rotation == "keys_and_values":
+        _s.rotate_heads(host)
+    assert rotation == "none" or nvfp4, "the reference reads rotated pages for nvfp4 only"
+    rotate = hadamard(head)  # symmetric: x @ rotate is each head vector rotated
+    rotated_sides = {"none": (), "keys": (0,), "keys_and_values": (0, 1)}[rotation]
 
     def stored(x, s):  # what the cache holds, as real values
         x = x.double()
@@ -174,7 +191,7 @@ def one_step(rng, kv_dtype: str, block_size: int):
             block, row = divmod(slots[i], block_size)
             for side, (src, dst, s) in enumerate(((k, kk, scale[0]), (v, vv, scale[1]))):
                 real = np.stack([decode_nvfp4(raw[block, side, row, h], s) for h in range(kv_heads)])
-                given = src[i].double().numpy()
+                given = (src[i].double() @ rotate if side in rotated_sides else src[i].double()).numpy()
                 amax = np.abs(given.reshape(kv_heads, -1, 16)).max(axis=2).repeat(16, axis=1)
                 assert (np.abs(real - given) <= amax * (0.25 + 1 / 16) + 1e-6).all(), f"nvfp4 token {w} side {side}"
                 dst[w] = torch.from_numpy(real)
@@ -188,8 +205,10 @@ def one_step(rng, kv_dtype: str, block_size: int):
         for i in range(n):
             pos = length - n + i
             qi = q[qo[r] + i].double()
+            qi = qi @ rotate if rotation != "none" else qi  # the pages' basis
             s = torch.einsum("hd,khd->hk", qi, K[: pos + 1]) / math.sqrt(head)
             ref = torch.einsum("hk,khd->hd", s.softmax(-1), V[: pos + 1])
+            ref = ref @ rotate if rotation == "keys_and_values" else ref  # back to the model's basis
             got = out[qo[r] + i].double()
             err = (got - ref).abs().max().item()
             worst = max(worst, err)
@@ -197,11 +216,13 @@ def one_step(rng, kv_dtype: str, block_size: int):
             # Host mode: float32 throughout, then one BF16 rounding of the output: within half a
             # BF16 ulp of the reference, element by element (2^-8 relative, float32's error aside).
             diff = (host[qo[r] + i].double() - ref).abs()
-            excess = (diff - (2.0 ** -8 * 1.001 * ref.abs() + 1e-5)).max().item()
+            # (rotated: the queries and the output carry one more BF16 rounding each, as in kernel mode)
+            allowed = 2.0 ** -8 * 1.001 * ref.abs() + 1e-5 if rotation == "none" else torch.full_like(ref, 2e-2)
+            excess = (diff - allowed).max().item()
             worst_host = max(worst_host, diff.max().item())
             assert math.isfinite(excess) and excess <= 0, \
                 f"host mode {kv_dtype} block {block_size} request {r} row {i}: error {diff.max().item()} past half an ulp"
-    print(f"layout {kv_dtype} block {block_size}: {int(qo[-1])} query rows over {len(seq_lens)} requests, "
+    print(f"layout {kv_dtype}{'' if rotation == 'none' else ' rotation ' + rotation} block {block_size}: {int(qo[-1])} query rows over {len(seq_lens)} requests, "
           f"worst |error| {worst:.2e} (host mode {worst_host:.2e})")
 
 
@@ -213,6 +234,8 @@ def main():
     for kv_dtype in ("bfloat16", "fp8_e4m3", "fp8_e5m2", "nvfp4"):
         for block_size in (32, 128):
             one_step(rng, kv_dtype, block_size)
+    for rotation in ("keys", "keys_and_values"):  # rotated 4-bit pages, as SLIMSERVE_KV_ROTATION writes them
+        one_step(rng, "nvfp4", 32, rotation)
     return 0
 
 
