@@ -1,7 +1,8 @@
 """The plugin's pieces without vLLM running: the start-up refusals, and vLLM's per-layer cache
 tensor written by the step's append plan and read by paged attention, compared element by
 element with a float64 reference computed from the (already rounded) K/V it was given; the
-host attention mode (SLIMSERVE_ATTENTION=host) over the same pages against the same reference.
+host attention mode (SLIMSERVE_ATTENTION=host) over the same pages against the same reference;
+NVFP4 pages, plain and Hadamard-rotated (keys; keys and values), against the stored codes.
 Run by run.sh in build/vllm-env (PyTorch + slimserve over the emulated library):
     python test_layout.py"""
 import math
