@@ -50,14 +50,16 @@ def read_formats(text: str) -> list[dict]:
         body.append(line.rstrip("\\").strip())
         if not line.rstrip().endswith("\\"):
             break
-    row = re.compile(r'^X\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*"([^"]+)"\s*,\s*"([^"]+)"\s*,\s*"([^"]+)"\s*\)$')
+    row = re.compile(r'^X\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*"([^"]+)"\s*,\s*"([^"]+)"\s*,\s*"([^"]+)"\s*,'
+                     r'\s*(\d+)\s*,\s*(\d+)\s*\)$')
     formats = []
     for line in filter(None, body):
         m = row.match(line)
         if not m:
             raise ListError(f"cannot read the KV format row {line!r}")
-        name, value, bits, py, aliases, tensors = m.groups()
+        name, value, bits, py, aliases, tensors, scale_block, scale_bits = m.groups()
         formats.append({"name": name, "value": int(value), "bits": int(bits), "python": py,
+                        "scale_block": int(scale_block), "scale_bits": int(scale_bits),
                         "aliases": aliases.split(), "tensor_dtypes": tensors.split()})
     if [f["value"] for f in formats] != list(range(len(formats))):
         raise ListError("ABI values must be 0, 1, 2, ... in list order (append; never renumber): "
@@ -124,9 +126,19 @@ def python_module(formats: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def vector_bits(f: dict) -> str:
+    """Bits a head vector spends per element: the code, plus its share of an in-vector scale."""
+    if f["scale_block"] == 0:
+        return str(f["bits"])
+    return repr(f["bits"] + f["scale_bits"] / f["scale_block"])
+
+
 def sass_module(formats: list[dict]) -> str:
     return "\n".join([f'"""Bits per element of each KV format (the kernels\' template names). {GENERATED}"""', "",
-                      "KV_FORMAT_BITS = {" + ", ".join(f'"{f["name"]}": {f["bits"]}' for f in formats) + "}", ""])
+                      "KV_FORMAT_BITS = {" + ", ".join(f'"{f["name"]}": {f["bits"]}' for f in formats) + "}",
+                      "# The same with each element's share of its head vector's in-vector scales (the bytes",
+                      "# the kernels move).",
+                      "KV_FORMAT_VECTOR_BITS = {" + ", ".join(f'"{f["name"]}": {vector_bits(f)}' for f in formats) + "}", ""])
 
 
 def outputs() -> dict[str, str]:

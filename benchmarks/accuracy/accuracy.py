@@ -163,6 +163,8 @@ def run_row(args) -> int:
     os.environ["VLLM_PLUGINS"] = ""  # the backend is registered below, in this process
     if args.per_token:
         os.environ["SLIMSERVE_KV_SCALES"] = "per_token"
+    if args.rotation != "none":
+        os.environ["SLIMSERVE_KV_ROTATION"] = args.rotation
     os.environ["SLIMSERVE_ATTENTION"] = args.attention
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # sized below: one window needs a few MiB
     import torch
@@ -242,7 +244,7 @@ def run_row(args) -> int:
     arrays = {k: np.concatenate(v) for k, v in per_position.items()}
     np.savez(os.path.join(args.results, f"{args.name}.npz"), **arrays)
     summary = {"name": args.name, "model": args.model, "weights": args.weights, "kv": args.kv,
-               "per_token": args.per_token, "attention": args.attention, "linear": args.linear,
+               "per_token": args.per_token, "rotation": args.rotation, "attention": args.attention, "linear": args.linear,
                "linear_layers_widened": widened, "context": args.context, "windows": len(chunks),
                "scored": int(arrays["nll"].size), "text_tokens_used": len(chunks) * args.context,
                "text_tokens_available": text_tokens, "vocab": vocab, "startup_s": startup,
@@ -273,7 +275,15 @@ def row_metrics(a) -> dict:
 
 WEIGHT_LABELS = {"unquantized": "unquantized (BF16)", "int4_g32": "INT4 g32", "int4_g64": "INT4 g64",
                  "int4_g128": "INT4 g128 (down_proj; K = 576 layers BF16)"}
-KV_LABELS = {"auto": "BF16", "fp8_e4m3": "FP8 e4m3, per-tensor scale 1", "fp8_e5m2": "FP8 e5m2, per-tensor scale 1"}
+KV_LABELS = {"auto": "BF16", "fp8_e4m3": "FP8 e4m3, per-tensor scale 1", "fp8_e5m2": "FP8 e5m2, per-tensor scale 1",
+             "nvfp4": "NVFP4 (E4M3 scale per 16, tensor scale 1/6)"}
+ROTATION_LABELS = {"keys": ", Hadamard-rotated K", "keys_and_values": ", Hadamard-rotated K and V"}
+
+
+def kv_label(s: dict) -> str:
+    if s["per_token"]:
+        return "FP8 e4m3, per-token scales"
+    return KV_LABELS.get(s["kv"], s["kv"]) + ROTATION_LABELS.get(s.get("rotation", "none"), "")
 
 
 def stopped_row(results: str, name: str) -> dict:
@@ -282,6 +292,8 @@ def stopped_row(results: str, name: str) -> dict:
     kv, weights = name, "unquantized"
     if "_int4_g" in name:
         kv, weights = name.split("_int4_g")[0], "int4_g" + name.split("_int4_g")[1]
+    rotation = "keys_and_values" if kv.endswith("_rot_kv") else "keys" if kv.endswith("_rot") else "none"
+    kv = kv.split("_rot")[0]
     per_token = kv.endswith("_token")
     kv = kv[: -len("_token")] if per_token else kv
     kv = "auto" if kv in ("bf16", "reference") else kv
@@ -289,7 +301,8 @@ def stopped_row(results: str, name: str) -> dict:
     for line in open(os.path.join(results, f"{name}.log"), encoding="utf-8", errors="replace"):
         if line.startswith(f"row {name}: window "):
             windows, run_s = int(line.split()[3].split("/")[0]), float(line.split()[4])
-    return {"name": name, "kv": kv, "weights": weights, "per_token": per_token, "startup_s": 0.0, "run_s": run_s,
+    return {"name": name, "kv": kv, "weights": weights, "per_token": per_token, "rotation": rotation,
+            "startup_s": 0.0, "run_s": run_s,
             "attention": "host", "linear": "float32", "stopped_after_windows": windows}
 
 
@@ -316,7 +329,7 @@ def table(args) -> int:
             raise SystemExit(f"row {name} has {arrays['nll'].size} positions, fewer than {common}")
         m = row_metrics(arrays)
         total += s["startup_s"] + s["run_s"]
-        kv = "FP8 e4m3, per-token scales" if s["per_token"] else KV_LABELS.get(s["kv"], s["kv"])
+        kv = kv_label(s)
         time_s = f"{s['startup_s'] + s['run_s']:.0f} s"
         if name == "reference":
             lines.append(f"| {kv} | {WEIGHT_LABELS.get(s['weights'], s['weights'])} | {m['ppl']:.4f} ± {m['ppl_err']:.4f} | (reference) | "
@@ -416,6 +429,8 @@ def main() -> int:
     row.add_argument("--weights", default="unquantized", help="the weights' label in the table")
     row.add_argument("--kv", default="auto")
     row.add_argument("--per-token", action="store_true")
+    row.add_argument("--rotation", default="none", choices=("none", "keys", "keys_and_values"),
+                     help="SLIMSERVE_KV_ROTATION: Hadamard-rotate K (and V) head vectors before they are quantized")
     row.add_argument("--linear", choices=("float32", "vllm"), default="float32",
                      help="float32: the BF16 linear layers as float32 GEMMs (widen_linear_layers); vllm: vLLM's own")
     row.add_argument("--attention", choices=("host", "kernel"), default="host",

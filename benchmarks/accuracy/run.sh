@@ -11,9 +11,10 @@
 #                                    [--attention host|kernel] [--jobs J]
 #   --tokens   scored positions per row (default 20000)
 #   --context  window length in tokens, its second half scored (default 512)
-#   --rows     which rows (default all 16, reference first): reference, fp8_e4m3, fp8_e4m3_token,
+#   --rows     which rows (default all 19, reference first): reference, fp8_e4m3, fp8_e4m3_token,
 #              fp8_e5m2, and each of those (bf16 for the reference's KV) with _int4_g32 / _g64 /
-#              _g128 appended, e.g. bf16_int4_g64, fp8_e4m3_token_int4_g32
+#              _g128 appended, e.g. bf16_int4_g64, fp8_e4m3_token_int4_g32; and the 4-bit KV
+#              rows nvfp4, nvfp4_rot (Hadamard-rotated keys), nvfp4_rot_kv (keys and values)
 #   --attention  SLIMSERVE_ATTENTION for the rows (default host): host reads slimserve's pages,
 #              written by its quantize-and-append kernel as always, with torch in float32
 #              (python/slimserve/vllm/host_attention.py); kernel runs slimserve's paged-attention
@@ -78,6 +79,7 @@ weights_dir() {  # unquantized | int4_gNN -> the model folder the row loads
 }
 all="reference fp8_e4m3 fp8_e4m3_token fp8_e5m2"
 for g in 32 64 128; do all="$all bf16_int4_g$g fp8_e4m3_int4_g$g fp8_e4m3_token_int4_g$g fp8_e5m2_int4_g$g"; done
+all="$all nvfp4 nvfp4_rot nvfp4_rot_kv"
 [[ -z $rows ]] && rows=${all// /,}
 mkdir -p "$results"
 rm -f "$results"/*.failed
@@ -102,24 +104,28 @@ for name in ${rows//,/ }; do
     *_int4_g*) kv=${name%_int4_g*} weights=int4_g${name##*_int4_g} ;;
     *) kv=$name weights=unquantized ;;
   esac
-  per_token=()
-  [[ $kv == *_token ]] && { per_token=(--per-token); kv=${kv%_token}; }
+  row_options=()
+  [[ $kv == *_rot_kv ]] && { row_options=(--rotation keys_and_values); kv=${kv%_rot_kv}; }
+  [[ $kv == *_rot ]] && { row_options=(--rotation keys); kv=${kv%_rot}; }
+  [[ $kv == *_token ]] && { row_options+=(--per-token); kv=${kv%_token}; }
   [[ $kv == bf16 ]] && kv=auto
   # A reference still being written (another invocation) will do: rows wait for its windows.
   if [[ $name != reference && ! -f $results/reference.json && ! -f $results/reference.logits.partial.npy ]]; then
     echo "run.sh: row $name needs the reference row first (put reference in --rows)" >&2; exit 1
   fi
   folder=$(weights_dir "$weights")  # made here, before any row that reads it starts
-  echo "row $name: kv $kv${per_token[*]:+ per-token}, weights $weights" >&2
+  echo "row $name: kv $kv${row_options[*]:+ ${row_options[*]}}, weights $weights" >&2
   if [[ $name == reference ]]; then  # every other row reads its logits
-    run_row "$name" "$folder" "$kv" "$weights" "${per_token[@]}"
+    run_row "$name" "$folder" "$kv" "$weights" "${row_options[@]}"
     [[ -f $results/reference.json ]] || { echo "run.sh: the reference row failed" >&2; exit 1; }
   else
-    while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
-    run_row "$name" "$folder" "$kv" "$weights" "${per_token[@]}" &
+    # `jobs` in a command substitution would list a subshell's jobs (none): count in this shell.
+    while jobs -rp >"$results/.running" && [[ $(wc -l <"$results/.running") -ge $jobs ]]; do wait -n || true; done
+    run_row "$name" "$folder" "$kv" "$weights" "${row_options[@]}" &
   fi
 done
 wait
+rm -f "$results/.running"
 failed=$(cd "$results" && ls -- *.failed 2>/dev/null | sed 's/\.failed$//' | tr '\n' ' ')
 [[ -n $failed ]] && echo "run.sh: rows that failed (logs in $results): $failed" >&2
 "$python" benchmarks/accuracy/accuracy.py table --results "$results" --rows "$rows"

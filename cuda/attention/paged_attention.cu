@@ -87,10 +87,9 @@ Status check_page_table(const PagedAttentionArguments& a, const PagedAttentionPl
 }
 
 /// Elements from one page to the next in k_pages and v_pages.
+/// Storage elements between pages (bytes for NVFP4), the packed page's when page_stride is 0.
 std::int64_t page_stride_of(const PagedKVCacheView& cache) {
-  return cache.page_stride != 0
-             ? cache.page_stride
-             : static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads * cache.head_dim;
+  return cache.page_stride != 0 ? cache.page_stride : packed_page_elements(cache);
 }
 
 Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentionProblem& p) {

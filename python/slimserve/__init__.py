@@ -786,8 +786,8 @@ class PagedKVCache:
     One combined allocation [num_pages, 2, ...] (K page, then V page) is passed as k_pages
     with v_pages=None; K and V views of a larger allocation whose pages are further apart
     (vLLM's kv_cache[:, 0] and kv_cache[:, 1]) are accepted too. `page_stride` is then the
-    distance between pages in elements: paged attention and append read it; DecodeWrapper
-    and copy_pages (packed pages only) refuse such a cache."""
+    distance between pages in elements of the tensors (bytes for nvfp4): paged attention and
+    append read it; DecodeWrapper and copy_pages (packed pages only) refuse such a cache."""
 
     def __init__(self, k_pages, v_pages, *, layout: str = "NHD", dtype=None,
                  k_scale=None, v_scale=None, k_token_scales=None, v_token_scales=None):
@@ -800,11 +800,8 @@ class PagedKVCache:
                 raise value_error(f"slimserve: combined kv_pages {kv.shape} must be [num_pages, 2, ...] (5-D)")
             dtype = kv_dtype_name(dtype, kv.dtype, "dtype")
             self._check_tensor_dtype(kv, dtype, "kv_pages")
-            if dtype == "nvfp4":
-                raise SlimserveValueError("slimserve: an nvfp4 cache takes packed K and V page arrays "
-                                          "(k_pages and v_pages), not one combined allocation", "unsupported")
-            page = kv.shape[2] * kv.shape[3] * kv.shape[4]
-            element = 1 if dtype.startswith("fp8") else 2
+            page = kv.shape[2] * kv.shape[3] * kv.shape[4]  # storage elements (bytes for nvfp4)
+            element = 2 if _kv_formats.KV_BITS[KV_DTYPES[dtype]] == 16 else 1
             k = _TensorShape(kv.ptr, (kv.shape[0],) + kv.shape[2:], kv.dtype)
             v = _TensorShape(kv.ptr + page * element, k.shape, kv.dtype)
             self.page_stride = 2 * page
@@ -822,9 +819,6 @@ class PagedKVCache:
             self._check_tensor_dtype(k, dtype, "k_pages")
             page = k.shape[1] * k.shape[2] * k.shape[3]
             self.page_stride = 0 if k_stride == page else k_stride
-            if dtype == "nvfp4" and self.page_stride:
-                raise SlimserveValueError(f"slimserve: an nvfp4 cache takes packed pages; these are "
-                                          f"{k_stride} bytes apart, a page is {page}", "unsupported")
         num_pages, a, b, head_dim = k.shape
         if min(k.shape) <= 0:
             raise value_error(f"slimserve: KV pages of shape {k.shape} (every extent must be > 0)")

@@ -191,11 +191,9 @@ Result<CacheLayoutDescriptor> describe_cache(const attention::PagedKVCacheView& 
   layout.num_kv_heads = cache.num_kv_heads;
   layout.head_dim = cache.head_dim;
   layout.token_bytes = static_cast<std::int32_t>(attention::head_vector_bytes(cache.dtype, cache.head_dim));
-  // Bytes from the head vector's geometry (a sub-byte format's scales sit in the vector); a
-  // stride other than packed is whole bytes (validate_cache_view allows it for byte formats only).
+  // Bytes from the head vector's geometry (a sub-byte format's scales sit in the vector).
   const std::int64_t page = attention::packed_pages_bytes(cache) / cache.num_pages;
-  const bool packed = cache.page_stride == 0 || cache.page_stride == attention::packed_page_elements(cache);
-  const std::int64_t stride = packed ? page : cache.page_stride * attention::element_bytes(cache.dtype);
+  const std::int64_t stride = attention::page_stride_bytes(cache);
   layout.k = describe_array(cache.k_pages, cache.num_pages, stride, page);
   layout.v = describe_array(cache.v_pages, cache.num_pages, stride, page);
   layout.num_arrays = 2;

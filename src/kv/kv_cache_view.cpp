@@ -58,18 +58,14 @@ Status validate_cache_view(const PagedKVCacheView& cache) {
                        cache.head_dim, " is ", head_vector_bytes(cache.dtype, cache.head_dim),
                        " bytes, not whole 4-byte words (", to_string(cache.dtype), " takes head_dim 64, 128, 192, 256)");
   }
-  // A head vector with in-vector scales is not a whole number of bytes per element: its pages
-  // are addressed in bytes (head_vector_bytes), so only packed pages have a stride in elements.
-  if (cache.page_stride != 0 && cache.page_stride != page_elements &&
-      kv_format_info(cache.dtype).scales == KvScaleGeometry::per_block) {
-    return make_status(StatusCode::unsupported, "an ", to_string(cache.dtype),
-                       " cache takes packed pages (page_stride 0), got page_stride ", cache.page_stride);
-  }
-  if (cache.page_stride != 0 &&
-      (cache.page_stride < page_elements || cache.page_stride * bits_per_element(cache.dtype) % 128 != 0)) {
+  // Page strides count storage elements (bytes for NVFP4, whose head vectors carry their
+  // block scales): at least one packed page, and whole 16-byte steps so that every page starts
+  // as aligned as the first.
+  if (cache.page_stride != 0 && (cache.page_stride < packed_page_elements(cache) ||
+                                 cache.page_stride * storage_bytes(cache.dtype) % 16 != 0)) {
     return make_status(StatusCode::invalid_argument, "page_stride ", cache.page_stride,
-                       " must be 0 (packed) or at least one page (", page_elements,
-                       " elements) and a multiple of 16 bytes");
+                       " must be 0 (packed) or at least one page (", packed_page_elements(cache), " ",
+                       storage_bytes(cache.dtype) == 1 ? "bytes" : "elements", ") and a multiple of 16 bytes");
   }
   if (cache.k_pages == nullptr || cache.v_pages == nullptr) {
     return make_status(StatusCode::invalid_argument, "k_pages and v_pages must be non-null");

@@ -9,6 +9,7 @@
 // decode of random page bytes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -159,9 +160,14 @@ struct Fixture {
 TEST_CASE("NVFP4 append: codes and block scales equal the scalar rule's, neighbours untouched",
           "[attention][append][nvfp4]") {
   auto rng = slimserve_test::make_rng(2501);
+  int case_index = 0;
   for (const Nvfp4Case& c : nvfp4_grid()) {
+    // Every other case writes one combined K/V allocation (vLLM's blocks: K page, V page),
+    // pages 2 * page_bytes apart.
+    const bool combined = case_index++ % 2 == 1;
     INFO("layout " << to_string(c.layout) << " D " << c.head_dim << " H " << c.num_kv_heads << " page "
-                   << c.page_size << " input " << to_string(c.input) << (c.slot_form ? " slot form" : " chunk form"));
+                   << c.page_size << " input " << to_string(c.input) << (c.slot_form ? " slot form" : " chunk form")
+                   << (combined ? " combined K/V pages" : ""));
     const std::int64_t ps = c.page_size;
     // Lengths after the append: 1, page-1, page, page+1, long; each appends its last tokens.
     const std::vector<std::int64_t> lengths = {1, ps - 1, ps, ps + 1, 3 * ps + 5};
@@ -179,7 +185,15 @@ TEST_CASE("NVFP4 append: codes and block scales equal the scalar rule's, neighbo
     std::uniform_int_distribution<int> byte(0, 255);
     for (auto& b : k_image) b = static_cast<unsigned char>(byte(rng));
     for (auto& b : v_image) b = static_cast<unsigned char>(byte(rng));
-    auto k_dev = upload(k_image);
+    // The combined image: page p's K at 2 p pages, its V one page later.
+    std::vector<unsigned char> kv_image(2 * k_image.size());
+    for (std::size_t p = 0; p < static_cast<std::size_t>(table.num_pages); ++p) {
+      std::copy_n(k_image.begin() + static_cast<std::ptrdiff_t>(p * page_bytes), page_bytes,
+                  kv_image.begin() + static_cast<std::ptrdiff_t>(2 * p * page_bytes));
+      std::copy_n(v_image.begin() + static_cast<std::ptrdiff_t>(p * page_bytes), page_bytes,
+                  kv_image.begin() + static_cast<std::ptrdiff_t>((2 * p + 1) * page_bytes));
+    }
+    auto k_dev = upload(combined ? kv_image : k_image);
     auto v_dev = upload(v_image);
     auto scales = upload(std::vector<float>{k_scale, v_scale});
 
@@ -212,7 +226,8 @@ TEST_CASE("NVFP4 append: codes and block scales equal the scalar rule's, neighbo
 
     AppendArguments a;
     a.cache.k_pages = k_dev.data();
-    a.cache.v_pages = v_dev.data();
+    a.cache.v_pages = combined ? k_dev.data() + page_bytes : v_dev.data();
+    if (combined) a.cache.page_stride = static_cast<std::int64_t>(2 * page_bytes);  // bytes: nvfp4's storage
     a.cache.k_scale = scales.data();
     a.cache.v_scale = scales.data() + 1;
     a.cache.num_pages = table.num_pages;
@@ -265,8 +280,19 @@ TEST_CASE("NVFP4 append: codes and block scales equal the scalar rule's, neighbo
       }
     }
     CHECK((seen[0x00] && seen[0x01] && seen[0x7E] && seen[nvfp4_nan_scale_code]));
-    const auto k_out = download(k_dev, k_image.size());
-    const auto v_out = download(v_dev, v_image.size());
+    std::vector<unsigned char> k_out, v_out;
+    if (combined) {
+      const auto kv_out = download(k_dev, kv_image.size());
+      for (std::size_t p = 0; p < static_cast<std::size_t>(table.num_pages); ++p) {
+        const auto page_k = kv_out.begin() + static_cast<std::ptrdiff_t>(2 * p * page_bytes);
+        k_out.insert(k_out.end(), page_k, page_k + static_cast<std::ptrdiff_t>(page_bytes));
+        v_out.insert(v_out.end(), page_k + static_cast<std::ptrdiff_t>(page_bytes),
+                     page_k + static_cast<std::ptrdiff_t>(2 * page_bytes));
+      }
+    } else {
+      k_out = download(k_dev, k_image.size());
+      v_out = download(v_dev, v_image.size());
+    }
     std::size_t k_diff = 0, v_diff = 0;
     for (std::size_t i = 0; i < k_out.size(); ++i) k_diff += k_out[i] != k_image[i];
     for (std::size_t i = 0; i < v_out.size(); ++i) v_diff += v_out[i] != v_image[i];

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -179,6 +180,7 @@ struct RunConfig {
   bool warpgroup_mma = false;
   float k_scale_override = 0.0f;  // != 0: the device-held K tensor scale
   bool fused = false;             // pass chunk_kv (refused for NVFP4)
+  bool combined = false;          // one K/V allocation, page p's K then its V (vLLM's blocks)
 };
 
 struct Output {
@@ -188,8 +190,20 @@ struct Output {
   bool ran_wgmma = false;
 };
 
+/// The combined image of a cache: page p's K page at 2 p pages, its V page one page later.
+std::vector<unsigned char> interleave_pages(const Nvfp4HostCache& c) {
+  const std::size_t page = c.k.size() / static_cast<std::size_t>(c.num_pages);
+  std::vector<unsigned char> kv;
+  for (std::size_t p = 0; p < static_cast<std::size_t>(c.num_pages); ++p) {
+    kv.insert(kv.end(), c.k.begin() + static_cast<std::ptrdiff_t>(p * page), c.k.begin() + static_cast<std::ptrdiff_t>((p + 1) * page));
+    kv.insert(kv.end(), c.v.begin() + static_cast<std::ptrdiff_t>(p * page), c.v.begin() + static_cast<std::ptrdiff_t>((p + 1) * page));
+  }
+  return kv;
+}
+
 Output run(const Fixture& f, const RunConfig& rc = {}) {
-  auto k_pages = upload(f.cache.k);
+  const std::size_t page_bytes = f.cache.k.size() / static_cast<std::size_t>(f.cache.num_pages);
+  auto k_pages = upload(rc.combined ? interleave_pages(f.cache) : f.cache.k);
   auto v_pages = upload(f.cache.v);
   auto scales = upload(std::vector<float>{rc.k_scale_override != 0.0f ? rc.k_scale_override : f.cache.k_scale,
                                           f.cache.v_scale});
@@ -225,7 +239,8 @@ Output run(const Fixture& f, const RunConfig& rc = {}) {
 
   PagedAttentionArguments args;
   args.cache.k_pages = k_pages.data();
-  args.cache.v_pages = v_pages.data();
+  args.cache.v_pages = rc.combined ? k_pages.data() + page_bytes : v_pages.data();
+  if (rc.combined) args.cache.page_stride = static_cast<std::int64_t>(2 * page_bytes);  // bytes (NVFP4)
   args.cache.k_scale = scales.data();
   args.cache.v_scale = scales.data() + 1;
   args.cache.num_pages = f.cache.num_pages;
@@ -320,6 +335,28 @@ TEST_CASE("paged attention over NVFP4 pages: causal prefill chunks over cached p
     INFO("D " << c.head_dim << " group " << c.group);
     Fixture f(c, rng);
     check_split_and_unsplit(f);
+  }
+}
+
+TEST_CASE("paged attention over NVFP4 pages: a combined K/V allocation (page stride in bytes)", "[attention][paged][nvfp4]") {
+  auto rng = slimserve_test::make_rng(2535);
+  for (const Case& c : std::vector<Case>{
+           {KvLayout::nhd, 64, 3, 3, 32, bf, {1, 31, 32, 33, 100}, {1, 1, 32, 1, 7}},  // the vLLM plugin's geometry
+           {KvLayout::hnd, 128, 2, 4, 16, fp, {17, 40}, {1, 16}},
+       }) {
+    INFO("D " << c.head_dim << " group " << c.group);
+    Fixture f(c, rng);
+    const Reference ref = f.reference();
+    const Output packed = run(f);
+    RunConfig rc;
+    rc.combined = true;
+    const Output combined = run(f, rc);
+    check(f, combined, ref);
+    // The same bytes through another page stride: the same results, bit for bit.
+    REQUIRE(combined.o.size() == packed.o.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < packed.o.size(); ++i) differ += std::memcmp(&packed.o[i], &combined.o[i], sizeof(float)) != 0;
+    CHECK(differ == 0);
   }
 }
 

@@ -199,12 +199,21 @@ TEST_CASE("an NVFP4 view needs its per-tensor scale and packed pages", "[kv][for
   CHECK(s.code() == StatusCode::invalid_argument);
   CHECK_THAT(std::string(s.message()), Catch::Contains("takes scale mode per_tensor"));
   v = nvfp4_view(pages, &scale);
-  v.page_stride = 2 * packed_page_elements(v);  // an interleaved K/V allocation
-  s = validate_cache_view(v);
-  CHECK(s.code() == StatusCode::unsupported);
-  CHECK_THAT(std::string(s.message()), Catch::Contains("nvfp4 cache takes packed pages"));
+  // Strides count bytes (the page arrays' storage): a page is page_size * heads * 9 D / 16.
+  CHECK(packed_page_elements(v) == static_cast<std::int64_t>(v.page_size) * v.num_kv_heads * v.head_dim * 9 / 16);
+  v.page_stride = 2 * packed_page_elements(v);  // an interleaved K/V allocation (vLLM's blocks)
+  CHECK(validate_cache_view(v).ok());
+  CHECK(page_stride_bytes(v) == 2 * packed_page_elements(v));
   v.page_stride = packed_page_elements(v);  // the packed stride, spelled out
   CHECK(validate_cache_view(v).ok());
+  v.page_stride = packed_page_elements(v) - 16;  // pages overlap
+  s = validate_cache_view(v);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("at least one page") && Catch::Contains("bytes"));
+  v.page_stride = packed_page_elements(v) + 8;  // not whole 16-byte steps
+  s = validate_cache_view(v);
+  CHECK(s.code() == StatusCode::invalid_argument);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("multiple of 16 bytes"));
   v = nvfp4_view(pages, &scale);
   v.head_dim = 96;  // 54-byte vectors: not whole 4-byte words
   s = validate_cache_view(v);

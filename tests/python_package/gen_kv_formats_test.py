@@ -14,8 +14,8 @@ def listing(*rows: str) -> str:
     return "#define SLIMSERVE_KV_FORMAT_LIST(X) \\\n" + " \\\n".join(rows) + "\n// after\n"
 
 
-BF16 = 'X(bf16, 0, 16, "bfloat16", "bfloat16 bf16", "bfloat16 uint16")'
-NVFP4 = 'X(nvfp4, 1, 4, "nvfp4", "nvfp4 fp4", "uint8")'
+BF16 = 'X(bf16, 0, 16, "bfloat16", "bfloat16 bf16", "bfloat16 uint16", 0, 0)'
+NVFP4 = 'X(nvfp4, 1, 4, "nvfp4", "nvfp4 fp4", "uint8", 16, 8)'
 
 
 class GenKvFormatsTest(unittest.TestCase):
@@ -34,6 +34,8 @@ class GenKvFormatsTest(unittest.TestCase):
         sizes = {}
         exec(gen.sass_module(formats), sizes)
         self.assertEqual(sizes["KV_FORMAT_BITS"], {"bf16": 16, "nvfp4": 4})
+        # The bytes a kernel moves: an E4M3 scale per 16 E2M1 codes is half a bit per element.
+        self.assertEqual(sizes["KV_FORMAT_VECTOR_BITS"], {"bf16": 16, "nvfp4": 4.5})
 
     def test_c_header_enum_line_is_replaced_in_place(self):
         formats = gen.read_formats(listing(BF16, NVFP4))
@@ -50,6 +52,7 @@ class GenKvFormatsTest(unittest.TestCase):
             "already bf16's": listing(BF16, NVFP4.replace('"nvfp4 fp4"', '"nvfp4 bf16"')),
             "must be among its names": listing(BF16, NVFP4.replace('"nvfp4 fp4"', '"fp4"')),
             "cannot read": listing(BF16, "X(nvfp4, 1)"),
+            "cannot read the KV format row": listing(BF16, NVFP4.replace(", 16, 8)", ")")),
             "no SLIMSERVE_KV_FORMAT_LIST": "nothing here\n",
         }
         for message, text in cases.items():

@@ -6,9 +6,11 @@
 /// one of two layouts:
 ///   NHD: [num_pages, page_size, num_kv_heads, head_dim]  (a token's heads are contiguous)
 ///   HND: [num_pages, num_kv_heads, page_size, head_dim]  (a head's tokens are contiguous)
-/// Pages are `page_stride` elements apart (0: packed, page_size * num_kv_heads * head_dim), so
-/// K and V may also share one allocation with their pages interleaved, [num_pages, 2, page]:
-/// v_pages = k_pages + page_size * num_kv_heads * head_dim, page_stride = twice that. Paged
+/// Pages are `page_stride` storage elements apart (0: packed, packed_page_elements: page_size *
+/// num_kv_heads * head_dim for the byte-sized formats; for NVFP4, whose page arrays are bytes,
+/// page_size * num_kv_heads * head_vector_bytes), so K and V may also share one allocation with
+/// their pages interleaved, [num_pages, 2, page]: v_pages = k_pages + one page, page_stride =
+/// twice that (vLLM's blocks, NVFP4 included). Paged
 /// attention reads and append_kv writes any page_stride; the other kernels (CUDA-core decode,
 /// dequantize, page moves) take packed pages only and refuse others (require_packed_pages).
 /// Scale convention (every path, K and V alike): stored = quantize(real / scale) with
@@ -97,14 +99,21 @@ struct PagedKVCacheView {
   KvDtype dtype = KvDtype::bf16;
   KvLayout layout = KvLayout::nhd;
   KvScaleMode scale_mode = KvScaleMode::none;
-  /// Elements from one page to the next in k_pages and in v_pages; 0 = packed. Per-token
-  /// scale arrays stay packed.
+  /// Storage elements (storage_bytes each: the element, or a byte for NVFP4) from one page to
+  /// the next in k_pages and in v_pages; 0 = packed. Per-token scale arrays stay packed.
   std::int64_t page_stride = 0;
 };
 
-/// Elements of one packed page: page_size * num_kv_heads * head_dim.
+/// Storage elements of one packed page: page_size * num_kv_heads * head_dim for the
+/// byte-sized formats; page_size * num_kv_heads * head_vector_bytes bytes for NVFP4.
 constexpr std::int64_t packed_page_elements(const PagedKVCacheView& cache) {
-  return static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads * cache.head_dim;
+  return static_cast<std::int64_t>(cache.page_size) * cache.num_kv_heads *
+         (head_vector_bytes(cache.dtype, cache.head_dim) / storage_bytes(cache.dtype));
+}
+/// Bytes from one page to the next in k_pages and v_pages (the packed page's bytes when
+/// page_stride is 0).
+constexpr std::int64_t page_stride_bytes(const PagedKVCacheView& cache) {
+  return (cache.page_stride != 0 ? cache.page_stride : packed_page_elements(cache)) * storage_bytes(cache.dtype);
 }
 
 /// Bytes to allocate for each of k_pages and v_pages of a packed cache:

@@ -27,18 +27,21 @@
 
 /// The KV formats, one X(...) per format, in ABI order:
 ///   X(name, abi value, bits per element, Python canonical name, Python names (space-separated),
-///     tensor dtypes that may hold its pages (DLPack names, space-separated))
+///     tensor dtypes that may hold its pages (DLPack names, space-separated),
+///     elements per in-vector scale (0: none), bits of one in-vector scale)
 /// `name` is at once the storage type (slimserve::name), the enumerator (KvDtype::name), the
-/// C constant (SLIMSERVE_KV_<NAME>) and the suffix of the instantiation units; the bits are
-/// checked against its KvFormat trait. The ABI values are the C enum's: never renumber, append.
+/// C constant (SLIMSERVE_KV_<NAME>) and the suffix of the instantiation units; the bits and the
+/// in-vector scale geometry are checked against its KvFormat trait (the generator needs them
+/// for the bytes the SASS report's formulas count). The ABI values are the C enum's: never
+/// renumber, append.
 /// After an edit: python3 tools/gen_kv_formats.py (a test fails while its outputs are stale).
 // clang-format off
 #define SLIMSERVE_KV_FORMAT_LIST(X)                                                                  \
-  X(bf16,     0, 16, "bfloat16", "bfloat16 bf16",              "bfloat16 uint16")                 \
-  X(fp16,     1, 16, "float16",  "float16 fp16 half",          "float16")                         \
-  X(fp8_e4m3, 2,  8, "fp8_e4m3", "fp8 fp8_e4m3 float8_e4m3fn", "uint8 int8 float8_e4m3fn")        \
-  X(fp8_e5m2, 3,  8, "fp8_e5m2", "fp8_e5m2 float8_e5m2",       "uint8 int8 float8_e5m2")        \
-  X(nvfp4,    4,  4, "nvfp4",    "nvfp4",                      "uint8")
+  X(bf16,     0, 16, "bfloat16", "bfloat16 bf16",              "bfloat16 uint16",                 0, 0) \
+  X(fp16,     1, 16, "float16",  "float16 fp16 half",          "float16",                         0, 0) \
+  X(fp8_e4m3, 2,  8, "fp8_e4m3", "fp8 fp8_e4m3 float8_e4m3fn", "uint8 int8 float8_e4m3fn",        0, 0) \
+  X(fp8_e5m2, 3,  8, "fp8_e5m2", "fp8_e5m2 float8_e5m2",       "uint8 int8 float8_e5m2",          0, 0) \
+  X(nvfp4,    4,  4, "nvfp4",    "nvfp4",                      "uint8",                          16, 8)
 // clang-format on
 
 SLIMSERVE_NAMESPACE_BEGIN
@@ -201,9 +204,11 @@ inline constexpr KvFormatInfo kv_formats[] = {
 #undef SLIMSERVE_KV_INFO
 };
 static_assert(sizeof(kv_formats) / sizeof(kv_formats[0]) == kv_format_count);
-#define SLIMSERVE_KV_CHECK_BITS(name, value, list_bits, ...)                                        \
+#define SLIMSERVE_KV_CHECK_BITS(name, value, list_bits, py, aliases, tensors, list_scale_block, list_scale_bits) \
   static_assert(KvFormat<::slimserve::name>::bits == list_bits &&                                   \
-                    static_cast<int>(KvFormat<::slimserve::name>::dtype) == value,                  \
+                    static_cast<int>(KvFormat<::slimserve::name>::dtype) == value &&                \
+                    KvFormat<::slimserve::name>::scale_block == list_scale_block &&                 \
+                    KvFormat<::slimserve::name>::scale_bits == list_scale_bits,                     \
                 "SLIMSERVE_KV_FORMAT_LIST and the KvFormat trait of " #name " disagree");
 SLIMSERVE_KV_FORMAT_LIST(SLIMSERVE_KV_CHECK_BITS)
 #undef SLIMSERVE_KV_CHECK_BITS
@@ -245,6 +250,10 @@ constexpr std::int64_t head_vector_bytes(KvDtype dtype, std::int64_t head_dim) n
 /// Bytes of one element of a byte-sized format (0 for a sub-byte one, whose geometry is
 /// head_vector_bytes: callers that mean bytes of a page use that).
 constexpr int element_bytes(KvDtype dtype) noexcept { return bits_per_element(dtype) / 8; }
+/// Bytes of one element of a page array's storage type: the element for byte-sized formats,
+/// one byte for a sub-byte format (its page arrays are bytes: codes, then block scales).
+/// Page strides count these (PagedKVCacheView::page_stride).
+constexpr int storage_bytes(KvDtype dtype) noexcept { return bits_per_element(dtype) >= 8 ? bits_per_element(dtype) / 8 : 1; }
 /// Whether the format's trait lists the kernel family.
 constexpr bool has_kernel(KvDtype dtype, KvKernel kernel) noexcept {
   return (kv_format_info(dtype).kernels & static_cast<KvKernelSet>(kernel)) != 0;

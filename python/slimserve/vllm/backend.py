@@ -2,6 +2,7 @@
 its metadata builder."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 import numpy as np
@@ -21,6 +22,15 @@ class SlimserveAttentionBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False
     supported_dtypes: ClassVar[list[torch.dtype]] = list(support.ACTIVATION_DTYPES)
     supported_kv_cache_dtypes: ClassVar[list[str]] = list(support.KV_CACHE_DTYPES)
+
+    @classmethod
+    def customize_spec(cls, spec):
+        """NVFP4: a head's content per token is its K and its V head vector, 9 * head_size / 16
+        bytes each (codes, then block scales; layout.py), instead of vLLM's 2 * head_size."""
+        mode = getattr(spec, "kv_quant_mode", None)
+        if getattr(spec, "state_content_bytes", None) is not None or not getattr(mode, "is_nvfp4", False):
+            return spec
+        return replace(spec, state_content_bytes=2 * (spec.head_size // 2 + spec.head_size // 16))
 
     @staticmethod
     def get_name() -> str:

@@ -5,10 +5,11 @@ Off by default, and not a serving mode: it exists so that long accuracy runs on 
 without a GPU do not spend hours in the kernel emulator (docs/accuracy.md).
 
 What stays the same: every layer's do_kv_cache_update is slimserve's fused quantize-and-append
-kernel, so the pages hold the same codes and scales, bit for bit, as in kernel mode (BF16 or
-FP8 e4m3/e5m2, vLLM's per-tensor scales or slimserve's per-token ones). What changes: forward
+kernel, so the pages hold the same codes and scales, bit for bit, as in kernel mode (BF16, FP8
+e4m3/e5m2 with vLLM's per-tensor scales or slimserve's per-token ones, or NVFP4). What changes: forward
 reads those pages back with torch and widens each code as the kernels do (the FP8 code's value,
-exact in float32, times its scale: real = stored * scale), then computes softmax(q k^T * scale)
+exact in float32, times its scale: real = stored * scale; NVFP4's E2M1 value times its block's
+E4M3 scale, exact, times the per-tensor scale), then computes softmax(q k^T * scale)
 v causally per request in float32, rounding only the output to the activation dtype. The
 kernels differ from it only in their internal roundings (P rounded to 16 bits before P*V,
 the order of the sums): tests/vllm/test_layout.py holds it within half a BF16 ulp of a float64
@@ -51,10 +52,29 @@ def code_values(kv_dtype: str) -> torch.Tensor:
     return lut
 
 
+# E2M1's 16 values, code order (bit 3 the sign).
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def widen_nvfp4(vectors: torch.Tensor, scale: float) -> torch.Tensor:
+    """NVFP4 head vectors -> float32 values. vectors: [..., 9 D / 16] uint8 (D/2 bytes of E2M1
+    codes, element 2i in byte i's low nibble and 2i + 1 in its high one, then D/16 E4M3 block
+    scales); value = e2m1 * block scale (exact in float32) * the per-tensor scale. A NaN block
+    scale (0x7f) gives NaN values, as the kernels widen it."""
+    head_dim = vectors.shape[-1] * 16 // 9
+    codes = vectors[..., : head_dim // 2].to(torch.int64)
+    table = torch.tensor(_E2M1, dtype=torch.float32, device=vectors.device)
+    e2m1 = torch.stack([table[codes & 0xF], table[codes >> 4]], dim=-1).flatten(-2)  # [..., D]
+    blocks = vectors[..., head_dim // 2:].contiguous().view(torch.float8_e4m3fn).to(torch.float32)
+    return (e2m1 * blocks.repeat_interleave(16, dim=-1)) * float(scale)
+
+
 def widen(codes: torch.Tensor, kv_dtype: str, scale) -> torch.Tensor:
     """Page rows -> float32 values. codes: [tokens, kv_heads, head_size] (16-bit values or
-    uint8 FP8 codes); scale: None (16-bit), a python float (per-tensor) or a float32
-    [tokens, kv_heads] tensor (per-token)."""
+    uint8 FP8 codes; NVFP4: [tokens, kv_heads, 9 head_size / 16] bytes); scale: None (16-bit),
+    a python float (per-tensor) or a float32 [tokens, kv_heads] tensor (per-token)."""
+    if kv_dtype == "nvfp4":
+        return widen_nvfp4(codes, scale)
     if kv_dtype not in _FP8_DTYPES:
         return codes.to(torch.float32)
     values = code_values(kv_dtype).to(codes.device)[codes.to(torch.int64)]
@@ -73,8 +93,8 @@ def attend(*, q: torch.Tensor, out: torch.Tensor, pages: torch.Tensor, kv_dtype:
     (each block's K page then its V page); k/v_token_scales: [num_blocks, block_size, kv_heads]
     or None; query_start_loc: num_reqs + 1 host ints; seq_lens: num_reqs host ints (cached +
     new tokens); block_table: [>= num_reqs, max_blocks] int32."""
-    block_size, kv_heads, head_size = pages.shape[2], pages.shape[3], pages.shape[4]
-    heads = q.shape[1]
+    block_size, kv_heads = pages.shape[2], pages.shape[3]
+    heads, head_size = q.shape[1], q.shape[2]
     group = heads // kv_heads
     per_token = k_token_scales is not None
     k_static = None if per_token else (float(k_scale) if k_scale is not None else None)
@@ -92,8 +112,8 @@ def attend(*, q: torch.Tensor, out: torch.Tensor, pages: torch.Tensor, kv_dtype:
         length = int(seq_lens[r])
         blocks = table[r, : -(-length // block_size)].to(torch.int64).to(pages.device)
         rows = pages.index_select(0, blocks)  # [blocks, 2, block_size, kv_heads, head_size]
-        k_codes = rows[:, 0].reshape(-1, kv_heads, head_size)[:length]
-        v_codes = rows[:, 1].reshape(-1, kv_heads, head_size)[:length]
+        k_codes = rows[:, 0].reshape(-1, kv_heads, rows.shape[-1])[:length]  # a head vector's elements or bytes
+        v_codes = rows[:, 1].reshape(-1, kv_heads, rows.shape[-1])[:length]
         if per_token:
             ks = k_token_scales.index_select(0, blocks).reshape(-1, kv_heads)[:length]
             vs = v_token_scales.index_select(0, blocks).reshape(-1, kv_heads)[:length]

@@ -10,7 +10,7 @@ import torch
 import slimserve as _s
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
-from . import host_attention, stats, support
+from . import host_attention, rotation, stats, support
 from .layout import LayerCache
 from .metadata import SlimserveMetadata
 
@@ -63,6 +63,7 @@ class SlimserveAttentionImpl(AttentionImpl):
         self.sinks = None
         self._cache: Optional[LayerCache] = None
         self.host_attention = host_attention.mode() == "host"  # refused here if misspelt
+        self.rotation = rotation.mode(head_size)  # SLIMSERVE_KV_ROTATION (rotation.py)
 
     def _layer_cache(self, layer, kv_cache: torch.Tensor, activation: str) -> LayerCache:
         """The slimserve views of this layer's cache, made once (vLLM keeps the tensor and the
@@ -71,13 +72,15 @@ class SlimserveAttentionImpl(AttentionImpl):
         if c is None or c.data_ptr != kv_cache.data_ptr() or c.tensor.shape != kv_cache.shape:
             kv_dtype = activation if self.kv_dtype == "auto" else self.kv_dtype
             k_scale = v_scale = None
-            if kv_dtype.startswith("fp8"):
+            if kv_dtype.startswith("fp8") or kv_dtype == "nvfp4":
                 k_scale = layer._k_scale.reshape(1).to(torch.float32)
                 v_scale = layer._v_scale.reshape(1).to(torch.float32)
                 if not (torch.isfinite(k_scale).all() and torch.isfinite(v_scale).all()
                         and k_scale.item() > 0 and v_scale.item() > 0):  # once, at the first step
                     raise ValueError(f"slimserve vLLM backend: KV scales {k_scale.item()}, {v_scale.item()} "
                                      "must be finite and positive")
+                if kv_dtype == "nvfp4":  # vLLM's scales keep their FP8 range (support.nvfp4_tensor_scale)
+                    k_scale, v_scale = support.nvfp4_tensor_scale(k_scale), support.nvfp4_tensor_scale(v_scale)
             c = self._cache = LayerCache(kv_cache, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
             stats.note_cache(kv_cache)
         return c
@@ -101,7 +104,7 @@ class SlimserveAttentionImpl(AttentionImpl):
                                             "key", "value", strided=True)
         sr = _s._tensor(slots[:n], name="slot_mapping", dtypes={"int64"}, shape=(n,))
         _s._kv_append(cache.attention, kr, vr, _s.ACTIVATION_DTYPES[activation], slot_mapping=sr.ptr,
-                      stream=_stream_of(key), names=("key", "value"))
+                      stream=_stream_of(key), names=("key", "value"), rotation=self.rotation)
         stats.count("kv_update")
         stats.count("kv_update_tokens", n)
 
@@ -121,6 +124,8 @@ class SlimserveAttentionImpl(AttentionImpl):
         n = meta.num_actual_tokens
         q = query[:n].view(n, self.num_heads, self.head_size)
         out = output[:n].view(n, self.num_heads, self.head_size)
+        if self.rotation != "none":  # the pages hold rotated keys: rotate the queries alike
+            q = _s.rotate_heads(q, torch.empty_like(q), stream=_stream_of(query))
         if self.host_attention:  # SLIMSERVE_ATTENTION=host: the same pages, read by torch
             planner = meta.planner
             per_token = getattr(cache, "k_scales", None) is not None
@@ -132,6 +137,7 @@ class SlimserveAttentionImpl(AttentionImpl):
                                   query_start_loc=planner.last_query_start_loc, seq_lens=planner.last_seq_lens,
                                   block_table=meta.block_table, num_reqs=meta.num_reqs, sm_scale=self.scale,
                                   statuses=meta.statuses)
+            self._rotate_output_back(out, query)
             stats.count("forward_host")
             stats.count("forward")
             stats.count("forward_tokens", n)
@@ -146,6 +152,13 @@ class SlimserveAttentionImpl(AttentionImpl):
             torch.ops.slimserve.paged_attention_run(q, cache.pages, None, meta.block_table, meta.seq_lens, out,
                                                     meta.statuses, meta.attention.id, cache.kv_dtype, "NHD",
                                                     self.scale, cache.k_scale, cache.v_scale)
+        self._rotate_output_back(out, query)
         stats.count("forward")
         stats.count("forward_tokens", n)
         return output
+
+    def _rotate_output_back(self, out: torch.Tensor, query: torch.Tensor) -> None:
+        """With rotated values the output is in the rotated basis; the transform is its own
+        inverse, so one more rotation (in place) gives the model's output."""
+        if self.rotation == "keys_and_values":
+            _s.rotate_heads(out, stream=_stream_of(query))

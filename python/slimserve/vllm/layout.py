@@ -11,7 +11,10 @@ i.e. the tensor read as [num_blocks, 2, block_size, kv_heads, head_size], slimse
 K/V allocation (`PagedKVCache(kv, None)`: page b's K at page 2b, its V one page later, page
 stride two pages). Paged attention reads it in place, and the append writes it in place:
 `slimserve_kv_append` with that page stride and vLLM's slot_mapping (slot s is block
-s // block_size, row s % block_size). FP8 caches are uint8.
+s // block_size, row s % block_size). FP8 caches are uint8. NVFP4 caches are uint8 too, with
+the backend's spec (backend.customize_spec) making vLLM's content per head and token 2 * 9 D /
+16 bytes: each of K and V a head vector of D/2 bytes of E2M1 codes then D/16 E4M3 block
+scales, so a block is exactly its two NVFP4 pages.
 """
 from __future__ import annotations
 
@@ -38,13 +41,13 @@ class LayerCache:
             raise ValueError("slimserve vLLM backend: the layer's KV cache tensor must be contiguous "
                              f"(strides {kv_cache.stride()})")
         num_blocks, kv_heads, block_size, twice_head = kv_cache.shape
-        head_size = twice_head // 2
+        head_size = twice_head // 2  # elements; for nvfp4, a head vector's bytes (9 D / 16)
         self.pages = _bytes_view(kv_cache).view(num_blocks, 2, block_size, kv_heads, head_size)
-        fp8 = kv_dtype.startswith("fp8")
-        scales = dict(k_scale=k_scale, v_scale=v_scale) if fp8 else {}
-        self.attention = _s.PagedKVCache(self.pages, None, layout="NHD", dtype=kv_dtype if fp8 else None, **scales)
+        scaled = kv_dtype.startswith("fp8") or kv_dtype == "nvfp4"
+        scales = dict(k_scale=k_scale, v_scale=v_scale) if scaled else {}
+        self.attention = _s.PagedKVCache(self.pages, None, layout="NHD", dtype=kv_dtype if scaled else None, **scales)
         self.kv_dtype = kv_dtype
-        self.k_scale, self.v_scale = (k_scale, v_scale) if fp8 else (None, None)
+        self.k_scale, self.v_scale = (k_scale, v_scale) if scaled else (None, None)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.kv_heads, self.head_size = kv_heads, head_size
         self.data_ptr = kv_cache.data_ptr()

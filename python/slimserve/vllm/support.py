@@ -15,7 +15,9 @@ BLOCK_SIZES = (32, 64, 128)
 ACTIVATION_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # vLLM's cache_dtype names -> slimserve's KV dtype (None: the activation dtype).
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "float16": "float16",
-                   "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+                   "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "nvfp4": "nvfp4"}
+# NVFP4 head vectors (D/2 code bytes + D/16 scale bytes) are whole 4-byte words at these.
+NVFP4_HEAD_SIZES = (64, 128, 192, 256)
 
 
 class UnsupportedConfiguration(ValueError):
@@ -27,6 +29,14 @@ def _refuse(what: str, got, supported) -> None:
                                    f"(supported: {supported})")
 
 
+def nvfp4_tensor_scale(vllm_scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4's per-tensor scale from vLLM's k_scale / v_scale, keeping the FP8 meaning of that
+    scale: the largest value stored is 448 * scale (E2M1's 6 times E4M3's 448 times the tensor
+    scale), so the tensor scale is scale / 6. With vLLM's default 1.0, block scales are E4M3
+    normals for every block whose largest magnitude is at least 2^-6."""
+    return (vllm_scale.reshape(1).to(torch.float32) / 6.0).contiguous()
+
+
 def check_layer(*, num_heads: int, num_kv_heads: int, head_size: int, kv_cache_dtype: str,
                 sliding_window: Optional[int], alibi_slopes, logits_soft_cap: Optional[float],
                 attn_type: str, sinks, kv_sharing_target_layer_name: Optional[str]) -> str:
@@ -36,6 +46,8 @@ def check_layer(*, num_heads: int, num_kv_heads: int, head_size: int, kv_cache_d
         _refuse("head size", head_size, HEAD_SIZES)
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         _refuse("kv_cache_dtype", kv_cache_dtype, tuple(KV_CACHE_DTYPES))
+    if kv_cache_dtype == "nvfp4" and head_size not in NVFP4_HEAD_SIZES:
+        _refuse("head size with kv_cache_dtype nvfp4:", head_size, NVFP4_HEAD_SIZES)
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         _refuse("query/KV head ratio", f"{num_heads}/{num_kv_heads}", "a whole number")
     if sliding_window is not None and sliding_window > 0:

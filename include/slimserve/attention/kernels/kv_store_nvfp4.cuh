@@ -8,8 +8,9 @@
 /// and codes the lane's 8 elements into one 32-bit word against the block scale computed on
 /// the fly from that amax and the per-tensor scale (read through its device pointer; an
 /// NVFP4 view always has one, validate_cache_view). Head vector `i` of a page array is
-/// head_vector_bytes bytes at byte i * head_vector_bytes (packed pages only): lane l's word at
-/// byte 4 l, the scale of block b at byte head_dim / 2 + b, stored by the pair's even lane.
+/// head_vector_bytes bytes at byte i * head_vector_bytes of its page (pages page_stride bytes
+/// apart, or packed): lane l's word at byte 4 l, the scale of block b at byte head_dim / 2 + b,
+/// stored by the pair's even lane.
 
 #include <cstdint>
 
@@ -51,9 +52,14 @@ SLIMSERVE_ATTENTION_UNROLL
   const Nvfp4LaneCodes kc = nvfp4_quantize_lane(k, *target.k_scale);
   const Nvfp4LaneCodes vc = nvfp4_quantize_lane(v, *target.v_scale);
   if (!active) return;
-  const std::int64_t vector = cache_offset(target.layout, target.page_size, target.num_kv_heads, 1, page, slot, head, 0);
-  std::uint8_t* k_vector = static_cast<std::uint8_t*>(target.k_pages) + vector * vector_bytes;
-  std::uint8_t* v_vector = static_cast<std::uint8_t*>(target.v_pages) + vector * vector_bytes;
+  // Pages are page_stride bytes apart (a combined K/V allocation: twice a page), or packed.
+  const std::int64_t page_bytes = target.page_stride != 0
+                                      ? target.page_stride
+                                      : static_cast<std::int64_t>(target.page_size) * target.num_kv_heads * vector_bytes;
+  const std::int64_t vector_in_page = cache_offset(target.layout, target.page_size, target.num_kv_heads, 1, 0, slot, head, 0);
+  const std::int64_t offset = page * page_bytes + vector_in_page * vector_bytes;
+  std::uint8_t* k_vector = static_cast<std::uint8_t*>(target.k_pages) + offset;
+  std::uint8_t* v_vector = static_cast<std::uint8_t*>(target.v_pages) + offset;
   *reinterpret_cast<std::uint32_t*>(k_vector + 4 * lane) = kc.codes;
   *reinterpret_cast<std::uint32_t*>(v_vector + 4 * lane) = vc.codes;
   if (lane % 2 == 0) {

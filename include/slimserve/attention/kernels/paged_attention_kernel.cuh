@@ -386,8 +386,9 @@ SLIMSERVE_ATTENTION_UNROLL
   // stage's block-scale arrays, in pieces of piece_bytes. One page-id load and one address per
   // token, the pieces at immediate offsets: the per-piece index math of a lane-per-piece
   // mapping cost ~9x the instructions (a warp's copy then touches 32 vectors, all in L1 after
-  // the first piece: .ca). Pages are packed (validate_cache_view), addressed in bytes: vector
-  // (page, slot, head) is at vector_bytes * its cache_offset with head_dim 1.
+  // the first piece: .ca). Pages are addressed in bytes, page_stride apart (an NVFP4 page
+  // stride counts bytes: packed, or vLLM's blocks of a K page and a V page): vector (slot,
+  // head) of a page is at vector_bytes * its cache_offset with head_dim 1.
   auto produce_nvfp4_pages = [&](auto& stage, std::int32_t tile_begin) {
     if constexpr (block_scaled) {
       using Vec = Nvfp4VectorGeometry<HeadDim>;
@@ -401,7 +402,7 @@ SLIMSERVE_ATTENTION_UNROLL
       const std::int32_t in_page = p.layout == KvLayout::nhd ? (position & slot_mask) * p.num_kv_heads + kv_head
                                                              : kv_head * p.page_size + (position & slot_mask);
       const std::int64_t offset =
-          ok ? (static_cast<std::int64_t>(page) * p.page_size * p.num_kv_heads + in_page) * Vec::vector_bytes : 0;
+          ok ? page * page_stride + static_cast<std::int64_t>(in_page) * Vec::vector_bytes : 0;
       const unsigned char* k_src = k_bytes + offset;
       const unsigned char* v_src = v_bytes + offset;
 SLIMSERVE_ATTENTION_UNROLL
