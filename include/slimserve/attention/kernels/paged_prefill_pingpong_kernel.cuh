@@ -367,8 +367,8 @@ SLIMSERVE_ATTENTION_UNROLL
   // + widen_tokens j (pass j) of K and of V. widen_tokens is a multiple of 8: a pass lies
   // widen_raw_step bytes on in the raw tile and widen_wide_step on in the 128B-swizzled tile
   // (whole 8-row groups, the same swizzle phase), so every address is a per-thread base
-  // plus a constant. Indexing each unit by its own number (div/mod, swizzle) was about 70 of
-  // the 125 instructions of a pair of units. One pass (a K and a V unit) per trip, not all
+  // plus a constant. Indexing each unit by its own number (div/mod, swizzle) made a trip 89
+  // instructions, not 41. One pass (a K and a V unit) per trip, not all
   // of them: fully unrolled, the compiler hoisted every shared load (32 registers of codes,
   // 64 of halves) over the live O, Q and P fragments, which spilled 63-68 values.
   constexpr int widen_tokens = Tile::warpgroup_threads / Tile::raw_row_chunks;
