@@ -362,31 +362,49 @@ SLIMSERVE_ATTENTION_UNROLL
   int slot = consumer;  // of this consumer's next tile (its tiles' slots: consumer, consumer + 2, ...)
   int previous_slot = 0;
 
-  // FP8: widen the slot's codes (each once, 16 per thread and step) into this consumer's K
-  // tile and V tile `v_index`. Two units per trip, not all eight: fully unrolled, the compiler
-  // hoisted the eight shared loads (32 registers of codes, 64 of halves) over the live O, Q and
-  // P fragments, which spilled 63-68 values (224-232 registers); at two, nothing spills.
-  auto widen = [&](int raw_slot, int v_index) {
-    const unsigned char* raw = smem.kv + Tile::ring_offset + raw_slot * Tile::slot_bytes;
-    unsigned char* k_tile = smem.kv + Tile::converted_offset + consumer * 3 * KvTile::bytes;
-#if defined(__CUDACC__)
-#pragma unroll 2
-#endif
-    for (int unit = 0; unit < 2 * Tile::raw_stage_chunks / Tile::warpgroup_threads; ++unit) {
-      const int u = i_wg + Tile::warpgroup_threads * unit;  // [K, V][token][chunk]
-      const int which = u / Tile::raw_stage_chunks;
-      const int token = (u % Tile::raw_stage_chunks) / Tile::raw_row_chunks;
-      const int c = u % Tile::raw_row_chunks;
-      const Vec16 codes = load16(raw + 16 * u);
-      Vec16 wide[2];
+  // FP8: widen the slot's codes (each once) into this consumer's K tile and V tile `v_index`.
+  // Thread i_wg widens 16-code chunk i_wg % raw_row_chunks of tokens i_wg / raw_row_chunks
+  // + widen_tokens j (pass j) of K and of V. widen_tokens is a multiple of 8: a pass lies
+  // widen_raw_step bytes on in the raw tile and widen_wide_step on in the 128B-swizzled tile
+  // (whole 8-row groups, the same swizzle phase), so every address is a per-thread base
+  // plus a constant. Indexing each unit by its own number (div/mod, swizzle) made a trip 89
+  // instructions, not 41. One pass (a K and a V unit) per trip, not all
+  // of them: fully unrolled, the compiler hoisted every shared load (32 registers of codes,
+  // 64 of halves) over the live O, Q and P fragments, which spilled 63-68 values.
+  constexpr int widen_tokens = Tile::warpgroup_threads / Tile::raw_row_chunks;
+  constexpr int widen_passes = Tile::stage_tokens / widen_tokens;
+  static_assert(Tile::warpgroup_threads % Tile::raw_row_chunks == 0 && widen_tokens % 8 == 0 &&
+                    Tile::stage_tokens % widen_tokens == 0,
+                "a widening pass covers whole 8-token swizzle groups");
+  constexpr std::uint32_t widen_raw_step = static_cast<std::uint32_t>(widen_tokens) * HeadDim;
+  constexpr std::uint32_t widen_wide_step = KvTile::chunk_offset(widen_tokens, 0);
+  const int widen_token = i_wg / Tile::raw_row_chunks;
+  const int widen_chunk = i_wg % Tile::raw_row_chunks;
+  const std::uint32_t widen_raw = 16u * static_cast<std::uint32_t>(i_wg);  // widen_token * HeadDim + 16 widen_chunk
+  const std::uint32_t widen_wide0 = KvTile::chunk_offset(widen_token, 2 * widen_chunk);
+  const std::uint32_t widen_wide1 = KvTile::chunk_offset(widen_token, 2 * widen_chunk + 1);
+  // 16 codes at `raw` -> 16 halves at wide + widen_wide0 (the first 8) and + widen_wide1.
+  auto widen16 = [&](const unsigned char* raw, unsigned char* wide) {
+    const Vec16 codes = load16(raw);
+    Vec16 halves[2];
 SLIMSERVE_ATTENTION_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        wide[k / 2].word[2 * (k % 2)] = fp8_pair_to_f16x2<KvT>(codes.word[k]);
-        wide[k / 2].word[2 * (k % 2) + 1] = fp8_pair_to_f16x2<KvT>(codes.word[k] >> 16);
-      }
-      unsigned char* tile = k_tile + (which == 0 ? 0 : (1 + v_index)) * KvTile::bytes;
-      store16(tile + KvTile::chunk_offset(token, 2 * c), wide[0]);
-      store16(tile + KvTile::chunk_offset(token, 2 * c + 1), wide[1]);
+    for (int k = 0; k < 4; ++k) {
+      halves[k / 2].word[2 * (k % 2)] = fp8_pair_to_f16x2<KvT>(codes.word[k]);
+      halves[k / 2].word[2 * (k % 2) + 1] = fp8_pair_to_f16x2<KvT>(codes.word[k] >> 16);
+    }
+    store16(wide + widen_wide0, halves[0]);
+    store16(wide + widen_wide1, halves[1]);
+  };
+  auto widen = [&](int raw_slot, int v_index) {
+    const unsigned char* raw = smem.kv + Tile::ring_offset + raw_slot * Tile::slot_bytes + widen_raw;
+    unsigned char* k_wide = smem.kv + Tile::converted_offset + consumer * 3 * KvTile::bytes;
+    unsigned char* v_wide = k_wide + (1 + v_index) * KvTile::bytes;
+#if defined(__CUDACC__)
+#pragma unroll 1
+#endif
+    for (int pass = 0; pass < widen_passes; ++pass) {
+      widen16(raw + pass * widen_raw_step, k_wide + pass * widen_wide_step);
+      widen16(raw + Tile::raw_tile_bytes + pass * widen_raw_step, v_wide + pass * widen_wide_step);
     }
   };
 
