@@ -263,8 +263,13 @@ def paged_prefill_pingpong(args: list[str], problem: dict) -> Work:
     smem = kv_smem + slots * 2 * 4 + merge
     ctas, row_tiles, stage_trips, costs, dram_bytes = _wgmma_prefill_schedule(
         problem, batch, context, kv_heads, group, query_tokens, page_size, head_dim, kv_b, q_b)
+    # FP8: the consumer's widening loop (its only nested loop) runs once per widening pass of a
+    # tile: a pass widens 16 codes per thread of the warpgroup, 128 * 16 / head_dim tokens of
+    # K and of V, so head_dim / 32 passes per 64-token tile (4 at 128), each counted.
+    widening_passes = stage_tokens * head_dim // (128 * 16) if kv_b == 1 else 1
     return Work(threads=384, ctas=ctas, dram_bytes=dram_bytes,
                 iterations=batch * kv_heads * stage_trips, dynamic_smem=smem, cta_costs=costs,
+                other_child_trips=float(widening_passes),
                 main_loop="tensor", loop_threads=128, producer_warps=4, turn_groups=2,
                 bytes_formula="K+V B·ctx·H_kv·D·bytes·2 once (L2 serves the row tiles) + Q+O",
                 notes=[f"wgmma ping-pong, 64 rows per CTA (producer + 2 consumer warpgroups), "
