@@ -29,8 +29,9 @@
 /// request's length uses.
 ///
 /// K and V are two allocations or one: `PagedKVCacheView::page_stride` is the distance
-/// between consecutive pages, so a combined [num_pages, 2, page, H, D] cache is
-/// k_pages = base, v_pages = base + page * H * D, page_stride = 2 * page * H * D.
+/// between consecutive pages in storage elements (bytes for NVFP4), so a combined
+/// [num_pages, 2, page, H, D] cache is k_pages = base, v_pages = base + page * H * D,
+/// page_stride = 2 * page * H * D (NVFP4: page * H * 9 D / 16 bytes in place of page * H * D).
 
 #include <cstddef>
 #include <cstdint>

@@ -789,9 +789,10 @@ SLIMSERVE_C_API slimserve_status slimserve_paged_attention_plan_get_info(
 typedef struct slimserve_paged_attention_args {
   size_t struct_size;
   slimserve_kv_cache cache;
-  /* Elements from one page to the next in cache.k_pages and cache.v_pages; 0: packed
-   * (page_size * num_kv_heads * head_dim). K and V in one allocation [num_pages, 2, page]:
-   * v_pages = k_pages + packed page elements, kv_page_stride = twice that. */
+  /* Storage elements (bytes for NVFP4) from one page to the next in cache.k_pages and
+   * cache.v_pages; 0: packed (page_size * num_kv_heads * head_dim elements; NVFP4:
+   * page_size * num_kv_heads * 9 * head_dim / 16 bytes). K and V in one allocation
+   * [num_pages, 2, page]: v_pages = k_pages + one packed page, kv_page_stride = twice that. */
   int64_t kv_page_stride;
   /* The page table, exactly one of the two (device arrays; tags are not read here). */
   const slimserve_page_table_view* table;
@@ -866,7 +867,7 @@ SLIMSERVE_C_API slimserve_status slimserve_dequantize_pages(const slimserve_kv_c
 typedef struct slimserve_kv_append_args {
   size_t struct_size;
   slimserve_kv_cache cache;
-  int64_t kv_page_stride;                   /* elements between pages; 0: packed */
+  int64_t kv_page_stride;                   /* storage elements (NVFP4: bytes) between pages; 0: packed */
   const slimserve_page_table_view* table;   /* device; NULL with slot_mapping */
   const slimserve_request_status* statuses; /* [batch_size] device, or NULL */
   const void* k_new; /* device rows [num_tokens][num_kv_heads, head_dim] (k_row_stride), 16-byte aligned */
@@ -1274,7 +1275,8 @@ typedef struct slimserve_transfer_entry {
   int64_t bytes;
 } slimserve_transfer_entry;
 
-/* The layout of a paged K/V cache whose pages are page_stride elements apart (0: packed). */
+/* The layout of a paged K/V cache whose pages are page_stride storage elements (NVFP4: bytes)
+ * apart (0: packed). */
 SLIMSERVE_C_API slimserve_status slimserve_describe_kv_cache(const slimserve_kv_cache* cache,
                                                              int64_t page_stride,
                                                              slimserve_cache_layout* out);

@@ -18,7 +18,7 @@ namespace attention::kernels {
 template <KvRotation Rotation, int HeadDim>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void rotate_loaded_head_vectors(float (&k)[8], float (&v)[8]) {
   if constexpr (rotates_keys(Rotation)) {
-    static_assert(RotationHeadDims::contains(HeadDim), "rotation: head_dim 64, 128 or 256 (RotationHeadDims)");
+    static_assert(hadamard_head_dim<HeadDim>, "rotation: head_dim 64, 128 or 256 (RotationHeadDims)");
     hadamard_rotate<HeadDim>(k);
     if constexpr (rotates_values(Rotation)) hadamard_rotate<HeadDim>(v);
   }
