@@ -76,6 +76,22 @@ TMA_LOOP = """
 """
 
 
+# A loop-free kernel with an early exit: its page-table search loads as many bytes as the
+# store path writes, so the byte demand alone is met by a path that stores nothing.
+EARLY_EXIT_STORE = """
+.text._Z6kernelv:
+        /*0000*/                   LDG.E.64 R2, desc[UR4][R2.64] ;
+        /*0010*/                   LDG.E.64 R4, desc[UR4][R4.64] ;
+        /*0020*/                   ISETP.GE.AND P0, PT, R2, RZ, PT ;
+        /*0030*/              @!P0 EXIT ;
+        /*0040*/                   MUFU.RCP R6, R4 ;
+        /*0050*/                   FFMA R7, R6, R5, RZ ;
+        /*0060*/                   FMUL R8, R7, R6 ;
+        /*0070*/                   STG.E.64 desc[UR4][R2.64], R8 ;
+        /*0080*/                   EXIT ;
+"""
+
+
 def analyse_text(text, traffic):
     function = next(iter(parse_nvdisasm(text).values()))
     blocks = cfg.build_blocks(function)
@@ -105,6 +121,26 @@ class LoopsAndPaths(unittest.TestCase):
         self.assertEqual(big_ops.count("LDGSTS"), 4)  # needs the unrolled version
         self.assertTrue(big.met_traffic)
         _, _, too_much, _ = analyse_text(VERSIONED_LOADS, traffic=1000)
+        self.assertFalse(too_much.met_traffic)
+
+    def test_loop_free_path_must_store_what_the_problem_writes(self):
+        function = next(iter(parse_nvdisasm(EARLY_EXIT_STORE).values()))
+        blocks = cfg.build_blocks(function)
+        region = steady.function_region(function, blocks, cfg.find_loops(blocks))
+
+        def opcodes(result):
+            return [i.opcode for b in sorted(result.weights)
+                    for i in function.instructions[blocks[b].start:blocks[b].end]]
+        exit_only = steady.steady_weights(function, blocks, region, lambda _: 1.0, traffic_per_thread=16)
+        self.assertNotIn("STG", opcodes(exit_only))  # 16 B of loads meet the total demand
+        storing = steady.steady_weights(function, blocks, region, lambda _: 1.0,
+                                        traffic_per_thread=16, stores_per_thread=8)
+        self.assertIn("STG", opcodes(storing))
+        self.assertIn("MUFU", opcodes(storing))
+        self.assertTrue(storing.met_traffic)
+        self.assertEqual(storing.stores, 8)
+        too_much = steady.steady_weights(function, blocks, region, lambda _: 1.0,
+                                         traffic_per_thread=16, stores_per_thread=64)
         self.assertFalse(too_much.met_traffic)
 
     def test_tma_loop(self):

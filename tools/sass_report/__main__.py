@@ -49,13 +49,15 @@ def _arguments() -> argparse.Namespace:
                         help="delete budget tables whose row no longer exists (after a rename: "
                              "review the printed list; the renamed rows need --update-budget)")
     parser.add_argument("--rebaseline", metavar="GLOB",
-                        help="reset the budgets of rows whose key matches GLOB to today's values")
+                        help="reset the budgets of rows whose key matches GLOB to today's values "
+                             "(with --reason: recorded as each reset budget's reason)")
     parser.add_argument("--lower-floors", metavar="GLOB",
                         help="after a model change: lower the predicted-fraction floor of rows "
                              "matching GLOB that are now below it to today's pessimistic end, "
                              "keeping ceilings and spills, with --reason (printed for review)")
-    parser.add_argument("--reason", default="model change",
-                        help="why, recorded with each floor --lower-floors lowers")
+    parser.add_argument("--reason", default=None,
+                        help="why, recorded with each floor --lower-floors lowers (default "
+                             "'model change') or each budget --rebaseline resets")
     args = parser.parse_args()
     if not args.objects and args.objects_file is None:
         args.objects_file = root / "build/default/sass-objects.txt"
@@ -193,10 +195,12 @@ def main() -> int:
             reset = args.rebaseline and fnmatch.fnmatchcase(row["key"], args.rebaseline)
             if row["key"] not in budgets or reset:
                 budgets[row["key"]] = budget_file.budget_for(row)
+                if reset and args.reason:
+                    budgets[row["key"]]["reason"] = args.reason
             elif args.lower_floors and fnmatch.fnmatchcase(row["key"], args.lower_floors):
                 budget_file.add_tensor_floor(budgets[row["key"]], row)
                 before = budgets[row["key"]]["min_predicted_copy_bw_fraction"]
-                if budget_file.lower_floor(budgets[row["key"]], row, args.reason):
+                if budget_file.lower_floor(budgets[row["key"]], row, args.reason or "model change"):
                     print(f"sass-report: floor of '{row['key']}' {before} -> "
                           f"{budgets[row['key']]['min_predicted_copy_bw_fraction']}")
         budget_file.dump(args.budget, budgets)

@@ -62,11 +62,17 @@ class Work:
                                  # credited only where the SASS shows the turn barriers
     whole_kernel: bool = False   # one pass through the kernel is the iteration (its loops are
                                  # searches or fix-ups, not the stream)
+    dram_store_bytes: float = 0.0  # of dram_bytes, what the problem must write: the counted
+                                 # path must also store that much (0: no separate demand)
     notes: list[str] = field(default_factory=list)
 
     @property
     def bytes_per_iteration(self) -> float:
         return self.dram_bytes / self.iterations
+
+    @property
+    def store_bytes_per_iteration(self) -> float:
+        return self.dram_store_bytes / self.iterations
 
 
 FORMULAS: dict[str, Callable[[list[str], dict], Work]] = {}
@@ -290,7 +296,8 @@ def kv_append(args: list[str], problem: dict) -> Work:
     in_bytes = tokens * kv_heads * head_dim * dtype_bytes(src) * 2
     out_bytes = tokens * kv_heads * head_dim * dtype_bytes(kv) * 2
     return Work(threads=threads, ctas=ctas, dram_bytes=in_bytes + out_bytes, iterations=ctas,
-                bytes_formula="K,V in (T·H·D·in) + K,V out (T·H·D·kv)", whole_kernel=True)
+                bytes_formula="K,V in (T·H·D·in) + K,V out (T·H·D·kv)", whole_kernel=True,
+                dram_store_bytes=out_bytes)
 
 
 @formula("rotate_heads")
@@ -302,7 +309,7 @@ def rotate_heads(args: list[str], problem: dict) -> Work:
     ctas = math.ceil(tokens * heads / vectors_per_cta)
     bytes_each = tokens * heads * head_dim * dtype_bytes(src)
     return Work(threads=128, ctas=ctas, dram_bytes=2 * bytes_each, iterations=ctas,
-                bytes_formula="in + out (T·H·D·in each)", whole_kernel=True)
+                bytes_formula="in + out (T·H·D·in each)", whole_kernel=True, dram_store_bytes=bytes_each)
 
 
 @formula("merge_states")
@@ -314,7 +321,7 @@ def merge_states(args: list[str], problem: dict) -> Work:
     partial = ctas * splits * (head_dim * 4 + 4)
     output = ctas * head_dim * dtype_bytes(out)
     return Work(threads=head_dim, ctas=ctas, dram_bytes=partial + output, iterations=ctas,
-                whole_kernel=True, inner_trips=splits, other_child_trips=splits,
+                whole_kernel=True, inner_trips=splits, other_child_trips=splits, dram_store_bytes=output,
                 bytes_formula="partials B·rows·splits·(D·4 + 4) + out B·rows·D·out")
 
 

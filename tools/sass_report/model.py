@@ -547,7 +547,8 @@ def analyse(function: Function, resources: Resources | None, work: Work) -> dict
 
     region = loop_region(main) if main is not None else function_region(function, blocks, roots)
     steady = steady_weights(function, blocks, region, child_trips,
-                            traffic_per_thread=work.bytes_per_iteration / work.threads)
+                            traffic_per_thread=work.bytes_per_iteration / work.threads,
+                            stores_per_thread=work.store_bytes_per_iteration / work.threads)
     counts, extra = _gather(function, blocks, main, steady,
                             work, heaviest if work.inner_trips is not None else None)
     counts, producer = _with_producer(counts, function, blocks, roots, main, work)

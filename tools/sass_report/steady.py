@@ -7,7 +7,11 @@ single nodes. The counted iteration is the cheapest path from the header to a la
      instructions: the work the loop exists for; and
   2. requests at least as many bytes of global memory (loads, cp.async, TMA, global stores,
      per thread) as one iteration must move to or from DRAM according to the problem formula
-     (when no path can, the path that requests the most).
+     (when no path can, the path that requests the most); and, where the formula also names
+     the bytes an iteration must write, at least that many of them in global stores (a
+     loop-free kernel's early exit may load as many bytes of metadata as its stores would
+     have written: an append kernel's page-table search met the demand of a 4-bit store
+     without storing anything).
 
 So rare fix-ups (the online-softmax rescale when a new maximum appears, error paths) and the
 alternative versions a compiler makes of a loop (unrolled body vs. remainder) are not summed
@@ -30,6 +34,7 @@ _WORK_CLASSES = {"shared_load", "tensor"}
 _MOST = float("inf")  # traffic demand meaning "as much as one path can request"
 _GLOBAL_TRAFFIC = {"LDG", "LDGSTS", "STG", "RED", "ATOM", "ATOMG", "REDG", "UTMALDG",
                    "UTMASTG", "UBLKCP", "LD", "ST"}
+_GLOBAL_STORES = {"STG", "RED", "ATOM", "ATOMG", "REDG", "UTMASTG", "ST"}
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Steady:
     covering: bool  # False: the required blocks were not on one path; every block counted
     traffic: float  # global bytes requested per thread along the path
     met_traffic: bool
+    stores: float = 0.0  # of which global stores
 
 
 # A bulk/tensor copy (TMA) moves a whole tile whose size lives in the tensor map, not in the
@@ -55,10 +61,12 @@ _BULK = {"UTMALDG", "UTMASTG", "UBLKCP", "UBLKRED", "UTMAREDG"}
 BULK_TRAFFIC = 1 << 20
 
 
-def _block_traffic(function: Function, block: Block) -> int:
+def _block_traffic(function: Function, block: Block, stores_only: bool = False) -> int:
     total = 0
     for i in function.instructions[block.start:block.end]:
         if i.predicate in NEVER_EXECUTED:
+            continue
+        if stores_only and i.opcode not in _GLOBAL_STORES:
             continue
         if i.opcode in _BULK:
             total += BULK_TRAFFIC
@@ -73,9 +81,10 @@ def _block_has_work(function: Function, block: Block) -> bool:
 
 
 def steady_weights(function: Function, blocks: list[Block], region: Region, child_trips,
-                   traffic_per_thread: float = 0.0) -> Steady:
+                   traffic_per_thread: float = 0.0, stores_per_thread: float = 0.0) -> Steady:
     """child_trips(loop) -> trips of that nested loop per iteration of the region;
-    traffic_per_thread: global bytes one thread must request per iteration (0: no demand)."""
+    traffic_per_thread: global bytes one thread must request per iteration (0: no demand);
+    stores_per_thread: of those, the bytes it must store (0: no separate demand)."""
     node_of: dict[int, tuple] = {}
     child_steady: dict[int, Steady] = {}
     for n, child in enumerate(region.children):
@@ -103,6 +112,12 @@ def steady_weights(function: Function, blocks: list[Block], region: Region, chil
         if kind == "block":
             return float(_block_traffic(function, blocks[key]))
         return child_trips(region.children[key]) * child_steady[key].traffic
+
+    def stores(node) -> float:
+        kind, key = node
+        if kind == "block":
+            return float(_block_traffic(function, blocks[key], stores_only=True))
+        return child_trips(region.children[key]) * child_steady[key].stores
 
     def has_work(node) -> bool:
         kind, key = node
@@ -134,7 +149,9 @@ def steady_weights(function: Function, blocks: list[Block], region: Region, chil
 
     def everything() -> Steady:
         total = sum(traffic(node) for node in nodes)
-        return Steady(weights_of(nodes), False, total, total >= traffic_per_thread)
+        stored = sum(stores(node) for node in nodes)
+        return Steady(weights_of(nodes), False, total,
+                      total >= traffic_per_thread and stored >= stores_per_thread, stored)
 
     # Topological order (Kahn); a cycle left over means an irreducible region.
     indegree = {node: 0 for node in nodes}
@@ -156,11 +173,12 @@ def steady_weights(function: Function, blocks: list[Block], region: Region, chil
     if traffic_per_thread == _MOST:
         traffic_per_thread = sum(traffic(node) for node in nodes)
     cap = math.ceil(traffic_per_thread) if traffic_per_thread > 0 else 0
+    store_cap = math.ceil(stores_per_thread) if stores_per_thread > 0 else 0
 
-    # States: (node, capped traffic) -> (cost, previous state). Waypoints (required nodes, in
-    # topological order) split the search into segments that must chain.
+    # States: (node, capped traffic, capped stores) -> (cost, previous state). Waypoints
+    # (required nodes, in topological order) split the search into segments that must chain.
     required = sorted((n for n in nodes if n != entry and has_work(n)), key=lambda n: position[n])
-    start = (entry, min(cap, int(traffic(entry))))
+    start = (entry, min(cap, int(traffic(entry))), min(store_cap, int(stores(entry))))
     previous: dict = {start: None}
     frontier = {start: cost(entry)}
     for stop in required + [None]:  # None: the last segment ends in any target (a latch)
@@ -176,7 +194,8 @@ def steady_weights(function: Function, blocks: list[Block], region: Region, chil
                 for succ in sorted(successors[node], key=position.__getitem__):
                     if stop is not None and position[succ] > position[stop]:
                         continue
-                    new_state = (succ, min(cap, state[1] + int(traffic(succ))))
+                    new_state = (succ, min(cap, state[1] + int(traffic(succ))),
+                                 min(store_cap, state[2] + int(stores(succ))))
                     candidate = best[state] + cost(succ)
                     if new_state not in best or candidate < best[new_state]:
                         best[new_state] = candidate
@@ -185,14 +204,16 @@ def steady_weights(function: Function, blocks: list[Block], region: Region, chil
         if not frontier:
             return everything()
 
-    final = max(frontier, key=lambda state: (state[1], -frontier[state]))
+    # The cheapest path among those that meet both demands (or come nearest: stores first).
+    final = max(frontier, key=lambda state: (state[2], state[1], -frontier[state]))
     path, state = [], final
     while state is not None:
         path.append(state[0])
         state = previous[state]
     path.reverse()
     total = sum(traffic(node) for node in path)
-    return Steady(weights_of(path), True, total, final[1] >= cap)
+    stored = sum(stores(node) for node in path)
+    return Steady(weights_of(path), True, total, final[1] >= cap and final[2] >= store_cap, stored)
 
 
 def loop_region(loop: Loop) -> Region:
