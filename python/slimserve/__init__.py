@@ -819,6 +819,12 @@ class PagedKVCache:
             self._check_tensor_dtype(k, dtype, "k_pages")
             page = k.shape[1] * k.shape[2] * k.shape[3]
             self.page_stride = 0 if k_stride == page else k_stride
+            # As the C view requires: every page starts as aligned as the first (whole 16-byte
+            # steps; storage elements are bytes for NVFP4).
+            element = 2 if _kv_formats.KV_BITS[KV_DTYPES[dtype]] == 16 else 1
+            if self.page_stride * element % 16:
+                raise value_error(f"slimserve: k_pages page stride {k_stride} elements ({k_stride * element} "
+                                  f"bytes) must be a multiple of 16 bytes")
         num_pages, a, b, head_dim = k.shape
         if min(k.shape) <= 0:
             raise value_error(f"slimserve: KV pages of shape {k.shape} (every extent must be > 0)")
@@ -874,9 +880,9 @@ class PagedKVCache:
         if any(st != want for st, want, n in zip(r.strides[1:], inner, r.shape[1:]) if n > 1):
             raise value_error(f"slimserve: {name} has strides {r.strides}: each page must be compact "
                               f"(inner strides {inner}); only the page stride may differ")
-        if r.strides[0] < page or r.strides[0] % 8:
-            raise value_error(f"slimserve: {name} page stride {r.strides[0]} must be a multiple of 8 of "
-                              f"at least one page ({page} elements)")
+        if r.strides[0] < page:
+            raise value_error(f"slimserve: {name} page stride {r.strides[0]} must be at least one page "
+                              f"({page} elements)")
         return r.strides[0]
 
     @staticmethod

@@ -248,3 +248,18 @@ def test_append_reads_strided_rows_in_place_and_refuses_bad_strides(rng):
         ss.reshape_and_cache(k_bits, heads_apart, strided_k, strided_v, slots)
     np.testing.assert_array_equal(strided_k, packed_k)  # nothing written by the refused calls
     np.testing.assert_array_equal(strided_v, packed_v)
+
+
+def test_byte_page_stride_must_be_whole_16_byte_steps():
+    """The C view takes page strides in whole 16-byte steps (every page as aligned as the first):
+    an NVFP4 (byte) cache whose pages are 8 bytes apart beyond a page is refused by Python, naming
+    k_pages, before any call into C; 16 bytes beyond a page is taken."""
+    page = PAGE * HKV * (9 * D // 16)  # bytes of one packed NVFP4 page
+
+    def pages(extra):
+        return np.zeros((32, page + extra), np.uint8)[:, :page].reshape(32, PAGE, HKV, 9 * D // 16)
+
+    with pytest.raises(ss.SlimserveValueError, match="k_pages page stride .* multiple of 16 bytes"):
+        ss.PagedKVCache(pages(8), pages(8), dtype="nvfp4", k_scale=1.0, v_scale=1.0)
+    cache = ss.PagedKVCache(pages(16), pages(16), dtype="nvfp4", k_scale=1.0, v_scale=1.0)
+    assert cache.page_stride == page + 16
