@@ -82,6 +82,7 @@ for g in 32 64 128; do all="$all bf16_int4_g$g fp8_e4m3_int4_g$g fp8_e4m3_token_
 all="$all nvfp4 nvfp4_rot nvfp4_rot_kv"
 [[ -z $rows ]] && rows=${all// /,}
 mkdir -p "$results"
+running="$results/.running.$$"  # this invocation's job list: the PID keeps concurrent runs apart
 rm -f "$results"/*.failed
 # One row in its own process; a failure leaves NAME.failed (the rows may run concurrently).
 run_row() {
@@ -119,13 +120,14 @@ for name in ${rows//,/ }; do
     run_row "$name" "$folder" "$kv" "$weights" "${row_options[@]}"
     [[ -f $results/reference.json ]] || { echo "run.sh: the reference row failed" >&2; exit 1; }
   else
-    # `jobs` in a command substitution would list a subshell's jobs (none): count in this shell.
-    while jobs -rp >"$results/.running" && [[ $(wc -l <"$results/.running") -ge $jobs ]]; do wait -n || true; done
+    # `jobs` in a command substitution would list a subshell's jobs (none): count in this shell,
+    # through a file of this invocation's own (another run.sh may share the results folder).
+    while jobs -rp >"$running" && [[ $(wc -l <"$running") -ge $jobs ]]; do wait -n || true; done
     run_row "$name" "$folder" "$kv" "$weights" "${row_options[@]}" &
   fi
 done
 wait
-rm -f "$results/.running"
+rm -f "$running"
 failed=$(cd "$results" && ls -- *.failed 2>/dev/null | sed 's/\.failed$//' | tr '\n' ' ')
 [[ -n $failed ]] && echo "run.sh: rows that failed (logs in $results): $failed" >&2
 "$python" benchmarks/accuracy/accuracy.py table --results "$results" --rows "$rows"
