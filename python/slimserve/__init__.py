@@ -87,6 +87,29 @@ def kv_dtype_name(dtype, tensor_dtype: Optional[str] = None, name: str = "kv_cac
     return _KV_CODE_NAMES[KV_DTYPES[dtype]]
 
 
+# E2M1's largest magnitude: an NVFP4 value is code * E4M3 block scale * tensor scale, so its
+# largest is 6 * 448 * tensor scale.
+_NVFP4_E2M1_MAX = 6.0
+
+
+def nvfp4_head_vector_bytes(head_dim: int) -> int:
+    """Bytes of one NVFP4 head vector: head_dim / 2 bytes of E2M1 codes, then one E4M3 block
+    scale per 16 elements (9 * head_dim / 16). The vLLM plugin sizes vLLM's per-head content (a
+    K and a V head vector per token) with it."""
+    head_dim = int(head_dim)
+    if head_dim <= 0 or head_dim % 16:
+        raise value_error(f"slimserve: nvfp4 head_dim {head_dim} must be a positive multiple of 16 "
+                          "(16-element blocks)")
+    return head_dim // 2 + head_dim // 16
+
+
+def nvfp4_tensor_scale(fp8_scale: float) -> float:
+    """NVFP4's per-tensor scale from an FP8-meaning scale (vLLM's k_scale / v_scale: the largest
+    value stored is 448 * scale): scale / 6, so that 6 * 448 * tensor scale is that same largest
+    value. A non-finite or non-positive scale is refused."""
+    return _check_scale_value(fp8_scale, "fp8_scale") / _NVFP4_E2M1_MAX
+
+
 def _head_dim_of(dtype: str, extent: int) -> int:
     """head_dim of pages whose last extent is `extent`: the head vector's bytes for NVFP4 (D/2
     bytes of E2M1 codes, then D/16 E4M3 block scales: 9 D / 16), else head_dim itself."""

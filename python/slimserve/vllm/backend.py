@@ -12,6 +12,8 @@ from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, Att
                                        AttentionType, CommonAttentionMetadata, MultipleOf)
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
+import slimserve as _slimserve
+
 from . import guard, hooks, host_attention, stats, support
 from .impl import SlimserveAttentionImpl, _stream_of, set_current
 from .metadata import SlimserveMetadata, StepPlanner
@@ -30,7 +32,7 @@ class SlimserveAttentionBackend(AttentionBackend):
         mode = getattr(spec, "kv_quant_mode", None)
         if getattr(spec, "state_content_bytes", None) is not None or not getattr(mode, "is_nvfp4", False):
             return spec
-        return replace(spec, state_content_bytes=2 * (spec.head_size // 2 + spec.head_size // 16))
+        return replace(spec, state_content_bytes=2 * _slimserve.nvfp4_head_vector_bytes(spec.head_size))
 
     @staticmethod
     def get_name() -> str:

@@ -8,6 +8,8 @@ from typing import Optional
 
 import torch
 
+from slimserve import _NVFP4_E2M1_MAX  # the scalar arithmetic, tested without vLLM
+
 # slimserve's paged attention (docs/attention.md): head_dim and page sizes it dispatches.
 HEAD_SIZES = (64, 96, 128, 192, 256)
 # vLLM's CPU cache wants blocks in multiples of 32; slimserve pages go up to 128.
@@ -34,7 +36,7 @@ def nvfp4_tensor_scale(vllm_scale: torch.Tensor) -> torch.Tensor:
     scale: the largest value stored is 448 * scale (E2M1's 6 times E4M3's 448 times the tensor
     scale), so the tensor scale is scale / 6. With vLLM's default 1.0, block scales are E4M3
     normals for every block whose largest magnitude is at least 2^-6."""
-    return (vllm_scale.reshape(1).to(torch.float32) / 6.0).contiguous()
+    return (vllm_scale.reshape(1).to(torch.float32) / _NVFP4_E2M1_MAX).contiguous()
 
 
 def check_layer(*, num_heads: int, num_kv_heads: int, head_size: int, kv_cache_dtype: str,
