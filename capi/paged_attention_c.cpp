@@ -73,8 +73,11 @@ Status to_plan_arguments(const slimserve_paged_attention_plan_args* in,
 Status to_run_arguments(const slimserve_paged_attention_plan& plan, const slimserve_paged_attention_args* in,
                         attention::PagedAttentionArguments& out) {
   slimserve_paged_attention_args a;
-  SLIMSERVE_RETURN_IF_ERROR(read_versioned(in, "args", a));
+  // Callers built before the rotation pass a shorter struct: no rotation.
+  SLIMSERVE_RETURN_IF_ERROR(read_versioned(in, "args", a, offsetof(slimserve_paged_attention_args, rotation)));
   SLIMSERVE_RETURN_IF_ERROR(to_cache(&a.cache, out.cache, a.kv_page_stride));
+  if (a.reserved != 0) return make_status(StatusCode::invalid_argument, "args->reserved must be 0");
+  SLIMSERVE_RETURN_IF_ERROR(to_enum(a.rotation, "rotation", out.rotation));
   if ((a.table == nullptr) == (a.block_table == nullptr)) {
     return make_status(StatusCode::invalid_argument,
                        "give the page table as table (CSR) or block_table, exactly one");

@@ -148,6 +148,21 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
                          "attention over the pages (chunk_kv null)");
     }
   }
+  if (!is_valid(a.rotation)) {
+    return make_status(StatusCode::invalid_argument, "paged attention: unknown rotation ",
+                       static_cast<int>(a.rotation), " (none, keys or keys_and_values)");
+  }
+  if (a.rotation != KvRotation::none) {
+    if (!RotationHeadDims::contains(p.head_dim)) {
+      return make_status(StatusCode::unsupported, "paged attention: rotation ", to_string(a.rotation),
+                         " needs head_dim 64, 128 or 256, got ", p.head_dim);
+    }
+    if (fused) {
+      return make_status(StatusCode::unsupported, "paged attention: rotation ", to_string(a.rotation),
+                         " has no fused prefill (chunk_kv): append the chunk with append_kv and the same "
+                         "rotation, then run paged attention over the pages");
+    }
+  }
   if (!std::isfinite(a.logit_soft_cap) || a.logit_soft_cap < 0.0f) {
     return make_status(StatusCode::invalid_argument, "logit_soft_cap must be finite and >= 0 (0: none), got ",
                        a.logit_soft_cap);
@@ -178,6 +193,7 @@ AttentionKernel kernel_for_run(const PagedAttentionArguments& a, const PagedAtte
   const bool tensor_core_only = a.window_left >= 0 || a.logit_soft_cap > 0.0f || a.sinks != nullptr ||
                                 a.q_token_stride != 0 || a.q_head_stride != 0 || a.o_token_stride != 0 ||
                                 a.o_head_stride != 0 || a.chunk_kv.k != nullptr || a.chunk_kv.v != nullptr ||
+                                a.rotation != KvRotation::none ||
                                 a.table.indptr == nullptr ||  // block table: the CUDA-core decode takes CSR
                                 (a.cache.page_stride != 0 &&  // ... and packed pages
                                  a.cache.page_stride != packed_page_elements(a.cache));
@@ -186,7 +202,8 @@ AttentionKernel kernel_for_run(const PagedAttentionArguments& a, const PagedAtte
 
 bool runs_warpgroup_mma(const PagedAttentionArguments& a, const PagedAttentionPlan& plan) {
   return plan.warpgroup_mma && kernel_for_run(a, plan) == AttentionKernel::tensor_core &&
-         a.cache.scale_mode != KvScaleMode::per_token && a.chunk_kv.k == nullptr && a.chunk_kv.v == nullptr;
+         a.cache.scale_mode != KvScaleMode::per_token && a.chunk_kv.k == nullptr && a.chunk_kv.v == nullptr &&
+         a.rotation == KvRotation::none;
 }
 
 Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentionPlan& plan,
@@ -253,6 +270,7 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   params.soft_cap = a.logit_soft_cap;
   params.window_left = a.window_left;
   params.causal = p.causal;
+  params.rotation = a.rotation;
   params.sinks = a.sinks;
   params.warps_m = plan.warps_m;
   params.cta_rows = plan.cta_rows;
@@ -282,7 +300,14 @@ Status run_paged_attention(const PagedAttentionArguments& a, const PagedAttentio
   const bool wgmma = runs_warpgroup_mma(a, plan) && entry->launch_wgmma != nullptr;
   const detail::PagedAttentionLauncher wgmma_launch =
       plan.wgmma_kernel == PrefillWgmmaKernel::ping_pong ? entry->launch_wgmma_ping_pong : entry->launch_wgmma;
-  SLIMSERVE_RETURN_IF_ERROR((fused ? entry->launch_fused : wgmma ? wgmma_launch : entry->launch)(params, grid, stream));
+  const bool rotated = a.rotation != KvRotation::none;
+  if (rotated && entry->launch_rotated == nullptr) {  // check_run_arguments refused other head dims
+    return make_status(StatusCode::unsupported, "paged attention: no rotated kernel for head_dim ", p.head_dim);
+  }
+  SLIMSERVE_RETURN_IF_ERROR((fused     ? entry->launch_fused
+                             : rotated ? entry->launch_rotated
+                             : wgmma   ? wgmma_launch
+                                       : entry->launch)(params, grid, stream));
   if (!plan.split_kv) return {};
 
   kernels::PagedMergeParams merge{};

@@ -34,12 +34,23 @@ struct PagedAttentionKernelEntry {
   /// head_dim or the format is NVFP4 (the plan then keeps the mma.sync kernel).
   PagedAttentionLauncher launch_wgmma;
   PagedAttentionLauncher launch_wgmma_ping_pong;  ///< the same, warp-specialized (paged_prefill_pingpong_launch.cuh)
+  /// Attention over a rotated cache (paged_attention_rotated_kernel); null outside RotationHeadDims.
+  PagedAttentionLauncher launch_rotated;
 };
 
 template <class KvT, class QT, int HeadDim>
 Status launch_paged_attention(const kernels::PagedAttentionParams& params, dim3 grid, cudaStream_t stream) {
   using Tile = kernels::PagedAttentionTile<KvT, HeadDim>;
   return rt::launch(kernels::paged_attention_kernel<KvT, QT, HeadDim>,
+                    rt::LaunchConfig{grid, dim3(Tile::threads),
+                                     sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>), stream},
+                    params);
+}
+
+template <class KvT, class QT, int HeadDim>
+Status launch_paged_attention_rotated(const kernels::PagedAttentionParams& params, dim3 grid, cudaStream_t stream) {
+  using Tile = kernels::PagedAttentionTile<KvT, HeadDim>;
+  return rt::launch(kernels::paged_attention_rotated_kernel<KvT, QT, HeadDim>,
                     rt::LaunchConfig{grid, dim3(Tile::threads),
                                      sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>), stream},
                     params);
@@ -77,7 +88,8 @@ constexpr PagedAttentionLauncher paged_wgmma_launcher() {
 
 template <class KvT, class QT, int HeadDim>
 constexpr PagedAttentionKernelEntry paged_attention_entry() {
-  PagedAttentionLauncher fused = nullptr, ping_pong = nullptr;
+  PagedAttentionLauncher fused = nullptr, ping_pong = nullptr, rotated = nullptr;
+  if constexpr (RotationHeadDims::contains(HeadDim)) rotated = &launch_paged_attention_rotated<KvT, QT, HeadDim>;
   if constexpr (!block_scaled_format<KvT>) {
     fused = &launch_paged_prefill_fused<KvT, QT, HeadDim>;
     ping_pong = paged_pingpong_launcher<KvT, QT, HeadDim>();
@@ -85,7 +97,7 @@ constexpr PagedAttentionKernelEntry paged_attention_entry() {
   return {kv_dtype_of<KvT>::value, activation_dtype_of<QT>::value, HeadDim,
           sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>),
           &launch_paged_attention<KvT, QT, HeadDim>, fused,
-          paged_wgmma_launcher<KvT, QT, HeadDim>(), ping_pong};
+          paged_wgmma_launcher<KvT, QT, HeadDim>(), ping_pong, rotated};
 }
 
 /// head_dims a format's head vector fits: whole 4-byte words (NVFP4 at 96 would be 54 bytes,

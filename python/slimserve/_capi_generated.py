@@ -437,6 +437,8 @@ class PagedAttentionArgs(Structure):
         ("chunk_v", c_void_p),
         ("chunk_token_stride", c_int64),
         ("chunk_head_stride", c_int64),
+        ("rotation", c_int32),
+        ("reserved", c_int32),
     ]
 
 

@@ -229,19 +229,22 @@ class PagedAttentionWrapper:
     def run(self, q, kv_cache: PagedKVCache, *, out=None, lse=None, sm_scale: Optional[float] = None,
             sliding_window: int = 0, logit_soft_cap: float = 0.0, sinks=None, chunk_k=None, chunk_v=None,
             statuses=None, block_table=None, seq_lens=None, stream=None,
-            synchronize: Optional[bool] = None):
+            synchronize: Optional[bool] = None, rotation: str = "none"):
         """q [tokens, num_qo_heads, head_dim] (a view with a token/head stride is read in place)
         -> out (packed or a strided view). chunk_k/chunk_v [tokens, num_kv_heads, head_dim]:
         fused prefill, written into the chunk's slots (do not append them first). statuses:
         the tag check's verdicts (RequestStatuses, or an int32 [batch, 2] device tensor).
         block_table ([batch, max_pages] int32) and seq_lens ([batch] int32), device tensors
         holding the planned values, replace the plan's copies (block-table plans only).
+        rotation: the rotation the cache was appended with ("none", "keys", "keys_and_values";
+        head_dim 64, 128, 256): q and out are the unrotated ones, the kernel rotates them.
         Launches only; synchronize (default: when stream is None) waits before returning."""
         if not self._plan:
             raise SlimserveError("PagedAttentionWrapper.run before plan", "failed_precondition")
-        from . import _check_cache_matches_plan, _statuses_ptr
+        from . import _check_cache_matches_plan, _rotation, _statuses_ptr
         p = self.problem
         _check_cache_matches_plan(kv_cache, p)
+        rotation_value = _rotation(rotation, p.head_dim)  # refused by name before anything runs
         c = kv_cache.view
         if self._max_page_id >= c.num_pages:
             raise value_error(f"slimserve: the planned table holds page id {self._max_page_id}; the cache has "
@@ -291,6 +294,9 @@ class PagedAttentionWrapper:
             raise value_error(f"slimserve: sm_scale must be finite and > 0, got {sm_scale}")
         args.sm_scale = 0.0 if sm_scale is None else sm_scale
         args.sliding_window, args.logit_soft_cap = sliding_window, logit_soft_cap
+        # The cache's rotation (append_kv's): the kernel rotates q, and for keys_and_values the
+        # output back, itself (no rotate_heads around the call).
+        args.rotation = rotation_value
         keep = []
         if sinks is not None:
             sink_ref = _tensor(sinks, name="sinks", dtypes={"float32"}, shape=(p.num_qo_heads,))

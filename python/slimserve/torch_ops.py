@@ -215,19 +215,21 @@ def _plan_of(plan_id: int) -> PagedAttentionPlan:
 def paged_attention_run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor],
                         block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
                         statuses: Optional[torch.Tensor], plan_id: int, kv_cache_dtype: str, kv_layout: str,
-                        sm_scale: float, k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor]) -> None:
+                        sm_scale: float, k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
+                        rotation: str = "none") -> None:
     """Paged attention over the engine's block table under a PagedAttentionPlan: launches only
     (no synchronization, no allocation). v_cache None: k_cache is the combined [pages, 2, ...]
-    allocation. sm_scale 0: 1/sqrt(head_dim)."""
+    allocation. sm_scale 0: 1/sqrt(head_dim). rotation: the cache's (append_kv's); q and out
+    are the unrotated ones (the kernel rotates them)."""
     plan = _plan_of(plan_id)
     cache = _cache(k_cache, v_cache, kv_cache_dtype, kv_layout, k_scale, v_scale)
     plan.wrapper.run(q, cache, out=out, sm_scale=sm_scale or None, statuses=statuses, block_table=block_table,
-                     seq_lens=seq_lens, stream=_stream_of(q), synchronize=False)
+                     seq_lens=seq_lens, stream=_stream_of(q), synchronize=False, rotation=rotation)
 
 
 @paged_attention_run.register_fake
 def _(q, k_cache, v_cache, block_table, seq_lens, out, statuses, plan_id, kv_cache_dtype, kv_layout, sm_scale,
-      k_scale, v_scale) -> None:
+      k_scale, v_scale, rotation="none") -> None:
     return None
 
 

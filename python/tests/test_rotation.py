@@ -87,3 +87,55 @@ def test_rotate_heads_refusals_name_the_argument(rng):
         ss.rotate_heads(x[:, :1], x[:, 1:])
     before = x.copy()
     assert np.array_equal(x, before)
+
+
+@pytest.mark.parametrize("rotation", ["keys", "keys_and_values"])
+def test_paged_attention_rotation_matches_the_reference_and_refuses_by_name(rng, rotation):
+    """A cache written with rotation=..., attended with the same rotation: the unrotated queries
+    against the stored rows rotated back in FP64 (H is symmetric and its own inverse)."""
+    dim, hq, lengths, qo = 64, 4, [1, PAGE + 1, 3 * PAGE - 1], [1, 1, 5]
+    pages = rng.permutation(PAGES)  # shuffled, with holes (unused pages stay NaN)
+    k_cache = np.full((PAGES, PAGE, HEADS, dim), np.nan, np.float16)
+    v_cache = np.full_like(k_cache, np.nan)
+    counts = [-(-n // PAGE) for n in lengths]
+    owned = np.split(pages[: sum(counts)], np.cumsum(counts)[:-1])
+    slots = np.concatenate([p[np.arange(n) // PAGE] * PAGE + np.arange(n) % PAGE for p, n in zip(owned, lengths)])
+    k = rng.standard_normal((len(slots), HEADS, dim)).astype(np.float16)
+    v = rng.standard_normal((len(slots), HEADS, dim)).astype(np.float16)
+    ss.reshape_and_cache(k, v, k_cache, v_cache, slots.astype(np.int64), rotation=rotation)
+    h = hadamard(dim)
+    flat_k = k_cache.reshape(-1, HEADS, dim).astype(np.float64) @ h
+    flat_v = v_cache.reshape(-1, HEADS, dim).astype(np.float64)
+    if rotation == "keys_and_values":
+        flat_v = flat_v @ h
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    last = np.array([n - (c - 1) * PAGE for n, c in zip(lengths, counts)], np.int32)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+    q = rng.standard_normal((int(qo_indptr[-1]), hq, dim)).astype(np.float16)
+    wrapper = ss.PagedAttentionWrapper()
+    wrapper.plan(qo_indptr, hq, HEADS, dim, PAGE, kv_indptr=indptr, kv_indices=np.concatenate(owned).astype(np.int32),
+                 last_page_len=last, kv_dtype="float16", num_sms=4)
+    out = np.full(q.shape, np.nan, np.float16)
+    wrapper.run(q, ss.PagedKVCache(k_cache, v_cache, dtype="float16"), out=out, rotation=rotation)
+    start = 0
+    for b, n in enumerate(lengths):
+        rows = slots[start : start + n]
+        start += n
+        for i in range(qo[b]):
+            t = qo_indptr[b] + i
+            visible = n - qo[b] + i + 1
+            for head in range(hq):
+                kv = head // (hq // HEADS)
+                s = flat_k[rows[:visible], kv] @ q[t, head].astype(np.float64) / np.sqrt(dim)
+                w = np.exp(s - s.max())
+                want = w @ flat_v[rows[:visible], kv] / w.sum()
+                # FP16 output and P, and the rotated query rounded to FP16 (each score moves by
+                # at most 2^-11 |q| |k| / sqrt(D)).
+                shift = 2.0**-11 * np.linalg.norm(q[t, head]) * np.linalg.norm(flat_k[rows[:visible], kv], axis=1).max()
+                v_max = np.abs(flat_v[rows[:visible], kv]).max()
+                tolerance = 2.0**-11 * np.abs(want) + (2 * 2.0**-12 + 2.2 * shift / np.sqrt(dim) + 1e-4) * v_max + 1e-6
+                assert (np.abs(out[t, head].astype(np.float64) - want) <= tolerance).all()
+    out[:] = np.nan
+    with pytest.raises(ss.SlimserveValueError, match="rotation"):
+        wrapper.run(q, ss.PagedKVCache(k_cache, v_cache, dtype="float16"), out=out, rotation="values")
+    assert np.isnan(out).all()

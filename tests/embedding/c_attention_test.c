@@ -536,6 +536,14 @@ static void test_paged_attention_bf16(void) {
   EXPECT_REFUSED(slimserve_paged_attention_run(block_plan, &args, d_workspace, workspace_bytes, NULL),
                  SLIMSERVE_INVALID_ARGUMENT, "sm_scale");
   args.sm_scale = 0.07f;
+  args.rotation = 3; /* unknown */
+  EXPECT_REFUSED(slimserve_paged_attention_run(block_plan, &args, d_workspace, workspace_bytes, NULL),
+                 SLIMSERVE_INVALID_ARGUMENT, "rotation");
+  args.rotation = SLIMSERVE_KV_ROTATION_NONE;
+  args.reserved = 1;
+  EXPECT_REFUSED(slimserve_paged_attention_run(block_plan, &args, d_workspace, workspace_bytes, NULL),
+                 SLIMSERVE_INVALID_ARGUMENT, "reserved");
+  args.reserved = 0;
   args.table = &table; /* both forms */
   EXPECT_REFUSED(slimserve_paged_attention_run(block_plan, &args, d_workspace, workspace_bytes, NULL),
                  SLIMSERVE_INVALID_ARGUMENT, "exactly one");

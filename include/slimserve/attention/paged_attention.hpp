@@ -43,6 +43,7 @@
 #include "slimserve/attention/decode_plan.hpp"
 #include "slimserve/attention/detail/stream.hpp"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/attention/rotation.hpp"
 #include "slimserve/config.hpp"
 #include "slimserve/kv/page_table_view.hpp"
 #include "slimserve/kv/request_status.hpp"
@@ -210,6 +211,12 @@ struct PagedAttentionArguments {
   float logit_soft_cap = 0.0f;    ///< > 0: s = cap * tanh(s / cap), s = sm_scale * q.k
   const float* sinks = nullptr;   ///< [num_qo_heads] device natural-log sink logits, or null
   PagedAttentionChunkKv chunk_kv;  ///< fused prefill when chunk_kv.k is set (see above)
+  /// The rotation the cache was appended with (AppendArguments::rotation; rotation.hpp): the
+  /// kernel rotates each query row in FP32 before the score and, for keys_and_values, rotates
+  /// the output back, so q, o are the unrotated ones (no rotate_heads around the call). Head
+  /// dims 64, 128, 256; the tensor-core mma.sync kernel only (the CUDA-core decode and the
+  /// wgmma prefill kernels are not taken; the fused prefill, chunk_kv, is refused).
+  KvRotation rotation = KvRotation::none;
 };
 
 /// Builds the plan (make_paged_attention_plan; num_sms 0 asks the device) and uploads it.

@@ -370,7 +370,8 @@ typedef int32_t slimserve_kv_scale_mode;
 enum { SLIMSERVE_SCALE_NONE = 0, SLIMSERVE_SCALE_PER_TENSOR = 1, SLIMSERVE_SCALE_PER_TOKEN = 2 };
 /* Head vectors stored rotated by the normalized Walsh-Hadamard transform (head_dim 64, 128,
  * 256): K (and V) rotated before quantization by slimserve_kv_append; queries (and, for
- * KEYS_AND_VALUES, the attention output) rotated with slimserve_rotate_heads
+ * KEYS_AND_VALUES, the attention output) rotated by slimserve_paged_attention_run when its
+ * args.rotation says so, or with slimserve_rotate_heads around another attention
  * (docs/attention.md, "Rotated keys (and values)"). */
 typedef int32_t slimserve_kv_rotation;
 enum { SLIMSERVE_KV_ROTATION_NONE = 0, SLIMSERVE_KV_ROTATION_KEYS = 1,
@@ -819,6 +820,12 @@ typedef struct slimserve_paged_attention_args {
   const void* chunk_k;
   const void* chunk_v;
   int64_t chunk_token_stride, chunk_head_stride;
+  /* The rotation the cache was appended with (slimserve_kv_append_args.rotation): the kernel
+   * rotates the queries (and, for KEYS_AND_VALUES, the output back) itself, so q and o are the
+   * unrotated ones. head_dim 64, 128 or 256, no chunk_k; else SLIMSERVE_UNSUPPORTED with
+   * nothing written. A struct_size that ends before it means SLIMSERVE_KV_ROTATION_NONE. */
+  slimserve_kv_rotation rotation;
+  int32_t reserved; /* 0 */
 } slimserve_paged_attention_args;
 
 /* Preflight against the plan (shapes, pointers, strides, options, workspace), then launch.

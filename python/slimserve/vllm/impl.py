@@ -124,9 +124,9 @@ class SlimserveAttentionImpl(AttentionImpl):
         n = meta.num_actual_tokens
         q = query[:n].view(n, self.num_heads, self.head_size)
         out = output[:n].view(n, self.num_heads, self.head_size)
-        if self.rotation != "none":  # the pages hold rotated keys: rotate the queries alike
-            q = _s.rotate_heads(q, torch.empty_like(q), stream=_stream_of(query))
         if self.host_attention:  # SLIMSERVE_ATTENTION=host: the same pages, read by torch
+            if self.rotation != "none":  # the pages hold rotated keys: rotate the queries alike
+                q = _s.rotate_heads(q, torch.empty_like(q), stream=_stream_of(query))
             planner = meta.planner
             per_token = getattr(cache, "k_scales", None) is not None
             host_attention.attend(q=q, out=out, pages=cache.pages, kv_dtype=cache.kv_dtype,
@@ -147,12 +147,12 @@ class SlimserveAttentionImpl(AttentionImpl):
         if cache.attention.view.scale_mode == 2:  # per-token scales: the op takes per-tensor ones only
             meta.attention.wrapper.run(q, cache.attention, out=out, sm_scale=self.scale, statuses=meta.statuses,
                                        block_table=meta.block_table, seq_lens=meta.seq_lens,
-                                       stream=_stream_of(query), synchronize=False)
+                                       stream=_stream_of(query), synchronize=False, rotation=self.rotation)
         else:
+            # The kernel rotates q, and the output back for keys_and_values, itself (rotation.py).
             torch.ops.slimserve.paged_attention_run(q, cache.pages, None, meta.block_table, meta.seq_lens, out,
                                                     meta.statuses, meta.attention.id, cache.kv_dtype, "NHD",
-                                                    self.scale, cache.k_scale, cache.v_scale)
-        self._rotate_output_back(out, query)
+                                                    self.scale, cache.k_scale, cache.v_scale, self.rotation)
         stats.count("forward")
         stats.count("forward_tokens", n)
         return output

@@ -5,8 +5,9 @@ normalized Walsh-Hadamard transform H / sqrt(head_size) before it is quantized, 
 vector's outliers over all its elements: what makes 4-bit keys accurate (docs/accuracy.md). The
 transform is orthogonal and its own inverse, so attention reads the same pages unchanged with
 the queries rotated the same way (q.k is unchanged), and with rotated values the output is
-rotated back. Both rotations are slimserve's rotate_heads, launched on the step's stream, in
-kernel and host attention modes alike. Head sizes 64, 128 and 256.
+rotated back. In kernel mode the paged attention does both itself (its rotation argument); in
+host mode (torch attention) they are slimserve's rotate_heads, launched on the step's stream.
+Head sizes 64, 128 and 256.
 """
 from __future__ import annotations
 

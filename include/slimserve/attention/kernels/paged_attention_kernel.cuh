@@ -35,12 +35,14 @@
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/attention/kernels/chunk_kv.cuh"
+#include "slimserve/attention/kernels/fragment_rotate.cuh"
 #include "slimserve/attention/kernels/merge_kernel.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/nvfp4_fragments.cuh"
 #include "slimserve/attention/kernels/page_locator.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/attention/rotation.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
 #include "slimserve/runtime/shared_memory.cuh"
@@ -86,6 +88,9 @@ struct PagedAttentionParams {
   float soft_cap;         // 0: none; else s = cap * tanh(s / cap) on sm_scale * q.k
   std::int32_t window_left;  // < 0: none; else key positions >= query position - window_left
   bool causal;
+  // The cache's rotation (rotation.hpp), read by paged_attention_rotated_kernel only: the query
+  // rows are rotated after loading; keys_and_values also rotates the output back.
+  KvRotation rotation;
   const float* sinks;     // [H_qo] natural-log sink logits, or null
   // Schedule (workspace, written by the plan).
   std::int32_t warps_m;   // 1, 2 or 4
@@ -180,8 +185,11 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float activation_to_float(const void* bas
 }
 
 /// The kernel body. FusedChunk: the chunk's K/V come from `p.chunk` (chunk_kv.cuh) instead of
-/// the pages, and split 0 of each row tile writes its tokens' K/V into the pages.
-template <class KvT, class QT, int HeadDim, bool FusedChunk>
+/// the pages, and split 0 of each row tile writes its tokens' K/V into the pages. Rotated: the
+/// cache was appended with p.rotation (not none): the query rows are rotated in FP32 after
+/// loading (fragment_rotate.cuh) and, for keys_and_values, the output rows are rotated back
+/// before they are written. A template parameter, so the unrotated kernels' code is unchanged.
+template <class KvT, class QT, int HeadDim, bool FusedChunk, bool Rotated = false>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAttentionParams& p) {
   using Tile = PagedAttentionTile<KvT, HeadDim>;
   using Row = typename Tile::Row;
@@ -190,6 +198,8 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
   constexpr bool fp8 = Row::fp8;
   constexpr bool block_scaled = Tile::block_scaled;
   static_assert(!(block_scaled && FusedChunk), "NVFP4 has no fused prefill (its table entry has no launcher)");
+  static_assert(!(Rotated && FusedChunk), "a rotated cache has no fused prefill (the host refuses it)");
+  static_assert(!Rotated || hadamard_head_dim<HeadDim>, "rotation: head_dim 64, 128 or 256 (RotationHeadDims)");
   auto& smem = rt::shared_storage<Smem>();
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -306,29 +316,63 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
       row_valid[half] = packed < valid_rows;
       query_position[half] = row_valid[half] ? row_query_position(packed) : -1;
     }
+    // The 4 elements of k step s of row `half` as FP32 (0 for padding rows).
+    auto load_q = [&](int s, int half, float (&v)[4]) {
+      if (row_valid[half]) {
+        const std::int64_t packed = tile_row0 + wm * 16 + g + half * 8;
+        const std::int64_t token = qo_begin + packed / p.group_size;
+        const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
+        const std::int64_t base = token * p.q_token_stride + head * p.q_head_stride;
 SLIMSERVE_ATTENTION_UNROLL
-    for (int s = 0; s < Tile::k_steps; ++s) {
+        for (int e = 0; e < 4; ++e) {
+          // The d order of the K fragments (mma_fragments.cuh, nvfp4_fragments.cuh).
+          const int column = block_scaled ? nvfp4_q_column(s, t, e) : 16 * s + q_fragment_column<fp8>(t, e);
+          v[e] = activation_to_float<QT>(q, base + column);
+        }
+      }
+    };
+    auto pack_q = [&](int s, int half, float (&v)[4]) {
+      if constexpr (!std::is_same_v<QT, MmaT>) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          v[e] = fminf(fmaxf(v[e], -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+        }
+      }
+      q_frag[s][half] = pack_pair<MmaT>(v[0], v[1]);      // a[0] (row g), a[1] (row g + 8)
+      q_frag[s][2 + half] = pack_pair<MmaT>(v[2], v[3]);  // a[2], a[3]
+    };
+    if constexpr (Rotated) {
+      // Each row's D values in FP32 across its quad, rotated like the stored keys, then
+      // converted: q.k over the rotated keys is the unrotated q.k (rotation.hpp).
+      using Columns = QueryFragmentColumns<fp8, block_scaled>;
+      float rows[2][HeadDim / 4];
 SLIMSERVE_ATTENTION_UNROLL
       for (int half = 0; half < 2; ++half) {
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (row_valid[half]) {
-          const std::int64_t packed = tile_row0 + wm * 16 + g + half * 8;
-          const std::int64_t token = qo_begin + packed / p.group_size;
-          const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
-          const std::int64_t base = token * p.q_token_stride + head * p.q_head_stride;
 SLIMSERVE_ATTENTION_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            // The d order of the K fragments (mma_fragments.cuh, nvfp4_fragments.cuh).
-            const int column = block_scaled ? nvfp4_q_column(s, t, e) : 16 * s + q_fragment_column<fp8>(t, e);
-            float x = activation_to_float<QT>(q, base + column);
-            if constexpr (!std::is_same_v<QT, MmaT>) {
-              x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
-            }
-            v[e] = x;
-          }
+        for (int s = 0; s < Tile::k_steps; ++s) {
+          float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          load_q(s, half, v);
+SLIMSERVE_ATTENTION_UNROLL
+          for (int e = 0; e < 4; ++e) rows[half][quad_local_index<Columns::shift>(Columns::column(4 * s + e, 0))] = v[e];
         }
-        q_frag[s][half] = pack_pair<MmaT>(v[0], v[1]);      // a[0] (row g), a[1] (row g + 8)
-        q_frag[s][2 + half] = pack_pair<MmaT>(v[2], v[3]);  // a[2], a[3]
+        quad_hadamard_rotate<HeadDim, Columns::shift>(rows[half], t);
+SLIMSERVE_ATTENTION_UNROLL
+        for (int s = 0; s < Tile::k_steps; ++s) {
+          float v[4];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int e = 0; e < 4; ++e) v[e] = rows[half][quad_local_index<Columns::shift>(Columns::column(4 * s + e, 0))];
+          pack_q(s, half, v);
+        }
+      }
+    } else {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int s = 0; s < Tile::k_steps; ++s) {
+SLIMSERVE_ATTENTION_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          load_q(s, half, v);
+          pack_q(s, half, v);
+        }
       }
     }
   }
@@ -723,7 +767,12 @@ SLIMSERVE_ATTENTION_UNROLL
     const int r = unit / row_pieces;
     const int d0 = (unit % row_pieces) * 8;
     const std::int64_t packed = tile_row0 + r;
-    if (packed >= valid_rows && !p.split_kv) continue;
+    const bool skipped = packed >= valid_rows && !p.split_kv;
+    // Rotated: the row's D / 8 threads (consecutive, aligned: unit % row_pieces == tid %
+    // row_pieces) shuffle together below, so a skipped row leaves only after that.
+    if constexpr (!Rotated) {
+      if (skipped) continue;
+    }
     float m = -INFINITY;
     for (int w = 0; w < warps_n; ++w) m = fmaxf(m, epi.m[w * p.cta_rows + r]);
     const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
@@ -741,6 +790,14 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
         for (int e = 0; e < 8; ++e) out[e] = fmaf(weight, epi.o[pr * HeadDim + d0 + e], out[e]);
       }
+    }
+    if constexpr (Rotated) {
+      // V was stored rotated: rotate the row back (8 consecutive d a thread, hadamard.cuh's
+      // layout), before the norm (a per-row factor) and before a split partial is written:
+      // the merge's weighted sum of rotated partials is the rotated merge (the map is linear),
+      // and the lse, from the unchanged scores, is the same.
+      if (rotates_values(p.rotation)) hadamard_rotate<HeadDim>(out);
+      if (skipped) continue;
     }
     const bool empty = !(sum > 0.0f);
     float norm = empty ? 0.0f : out_scale / sum;
@@ -777,6 +834,14 @@ template <class KvT, class QT, int HeadDim>
 __global__ void __launch_bounds__(128, (PagedAttentionTile<KvT, HeadDim>::min_ctas_per_sm))
     paged_attention_kernel(const PagedAttentionParams p) {
   paged_attention_body<KvT, QT, HeadDim, false>(p);
+}
+
+/// Attention over a cache appended with a rotation (p.rotation keys or keys_and_values):
+/// head_dim 64, 128 or 256 (RotationHeadDims).
+template <class KvT, class QT, int HeadDim>
+__global__ void __launch_bounds__(128, (PagedAttentionTile<KvT, HeadDim>::min_ctas_per_sm))
+    paged_attention_rotated_kernel(const PagedAttentionParams p) {
+  paged_attention_body<KvT, QT, HeadDim, false, true>(p);
 }
 
 /// Fused (mixed-dtype) prefill: the chunk attends to its own K/V from the inputs and writes
