@@ -138,15 +138,12 @@ Status check_run_arguments(const PagedAttentionArguments& a, const PagedAttentio
                            "of 8 elements (16-byte rows), got ", stride);
       }
     }
-    // The fused append writes slots with append_kv's page store: packed pages only.
-    SLIMSERVE_RETURN_IF_ERROR(require_packed_pages(a.cache, "fused prefill (quantize-and-append of the chunk)"));
-    // Its chunk tiles are 16-bit rows in the format's d order; NVFP4's (block-scaled codes)
-    // has no such path (the table entry has no fused launcher).
-    if (kv_format_info(a.cache.dtype).scales == KvScaleGeometry::per_block) {
-      return make_status(StatusCode::unsupported, "fused prefill (quantize-and-append of the chunk) does not take ",
-                         to_string(a.cache.dtype), " KV pages: append the chunk with append_kv, then run paged "
-                         "attention over the pages (chunk_kv null)");
-    }
+    // Every format takes it (NVFP4 too); what remains is the cache's geometry, checked after
+    // chunk_kv's own arguments: the fused append writes slots with append_kv's page store,
+    // whose offsets assume packed pages (a strided or combined K/V allocation is refused by
+    // its page_stride, whatever the format).
+    SLIMSERVE_RETURN_IF_ERROR(
+        require_packed_pages(a.cache, "fused prefill (chunk_kv: quantize-and-append of the chunk)"));
   }
   if (!is_valid(a.rotation)) {
     return make_status(StatusCode::invalid_argument, "paged attention: unknown rotation ",

@@ -27,8 +27,8 @@ struct PagedAttentionKernelEntry {
   std::int32_t head_dim;
   std::size_t shared_bytes;
   PagedAttentionLauncher launch;
-  /// Fused prefill (quantize-and-append of the chunk); null for NVFP4 (block_scaled_format:
-  /// its chunk tiles would need the NVFP4 d order and the append's block quantizer).
+  /// Fused prefill (quantize-and-append of the chunk), every format (NVFP4: chunk tiles in the
+  /// NVFP4 d order, the append's block quantizer; chunk_kv.cuh).
   PagedAttentionLauncher launch_fused;
   /// The wgmma prefill kernel (64-row schedules), or null where PagedWgmmaHeadDims lacks the
   /// head_dim or the format is NVFP4 (the plan then keeps the mma.sync kernel).
@@ -88,15 +88,12 @@ constexpr PagedAttentionLauncher paged_wgmma_launcher() {
 
 template <class KvT, class QT, int HeadDim>
 constexpr PagedAttentionKernelEntry paged_attention_entry() {
-  PagedAttentionLauncher fused = nullptr, ping_pong = nullptr, rotated = nullptr;
+  PagedAttentionLauncher ping_pong = nullptr, rotated = nullptr;
   if constexpr (RotationHeadDims::contains(HeadDim)) rotated = &launch_paged_attention_rotated<KvT, QT, HeadDim>;
-  if constexpr (!block_scaled_format<KvT>) {
-    fused = &launch_paged_prefill_fused<KvT, QT, HeadDim>;
-    ping_pong = paged_pingpong_launcher<KvT, QT, HeadDim>();
-  }
+  if constexpr (!block_scaled_format<KvT>) ping_pong = paged_pingpong_launcher<KvT, QT, HeadDim>();
   return {kv_dtype_of<KvT>::value, activation_dtype_of<QT>::value, HeadDim,
           sizeof(kernels::PagedAttentionSharedStorage<KvT, HeadDim>),
-          &launch_paged_attention<KvT, QT, HeadDim>, fused,
+          &launch_paged_attention<KvT, QT, HeadDim>, &launch_paged_prefill_fused<KvT, QT, HeadDim>,
           paged_wgmma_launcher<KvT, QT, HeadDim>(), ping_pong, rotated};
 }
 

@@ -184,8 +184,8 @@ def test_nvfp4_by_name_byte_pages_and_clear_refusals():
     with pytest.raises(ss.SlimserveError, match="decode does not take nvfp4") as error:
         ss.DecodeWrapper().plan([0, 1], [3], [5], 8, HKV, D, PAGE, "nvfp4")
     assert error.value.code == "unsupported"
-    # The tensor-core paged attention takes NVFP4 (its plan succeeds); the fused prefill, which
-    # would quantize the chunk itself, is refused when run (tests/attention).
+    # The tensor-core paged attention takes NVFP4 (its plan succeeds), its fused prefill too
+    # (tests/attention/fused_prefill_nvfp4_test.cpp).
     ss.PagedAttentionWrapper().plan([0, 1], 8, HKV, D, PAGE, kv_indptr=[0, 1], kv_indices=[3],
                                     last_page_len=[5], kv_dtype="nvfp4", q_dtype="float16")
     # append_kv writes NVFP4 pages: zeros become zero codes and zero block scales, in exactly

@@ -4,7 +4,8 @@
 // ragged lengths (1, page-1, page, page+1, long), NHD and HND, head_dim 64/128/192/256,
 // shuffled pages with holes (poisoned: NaN scales) and a shared prefix, split and unsplit
 // plans, poisoned outputs; an invalid device-held tensor scale gives NaN (as the append
-// does); the fused prefill, the wgmma kernels and head_dim 96 are refused or fall back.
+// does); the wgmma kernels and head_dim 96 are refused or fall back (the fused prefill over
+// NVFP4 pages: fused_prefill_nvfp4_test.cpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -15,58 +16,13 @@
 #include <vector>
 
 #include "attention_test_support.hpp"
+#include "nvfp4_test_cache.hpp"
 #include "slimserve/attention/paged_attention.hpp"
 #include "slimserve/formats/nvfp4.hpp"
 
 using namespace attn_test;
 
 namespace {
-
-/// An NVFP4 cache image: head vectors of head_dim / 2 code bytes then head_dim / 16 E4M3
-/// scales, 0xFF everywhere nothing was stored (scale 0xFF is the E4M3 NaN: a read of an unowned
-/// slot makes its row NaN).
-struct Nvfp4HostCache {
-  KvLayout layout;
-  std::int32_t num_pages, page_size, num_kv_heads, head_dim;
-  std::vector<unsigned char> k, v;
-  float k_scale = 1.0f, v_scale = 1.0f;  // per-tensor FP32 scales
-
-  Nvfp4HostCache(KvLayout l, std::int32_t pages, std::int32_t ps, std::int32_t heads, std::int32_t d)
-      : layout(l), num_pages(pages), page_size(ps), num_kv_heads(heads), head_dim(d) {
-    k.assign(static_cast<std::size_t>(pages) * ps * heads * vector_bytes(), 0xFF);
-    v = k;
-  }
-  std::size_t vector_bytes() const { return static_cast<std::size_t>(head_dim) * 9 / 16; }
-  std::size_t vector_at(int page, int slot, int head) const {
-    return static_cast<std::size_t>(cache_offset(layout, page_size, num_kv_heads, 1, page, slot, head, 0)) *
-           vector_bytes();
-  }
-  /// Quantizes one head vector with the host codec (the append's rule).
-  void store(bool is_v, int page, int slot, int head, const float* x) {
-    unsigned char* vec = (is_v ? v : k).data() + vector_at(page, slot, head);
-    const float ts = is_v ? v_scale : k_scale;
-    for (int b = 0; b < head_dim / nvfp4_block_elements; ++b) {
-      float amax = 0.0f;
-      for (int i = 0; i < nvfp4_block_elements; ++i) amax = std::max(amax, std::fabs(x[16 * b + i]));
-      const fp8_e4m3 scale = nvfp4_block_scale(amax, ts);
-      const float multiplier = nvfp4_code_multiplier(scale, ts);
-      for (int i = 0; i < nvfp4_block_elements; i += 2) {
-        const std::uint32_t lo = nvfp4_code(x[16 * b + i], multiplier);
-        const std::uint32_t hi = nvfp4_code(x[16 * b + i + 1], multiplier);
-        vec[8 * b + i / 2] = static_cast<unsigned char>((lo & 0xF) | (hi & 0xF) << 4);
-      }
-      vec[head_dim / 2 + b] = scale.bits;
-    }
-  }
-  /// The stored value, decoded in FP64 from the bytes.
-  double real(bool is_v, int page, int slot, int head, int d) const {
-    const unsigned char* vec = (is_v ? v : k).data() + vector_at(page, slot, head);
-    const auto code = fp4_e2m1::from_bits(static_cast<std::uint8_t>(vec[d / 2] >> (4 * (d % 2)) & 0xF));
-    const auto scale = fp8_e4m3::from_bits(vec[head_dim / 2 + d / nvfp4_block_elements]);
-    return static_cast<double>(to_float(code)) * static_cast<double>(to_float(scale)) *
-           static_cast<double>(is_v ? v_scale : k_scale);
-  }
-};
 
 struct Case {
   KvLayout layout;
@@ -179,7 +135,6 @@ struct RunConfig {
   std::int32_t num_sms = 132;
   bool warpgroup_mma = false;
   float k_scale_override = 0.0f;  // != 0: the device-held K tensor scale
-  bool fused = false;             // pass chunk_kv (refused for NVFP4)
   bool combined = false;          // one K/V allocation, page p's K then its V (vLLM's blocks)
 };
 
@@ -212,7 +167,6 @@ Output run(const Fixture& f, const RunConfig& rc = {}) {
   auto last = upload(f.table.last_page_len);
   auto qo_indptr = upload(f.qo_indptr);
   auto q = upload(f.q_bits);
-  auto chunk = upload(std::vector<std::uint16_t>(f.q_bits.size() + 8, 0));
   const std::size_t heads = static_cast<std::size_t>(f.heads());
   auto o = rt::DeviceBuffer<std::uint16_t>::create(std::max<std::size_t>(f.q_bits.size(), 1));
   auto lse = rt::DeviceBuffer<float>::create(std::max<std::size_t>(f.tokens() * heads, 1));
@@ -256,10 +210,6 @@ Output run(const Fixture& f, const RunConfig& rc = {}) {
   args.q = q.data();
   args.o = o->data();
   args.lse = lse->data();
-  if (rc.fused) {
-    args.chunk_kv.k = chunk.data();
-    args.chunk_kv.v = chunk.data();
-  }
   Output out;
   out.status = run_paged_attention(args, *plan, workspace->data(), *bytes, nullptr);
   REQUIRE(rt::stream_synchronize(nullptr).ok());
@@ -377,19 +327,9 @@ TEST_CASE("paged attention over NVFP4 pages: an invalid device-held tensor scale
   }
 }
 
-TEST_CASE("paged attention over NVFP4 pages: the fused prefill is refused, the wgmma kernels fall back", "[attention][paged][nvfp4]") {
+TEST_CASE("paged attention over NVFP4 pages: the wgmma kernels fall back", "[attention][paged][nvfp4]") {
   auto rng = slimserve_test::make_rng(2534);
   const Fixture f(Case{KvLayout::nhd, 128, 1, 2, 16, bf, {20, 90}, {20, 40}}, rng);
-  RunConfig fused;
-  fused.fused = true;
-  const Output refused = run(f, fused);
-  CHECK(refused.status.code() == StatusCode::unsupported);
-  CHECK(refused.status.to_string().find("fused prefill") != std::string::npos);
-  CHECK(refused.status.to_string().find("nvfp4") != std::string::npos);
-  std::size_t written = 0;  // nothing overwritten: the poison (NaN) stays
-  for (float x : refused.o) written += !std::isnan(x);
-  CHECK(written == 0);
-
   // 4 x 1 rows at head_dim 128 would take the wgmma kernel for FP8: NVFP4 keeps the mma.sync one.
   RunConfig wgmma;
   wgmma.warpgroup_mma = true;

@@ -180,7 +180,8 @@ Result<std::size_t> paged_attention_workspace_bound(const PagedAttentionWorkspac
 
 /// Fused (mixed-dtype) prefill: the chunk's own K/V, in q's dtype (e.g. the K/V columns of a
 /// fused QKV projection). When given, run_paged_attention writes them into the chunk's slots —
-/// the bytes `append_kv` writes with append_indptr = qo_indptr, per-token scales included —
+/// the bytes `append_kv` writes with append_indptr = qo_indptr, per-token scales (NVFP4: block
+/// scales) included, on packed pages (any format) —
 /// and the chunk's queries attend to them as given (not to their stored codes); the prefix
 /// before the chunk is read from the pages. Do not append the chunk beforehand: the page
 /// table already counts its tokens, their slots are what this call fills. No other request of

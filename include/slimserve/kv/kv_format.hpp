@@ -161,7 +161,8 @@ struct KvFormat<nvfp4> {
   static constexpr bool computes_in_storage_type = false;
   static constexpr ActivationDtype storage_activation = ActivationDtype::fp16;  // unused
   // Written (kv_store_nvfp4.cuh), read back (dequantize_nvfp4_pages_kernel) and read by the
-  // tensor-core paged attention (nvfp4_fragments.cuh; not its fused prefill, refused by name).
+  // tensor-core paged attention (nvfp4_fragments.cuh), its fused prefill included (the chunk
+  // staged as FP16 in the NVFP4 fragment order and written by the append's store; chunk_kv.cuh).
   static constexpr KvKernelSet kernels = static_cast<KvKernelSet>(KvKernel::append) |
                                          static_cast<KvKernelSet>(KvKernel::dequantize) |
                                          static_cast<KvKernelSet>(KvKernel::paged_attention);

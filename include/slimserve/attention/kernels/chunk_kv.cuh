@@ -11,17 +11,29 @@
 /// and the 16-bit fragment code then lands every product where the FP8 code would:
 ///   K: staged position kappa holds d = 4 (kappa % 8 / 2) + 2 (kappa / 8) + kappa % 2;
 ///   V: staged position j holds d = 2 (j % 8) + j / 8.
+/// NVFP4 caches do the same over 32-wide groups of d (nvfp4_fragments.cuh: a pair of k steps
+/// holds a 32-wide group in `nvfp4_q_column` order, an output tile every fourth d of one):
+///   K: staged position kappa holds d = 8 (kappa % 8 / 2) + 4 (kappa / 16) + 2 (kappa / 8 % 2) + kappa % 2;
+///   V: staged position j holds d = 4 (j % 8) + j / 8.
+/// The accumulator counts V in units of v_scale * 2^14 (nvfp4_fragment_unit), so a chunk V
+/// enters as v * 2^-k (exact; 2^k <= v_scale * 2^14 < 2^(k+1)) and its P times the rest,
+/// 2^k / (v_scale * 2^14) in (0.5, 1]: P keeps the precision of the page tiles' P, and only
+/// |v| below ~v_scale (1/2688 of a calibrated amax) reaches fp16 subnormals (absolute error
+/// <= v_scale * 2^-11); overflow needs |v| > 2^29 v_scale, far past what the pages can hold.
+/// Their chunk tiles are the stage's code bytes read as 16-bit rows: a quarter of its tokens.
 /// 16-bit caches compute in their own type; their tiles are the input bytes (cp.async).
 ///
 /// Append. The writer produces exactly the bytes of `append_kv` in chunk form (append_indptr =
 /// qo_indptr): the same division by the scale, the same rounding and saturation, the same
-/// per-token scales; a token whose page id is outside the cache is skipped, as there.
+/// per-token scales (NVFP4: the same block amax, E4M3 block scales and codes, kv_store_nvfp4.cuh);
+/// a token whose page id is outside the cache is skipped, as there.
 
 #include <cstdint>
 #include <type_traits>
 
 #include "slimserve/attention/kernels/kv_store.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
+#include "slimserve/attention/kernels/nvfp4_fragments.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
 #include "slimserve/runtime/platform.hpp"
@@ -44,6 +56,15 @@ struct ChunkKvParams {
 template <bool IsV>
 SLIMSERVE_HOST_DEVICE constexpr int fp8_order_source(int j) {
   return IsV ? 2 * (j & 7) + (j >> 3) : 4 * ((j & 7) >> 1) + 2 * (j >> 3) + (j & 1);
+}
+
+/// Input d held by staged position `j` (0..31) of a 32-wide group for NVFP4 accumulator order:
+/// K position 16 (s % 2) + q_fragment_column<false>(t, e) of k step s meets the query element
+/// nvfp4_q_column(s, t, e); V position 8 (n % 4) + 2 t + i % 2 of output tile n lands where the
+/// epilogue reads nvfp4_output_column(n, t, i).
+template <bool IsV>
+SLIMSERVE_HOST_DEVICE constexpr int nvfp4_order_source(int j) {
+  return IsV ? 4 * (j & 7) + (j >> 3) : 8 * ((j & 7) >> 1) + 4 * (j >> 4) + 2 * ((j >> 3) & 1) + (j & 1);
 }
 
 /// Stages one 16-wide group of d of an input row (16 elements from `group`) as the two 16-bit
@@ -78,6 +99,54 @@ SLIMSERVE_ATTENTION_UNROLL
   }
   store16(dst_lo, out[0]);
   store16(dst_hi, out[1]);
+}
+
+/// nvfp4_order_source against the fragment maps it must match (a k step pair; four output tiles).
+constexpr bool nvfp4_order_matches_fragments() {
+  for (int t = 0; t < 4; ++t) {
+    for (int e = 0; e < 4; ++e) {
+      for (int s = 0; s < 2; ++s) {
+        if (nvfp4_order_source<false>(16 * s + q_fragment_column<false>(t, e)) != nvfp4_q_column(s, t, e)) return false;
+      }
+      for (int n = 0; n < 4; ++n) {
+        if (nvfp4_order_source<true>(output_column<false>(n, t, e)) != nvfp4_output_column(n, t, e)) return false;
+      }
+    }
+  }
+  return true;
+}
+static_assert(nvfp4_order_matches_fragments(), "NVFP4 chunk staging order");
+
+/// Stages one 32-wide group of d of an input row (32 elements from `group`) as the four fp16
+/// chunks that hold it, permuted to NVFP4 accumulator order, into dst[0..3] (positions 8c..8c+7
+/// in dst[c]), each times `scale` (a power of two: exact unless it leaves the fp16 normal
+/// range); `valid` false: zeros. Saturated to the fp16 range, as the queries.
+template <class InT, bool IsV>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void stage_nvfp4_order_group(unsigned char* const (&dst)[4], const InT* group,
+                                                                     bool valid, float scale) {
+  Vec16 out[4] = {};
+  if (valid) {
+    float x[32];
+SLIMSERVE_ATTENTION_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      float part[8];
+      unpack<InT>(load16(group + 8 * c), part);
+SLIMSERVE_ATTENTION_UNROLL
+      for (int e = 0; e < 8; ++e) x[8 * c + e] = part[e] * scale;
+    }
+    constexpr float limit = format_traits<fp16>::max_finite;
+SLIMSERVE_ATTENTION_UNROLL
+    for (int c = 0; c < 4; ++c) {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int w = 0; w < 4; ++w) {
+        const int j0 = 8 * c + 2 * w;
+        out[c].word[w] = pack_pair<fp16>(fminf(fmaxf(x[nvfp4_order_source<IsV>(j0)], -limit), limit),
+                                         fminf(fmaxf(x[nvfp4_order_source<IsV>(j0 + 1)], -limit), limit));
+      }
+    }
+  }
+SLIMSERVE_ATTENTION_UNROLL
+  for (int c = 0; c < 4; ++c) store16(dst[c], out[c]);
 }
 
 /// Quantizes chunk tokens [token_begin, token_end) of one KV head into their slots with

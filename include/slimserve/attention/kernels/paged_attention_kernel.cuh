@@ -19,7 +19,8 @@
 /// type, O += P V. FP8 fragments are converted once per warp (see mma_fragments.cuh); NVFP4
 /// fragments are widened with their block scales in registers (nvfp4_fragments.cuh), the
 /// per-tensor scale times nvfp4_fragment_unit folding into the score and output scales.
-/// NVFP4 takes the paged kernel only: not the fused prefill (the table has no launcher).
+/// NVFP4's fused prefill stages the chunk's own K/V as fp16 rows in the NVFP4 fragment order
+/// (chunk_kv.cuh), a quarter of a stage's tokens per chunk tile.
 /// Scales: per-tensor k_scale folds into the score scale and v_scale into the output; per-token
 /// k scales multiply score columns (FP32), per-token v scales multiply P before it is rounded
 /// (by v_scale * 2^8, undone at the end, which keeps P*v_scale in the fp16 normal range).
@@ -197,7 +198,6 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
   using Smem = PagedAttentionSharedStorage<KvT, HeadDim>;
   constexpr bool fp8 = Row::fp8;
   constexpr bool block_scaled = Tile::block_scaled;
-  static_assert(!(block_scaled && FusedChunk), "NVFP4 has no fused prefill (its table entry has no launcher)");
   static_assert(!(Rotated && FusedChunk), "a rotated cache has no fused prefill (the host refuses it)");
   static_assert(!Rotated || hadamard_head_dim<HeadDim>, "rotation: head_dim 64, 128 or 256 (RotationHeadDims)");
   auto& smem = rt::shared_storage<Smem>();
@@ -390,6 +390,15 @@ SLIMSERVE_ATTENTION_UNROLL
     k_static = unit(k_static);
     v_static = unit(v_static);
   }
+  // NVFP4 chunk tiles: 1 / v_static split into V * 2^-k (exact) and P * 2^k / v_static (chunk_kv.cuh).
+  [[maybe_unused]] float chunk_v_shift = 1.0f, chunk_p_factor = 1.0f;
+  if constexpr (FusedChunk && block_scaled) {
+    int exponent = 0;
+    frexpf(v_static, &exponent);  // v_static in [2^(exponent - 1), 2^exponent)
+    exponent = exponent < -125 ? -125 : (exponent > 126 ? 126 : exponent);  // 2^(1 - exponent) finite
+    chunk_v_shift = ldexpf(1.0f, 1 - exponent);
+    chunk_p_factor = 1.0f / (v_static * chunk_v_shift);
+  }
   const float score_scale = p.score_scale * k_static;  // raw q.k -> log2 units
   const bool soft_capped = p.soft_cap > 0.0f;
   const float cap_in = p.sm_scale * k_static / (soft_capped ? p.soft_cap : 1.0f);
@@ -407,11 +416,12 @@ SLIMSERVE_ATTENTION_UNROLL
   const KvT* v_pages = static_cast<const KvT*>(p.v_pages);
   const std::int64_t span = page_end > kv_begin ? page_end - kv_begin : 0;
   const std::int64_t num_page_tiles = (span + Tile::stage_tokens - 1) / Tile::stage_tokens;
-  // Chunk tiles: the same stage bytes in the mma type's 16-bit rows (FP8: half the tokens).
+  // Chunk tiles: the same stage bytes in the mma type's 16-bit rows (FP8: half the tokens,
+  // NVFP4: a quarter, its code bytes only).
   using ChunkRow = KvRowGeometry<MmaT, HeadDim>;
-  constexpr int chunk_tile_tokens =
-      block_scaled ? Tile::stage_tokens : Tile::stage_tokens * Row::element_bytes / ChunkRow::element_bytes;
-  static_assert(block_scaled || chunk_tile_tokens * ChunkRow::row_chunks == Tile::stage_chunks, "same stage bytes");
+  constexpr int chunk_tile_tokens = block_scaled ? Tile::stage_tokens * Row::row_bytes / ChunkRow::row_bytes
+                                                 : Tile::stage_tokens * Row::element_bytes / ChunkRow::element_bytes;
+  static_assert(chunk_tile_tokens * ChunkRow::row_chunks == Tile::stage_chunks, "same stage bytes");
   static_assert(chunk_tile_tokens % Tile::warp_tokens == 0, "whole sub-blocks per chunk tile");
   const std::int64_t chunk_span = FusedChunk && kv_end > chunk_begin ? kv_end - chunk_begin : 0;
   const std::int64_t num_tiles = num_page_tiles + (chunk_span + chunk_tile_tokens - 1) / chunk_tile_tokens;
@@ -517,7 +527,33 @@ SLIMSERVE_ATTENTION_UNROLL
     const std::int64_t tile_begin = chunk_begin + (i - num_page_tiles) * chunk_tile_tokens;
     const QT* chunk_k = static_cast<const QT*>(p.chunk.k);
     const QT* chunk_v = static_cast<const QT*>(p.chunk.v);
-    if constexpr (fp8) {
+    if constexpr (block_scaled) {
+      // A 32-wide group of d (four fp16 chunks) per thread and step, permuted in registers to
+      // the NVFP4 fragment order (chunk_kv.cuh). Head_dim 64 has fewer groups than threads.
+      constexpr int row_groups = ChunkRow::row_chunks / 4;
+      constexpr int groups = Tile::stage_chunks / 4;
+      static_assert(ChunkRow::row_chunks % 4 == 0, "whole 32-wide groups");
+SLIMSERVE_ATTENTION_UNROLL
+      for (int j = 0; j < (groups + Tile::threads - 1) / Tile::threads; ++j) {
+        const int group_id = tid + j * Tile::threads;
+        if (groups % Tile::threads != 0 && group_id >= groups) break;
+        const int token = group_id / row_groups;
+        const int group = group_id % row_groups;
+        const std::int64_t position = tile_begin + token;
+        const bool ok = position < kv_end;
+        const std::int64_t row = ok ? (qo_begin + position - chunk_start) * p.chunk.token_stride + kv_head * p.chunk.head_stride : 0;
+        unsigned char* const k_dst[4] = {stage.k + ChunkRow::byte_offset(token, 4 * group),
+                                         stage.k + ChunkRow::byte_offset(token, 4 * group + 1),
+                                         stage.k + ChunkRow::byte_offset(token, 4 * group + 2),
+                                         stage.k + ChunkRow::byte_offset(token, 4 * group + 3)};
+        unsigned char* const v_dst[4] = {stage.v + ChunkRow::byte_offset(token, 4 * group),
+                                         stage.v + ChunkRow::byte_offset(token, 4 * group + 1),
+                                         stage.v + ChunkRow::byte_offset(token, 4 * group + 2),
+                                         stage.v + ChunkRow::byte_offset(token, 4 * group + 3)};
+        stage_nvfp4_order_group<QT, false>(k_dst, chunk_k + row + 32 * group, ok, 1.0f);
+        stage_nvfp4_order_group<QT, true>(v_dst, chunk_v + row + 32 * group, ok, chunk_v_shift);
+      }
+    } else if constexpr (fp8) {
       // A 16-wide group of d (two chunks of the mma type) per thread and step: converted and
       // permuted in registers (chunk_kv.cuh).
       constexpr int row_groups = ChunkRow::row_chunks / 2;
@@ -553,7 +589,11 @@ SLIMSERVE_ATTENTION_UNROLL
     if (tid < chunk_tile_tokens) {
       const bool tensor_scaled = p.scale_mode == KvScaleMode::per_tensor;
       stage.k_token_scale[tid] = tensor_scaled ? 1.0f / k_static : 1.0f;
-      stage.v_token_scale[tid] = tensor_scaled ? 1.0f / v_static : (per_token ? per_token_p_headroom : 1.0f);
+      if constexpr (block_scaled) {
+        stage.v_token_scale[tid] = chunk_p_factor;  // V carries the power of two (chunk_kv.cuh)
+      } else {
+        stage.v_token_scale[tid] = tensor_scaled ? 1.0f / v_static : (per_token ? per_token_p_headroom : 1.0f);
+      }
     }
     }
   };
@@ -590,7 +630,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int m = 0; m < Tile::warp_tokens / 16; ++m) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int c = 0; c < TileRow::row_chunks; c += 2) {
-          if constexpr (block_scaled) {
+          if constexpr (block_scaled && std::is_same_v<Elem, KvT>) {  // page tiles; chunk tiles are fp16
             nvfp4_qk_chunk_pair<HeadDim>(s[2 * m], s[2 * m + 1], stage.k, stage.block_scales.k, row0 + 16 * m, c,
                                          q_frag, lane);
           } else {
@@ -696,7 +736,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < Tile::warp_tokens / 16; ++k) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int c = 0; c < TileRow::row_chunks; c += 2) {
-          if constexpr (block_scaled) {
+          if constexpr (block_scaled && std::is_same_v<Elem, KvT>) {
             nvfp4_pv_chunk_pair<HeadDim>(o_acc, stage.v, stage.block_scales.v, row0 + 16 * k, c, p_frag[k], lane);
           } else {
             pv_chunk_pair<Elem, HeadDim>(o_acc, stage.v, row0 + 16 * k, c, p_frag[k], lane);
