@@ -66,7 +66,10 @@ Status validate_host_page_table(const DecodePlanArguments& args) {
 
 DecodeBlockShape decode_block_shape(const DecodeProblem& problem) {
   DecodeBlockShape shape;
-  const std::int32_t vector_elements = 128 / bits_per_element(problem.kv_dtype);  // 16 B
+  // 16 bytes of the stored type per lane; a block-scaled format (NVFP4): one scale block,
+  // its 8 bytes of codes and its scale (decode_kernel.cuh, load_nvfp4_block).
+  const KvFormatInfo& format = kv_format_info(problem.kv_dtype);
+  const std::int32_t vector_elements = format.scale_block > 0 ? format.scale_block : 128 / format.bits;
   shape.lanes = problem.head_dim / vector_elements;
   shape.rows = problem.num_kv_heads > 0
                    ? problem.query_tokens * (problem.num_qo_heads / problem.num_kv_heads)

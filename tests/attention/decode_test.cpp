@@ -1,6 +1,7 @@
 // Paged decode attention against an FP64 reference computed from the stored (already
 // quantized) cache: dtype x layout x head_dim x GQA grid, ragged lengths, shuffled pages with
-// holes and shared pages, split vs unsplit, aborted requests, merge on its own, preflight.
+// holes and shared pages, split vs unsplit, aborted requests, merge on its own, preflight;
+// NVFP4 pages (FP64 reference decoded from the stored codes, invalid tensor scales).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "attention_test_support.hpp"
+#include "nvfp4_test_cache.hpp"
 #include "slimserve/attention/decode.hpp"
 
 using namespace attn_test;
@@ -422,4 +424,204 @@ TEST_CASE("decode: full grid (GPU only; the emulator runs the representative gri
             check_against_reference(f, run(f, false, nullptr), ref);
             check_against_reference(f, run(f, true, nullptr), ref);
           }
+}
+
+// ---- NVFP4 pages ----------------------------------------------------------------------------
+// The CUDA-core decode over NVFP4 pages (one 16-element block per lane, decoded in FP32)
+// against an FP64 reference decoded from the stored codes and block scales.
+namespace {
+
+struct Nvfp4DecodeCase {
+  KvLayout layout;
+  int head_dim, num_kv_heads, group, page_size;
+  ActivationDtype q_dtype;
+  int query_tokens;
+  std::vector<std::int64_t> lengths;
+};
+
+struct Nvfp4DecodeFixture {
+  Nvfp4DecodeCase c;
+  HostPageTable table;
+  Nvfp4HostCache cache;
+  std::vector<float> q_values;
+  std::vector<std::uint16_t> q_bits;
+  std::vector<double> v_max;  // per request and KV head
+
+  /// The stored value of request b's position p (attend_row's key or value accessor).
+  auto value(std::size_t b, int kv_head, bool is_v) const {
+    return [this, pages = table.pages_of(b), kv_head, is_v](std::int64_t p, int d) {
+      return cache.real(is_v, pages[static_cast<std::size_t>(p / c.page_size)], static_cast<int>(p % c.page_size),
+                        kv_head, d);
+    };
+  }
+
+  Nvfp4DecodeFixture(const Nvfp4DecodeCase& dc, std::mt19937_64& rng)
+      : c(dc), table(make_page_table(dc.lengths, dc.page_size, rng, dc.lengths.size() > 1)),
+        cache(dc.layout, table.num_pages, dc.page_size, dc.num_kv_heads, dc.head_dim) {
+    cache.fill(table, c.lengths, rng);
+    Activations q = random_activations(rng, c.q_dtype, out_rows() * static_cast<std::size_t>(c.head_dim));
+    q_bits = std::move(q.bits);
+    q_values = std::move(q.values);
+    for (std::size_t b = 0; b < c.lengths.size(); ++b) {
+      for (int h = 0; h < c.num_kv_heads; ++h) v_max.push_back(max_abs_value(c.lengths[b], c.head_dim, value(b, h, true)));
+    }
+  }
+  int num_qo_heads() const { return c.num_kv_heads * c.group; }
+  std::size_t rows_per_request() const { return static_cast<std::size_t>(c.query_tokens * num_qo_heads()); }
+  std::size_t out_rows() const { return c.lengths.size() * rows_per_request(); }
+  double sm_scale() const { return 1.0 / std::sqrt(static_cast<double>(c.head_dim)); }
+  Reference reference() const {
+    Reference ref;
+    const auto d_size = static_cast<std::size_t>(c.head_dim);
+    ref.o.assign(out_rows() * d_size, 0.0);
+    ref.lse.assign(out_rows(), -INFINITY);
+    for (std::size_t b = 0; b < c.lengths.size(); ++b) {
+      for (int t = 0; t < c.query_tokens; ++t) {
+        const std::int64_t visible = std::max<std::int64_t>(0, c.lengths[b] - c.query_tokens + t + 1);
+        for (int h = 0; h < num_qo_heads(); ++h) {
+          const std::size_t row = b * rows_per_request() + static_cast<std::size_t>(t * num_qo_heads() + h);
+          ref.lse[row] = attend_row(q_values.data() + row * d_size, c.head_dim, 0, visible, RowOptions{sm_scale()},
+                                    value(b, h / c.group, false), value(b, h / c.group, true),
+                                    ref.o.data() + row * d_size);
+        }
+      }
+    }
+    return ref;
+  }
+};
+
+/// Plans and runs; outputs and workspace poisoned first. k_scale_override != 0 replaces the
+/// device-held K tensor scale (v_scale_override the V one).
+DecodeOutput run_nvfp4(const Nvfp4DecodeFixture& f, bool allow_split, float k_scale_override = 0.0f,
+                       float v_scale_override = 0.0f) {
+  auto k_pages = upload(f.cache.k);
+  auto v_pages = upload(f.cache.v);
+  auto scales = upload(std::vector<float>{k_scale_override != 0.0f ? k_scale_override : f.cache.k_scale,
+                                          v_scale_override != 0.0f ? v_scale_override : f.cache.v_scale});
+  auto indptr = upload(f.table.indptr);
+  auto indices = upload(f.table.indices);
+  auto last = upload(f.table.last_page_len);
+  auto q = upload(f.q_bits);
+  auto o = rt::DeviceBuffer<std::uint16_t>::create(f.q_bits.size());
+  auto lse = rt::DeviceBuffer<float>::create(f.out_rows());
+  REQUIRE(o.ok());
+  REQUIRE(lse.ok());
+  REQUIRE(o->fill_bytes(0xFF).ok());
+  REQUIRE(lse->fill_bytes(0xFF).ok());
+
+  DecodeProblem problem;
+  problem.batch_size = static_cast<std::int32_t>(f.c.lengths.size());
+  problem.num_qo_heads = f.num_qo_heads();
+  problem.num_kv_heads = f.c.num_kv_heads;
+  problem.head_dim = f.c.head_dim;
+  problem.page_size = f.c.page_size;
+  problem.query_tokens = f.c.query_tokens;
+  problem.kv_dtype = KvDtype::nvfp4;
+  DecodePlanArguments plan_args{problem, f.table.indptr, f.table.last_page_len};
+  plan_args.allow_split = allow_split;
+  plan_args.max_ctas = 64;
+  plan_args.min_chunk_tokens = 64;
+  auto bytes = decode_workspace_size(plan_args);
+  REQUIRE(bytes.ok());
+  auto workspace = rt::DeviceBuffer<unsigned char>::create(*bytes);
+  REQUIRE(workspace.ok());
+  REQUIRE(workspace->fill_bytes(0xFF).ok());
+  auto plan = plan_decode(plan_args, workspace->data(), *bytes, nullptr);
+  INFO(plan.status().to_string());
+  REQUIRE(plan.ok());
+
+  DecodeArguments args;
+  args.cache.k_pages = k_pages.data();
+  args.cache.v_pages = v_pages.data();
+  args.cache.k_scale = scales.data();
+  args.cache.v_scale = scales.data() + 1;
+  args.cache.num_pages = f.cache.num_pages;
+  args.cache.page_size = f.c.page_size;
+  args.cache.num_kv_heads = f.c.num_kv_heads;
+  args.cache.head_dim = f.c.head_dim;
+  args.cache.dtype = KvDtype::nvfp4;
+  args.cache.layout = f.c.layout;
+  args.cache.scale_mode = KvScaleMode::per_tensor;
+  args.table = kv::PageTableView{indptr.data(), indices.data(), last.data(), nullptr,
+                                 static_cast<std::int32_t>(f.c.lengths.size()), f.c.page_size};
+  args.q = q.data();
+  args.o = o->data();
+  args.lse = lse->data();
+  args.q_dtype = f.c.q_dtype;
+  args.sm_scale = static_cast<float>(f.sm_scale());
+  const Status s = run_decode(args, *plan, workspace->data(), *bytes, nullptr);
+  INFO(s.to_string());
+  REQUIRE(s.ok());
+  REQUIRE(rt::stream_synchronize(nullptr).ok());
+  DecodeOutput out;
+  out.split = plan->split_kv;
+  for (auto b : download(*o, f.q_bits.size())) out.o.push_back(from_activation(f.c.q_dtype, b));
+  out.lse = download(*lse, f.out_rows());
+  return out;
+}
+
+std::size_t nvfp4_mismatches(const Nvfp4DecodeFixture& f, const DecodeOutput& out, const Reference& ref) {
+  const RowComparison r = compare_rows(
+      out.o, out.lse, ref, f.out_rows(), f.c.head_dim,
+      [&](std::size_t row, double want) {
+        const std::size_t b = row / f.rows_per_request();
+        const int kv_head = static_cast<int>(row % static_cast<std::size_t>(f.num_qo_heads())) / f.c.group;
+        return tolerance(f.c.q_dtype, want, f.v_max[b * static_cast<std::size_t>(f.c.num_kv_heads) + kv_head]);
+      },
+      [](std::size_t) { return false; },
+      [&](std::size_t row) { return "row " + std::to_string(row) + " (split " + std::to_string(out.split) + ")"; });
+  CHECK(r.checked == f.out_rows() * static_cast<std::size_t>(f.c.head_dim));
+  return r.mismatches;
+}
+
+}  // namespace
+
+TEST_CASE("decode: NVFP4 pages against FP64 decoded from the stored codes", "[attention][decode][nvfp4]") {
+  auto rng = slimserve_test::make_rng(425);
+  const auto nhd = KvLayout::nhd;
+  const auto hnd = KvLayout::hnd;
+  const auto bf = ActivationDtype::bf16;
+  const auto fp = ActivationDtype::fp16;
+  const std::vector<Nvfp4DecodeCase> cases = {
+      // layout D  Hkv G  ps  q  qt lengths (1, ps-1, ps, ps+1, long)
+      {nhd, 128, 2, 4, 16, bf, 1, {1, 15, 16, 17, 700}},
+      {hnd, 64, 1, 8, 32, fp, 1, {1, 31, 32, 33, 700}},
+      {nhd, 256, 2, 1, 16, fp, 1, {1, 15, 16, 17, 300}},
+      {hnd, 128, 1, 4, 16, bf, 3, {3, 15, 16, 17, 500}},  // speculative rows
+      {hnd, 256, 1, 8, 16, bf, 2, {2, 16, 400}},
+      {nhd, 64, 2, 1, 16, fp, 1, {1, 17, 600}},
+  };
+  for (const Nvfp4DecodeCase& c : cases) {
+    INFO("layout " << to_string(c.layout) << " D " << c.head_dim << " Hkv " << c.num_kv_heads << " group "
+                   << c.group << " ps " << c.page_size << " query tokens " << c.query_tokens);
+    Nvfp4DecodeFixture f(c, rng);
+    const Reference ref = f.reference();
+    const DecodeOutput unsplit = run_nvfp4(f, false);
+    CHECK_FALSE(unsplit.split);
+    CHECK(nvfp4_mismatches(f, unsplit, ref) == 0);
+    const DecodeOutput split = run_nvfp4(f, true);
+    CHECK(split.split);
+    CHECK(nvfp4_mismatches(f, split, ref) == 0);
+  }
+}
+
+TEST_CASE("decode: an invalid NVFP4 tensor scale gives NaN rows", "[attention][decode][nvfp4]") {
+  auto rng = slimserve_test::make_rng(426);
+  Nvfp4DecodeFixture f({KvLayout::nhd, 128, 2, 4, 16, ActivationDtype::bf16, 1, {1, 17, 300}}, rng);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const bool allow_split : {false, true}) {
+    for (const float bad : {nan, inf, -1.0f}) {
+      for (const bool bad_k : {true, false}) {
+        INFO("split " << allow_split << " bad scale " << bad << " on " << (bad_k ? "K" : "V"));
+        const DecodeOutput out = run_nvfp4(f, allow_split, bad_k ? bad : 0.0f, bad_k ? 0.0f : bad);
+        std::size_t finite = 0;
+        for (float x : out.o) finite += !std::isnan(x);
+        CHECK(finite == 0);
+        if (bad_k) {
+          for (float l : out.lse) CHECK_FALSE(std::isfinite(l));
+        }
+      }
+    }
+  }
 }

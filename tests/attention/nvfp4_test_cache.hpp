@@ -1,12 +1,13 @@
 #pragma once
 // The host image of an NVFP4 cache for the attention tests (paged attention over NVFP4 pages,
-// its fused prefill): the append's block rule through formats/nvfp4.hpp's scalar codec, and
+// its fused prefill, the CUDA-core decode): the append's block rule through formats/nvfp4.hpp's scalar codec, and
 // the stored values decoded in FP64.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "attention_test_support.hpp"
@@ -57,6 +58,41 @@ struct Nvfp4HostCache {
     const auto scale = fp8_e4m3::from_bits(vec[head_dim / 2 + d / nvfp4_block_elements]);
     return static_cast<double>(to_float(code)) * static_cast<double>(to_float(scale)) *
            static_cast<double>(is_v ? v_scale : k_scale);
+  }
+  /// Realistic rows (outlier channels) in every slot the first lengths[b] positions own (a
+  /// shared page once), tensor scales from their amax (the largest block scale near 448).
+  void fill(const HostPageTable& table, const std::vector<std::int64_t>& lengths, std::mt19937_64& rng) {
+    struct Row { int page, slot, head; std::vector<float> k, v; };
+    std::vector<Row> rows;
+    std::vector<bool> seen(static_cast<std::size_t>(num_pages) * page_size, false);
+    float k_amax = 0.0f, v_amax = 0.0f;
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      const auto pages = table.pages_of(b);
+      for (std::int64_t p = 0; p < lengths[b]; ++p) {
+        const int page = pages[static_cast<std::size_t>(p / page_size)];
+        const int slot = static_cast<int>(p % page_size);
+        const auto owned = static_cast<std::size_t>(page) * page_size + slot;
+        if (seen[owned]) continue;
+        seen[owned] = true;
+        for (int h = 0; h < num_kv_heads; ++h) {
+          Row r{page, slot, h, std::vector<float>(static_cast<std::size_t>(head_dim)),
+                std::vector<float>(static_cast<std::size_t>(head_dim))};
+          realistic_row(rng, head_dim, r.k.data(), 1.0f);
+          realistic_row(rng, head_dim, r.v.data(), 0.5f);
+          for (int d = 0; d < head_dim; ++d) {
+            k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
+            v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
+          }
+          rows.push_back(std::move(r));
+        }
+      }
+    }
+    k_scale = k_amax / 2688.0f;
+    v_scale = v_amax / 2688.0f;
+    for (const Row& r : rows) {
+      store(false, r.page, r.slot, r.head, r.k.data());
+      store(true, r.page, r.slot, r.head, r.v.data());
+    }
   }
 };
 

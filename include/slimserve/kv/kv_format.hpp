@@ -160,12 +160,11 @@ struct KvFormat<nvfp4> {
   using mma_input = fp16;
   static constexpr bool computes_in_storage_type = false;
   static constexpr ActivationDtype storage_activation = ActivationDtype::fp16;  // unused
-  // Written (kv_store_nvfp4.cuh), read back (dequantize_nvfp4_pages_kernel) and read by the
+  // Written (kv_store_nvfp4.cuh), read back (dequantize_nvfp4_pages_kernel), read by the
+  // CUDA-core decode (decode_kernel.cuh: one scale block per lane, decoded in FP32) and by the
   // tensor-core paged attention (nvfp4_fragments.cuh), its fused prefill included (the chunk
   // staged as FP16 in the NVFP4 fragment order and written by the append's store; chunk_kv.cuh).
-  static constexpr KvKernelSet kernels = static_cast<KvKernelSet>(KvKernel::append) |
-                                         static_cast<KvKernelSet>(KvKernel::dequantize) |
-                                         static_cast<KvKernelSet>(KvKernel::paged_attention);
+  static constexpr KvKernelSet kernels = all_kv_kernels;
   static constexpr int word_elements = 8;   // a 32-bit word holds 8 codes
 };
 

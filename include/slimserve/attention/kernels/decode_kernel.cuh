@@ -12,11 +12,15 @@
 /// shared memory, where every row reads them. Scores are kept in log2 units (the query is
 /// pre-multiplied by sm_scale * log2(e) * k_scale) so the softmax uses exp2.
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/kv_cache_view.hpp"
+#include "slimserve/formats/nvfp4.hpp"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
 #include "slimserve/runtime/shared_memory.cuh"
@@ -103,6 +107,45 @@ struct DecodeSharedStorage {
   std::int32_t token_ok[Tile::tokens];  // page id inside the cache
 };
 
+/// NVFP4: a lane takes one block of a head vector, 8 bytes of codes (16 elements) and its
+/// E4M3 scale. Staged as one Vec16 per lane: words 0-1 the codes (element k of a word in bits
+/// 4k..4k+3), word 2 the block scale already widened to FP32 (so it is decoded once per
+/// token, not once per query row). Vectors are 9 * HeadDim / 16 bytes, only 4-byte aligned
+/// at head_dim 64, so the codes are two 4-byte loads and the scale a byte load.
+template <int HeadDim>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE Vec16 load_nvfp4_block(const std::uint8_t* vector, int block) {
+  static_assert((HeadDim / 2 + HeadDim / nvfp4_block_elements) % 4 == 0, "4-byte aligned vectors");
+  Vec16 v = {};
+  const std::uint8_t* codes = vector + block * nvfp4_block_code_bytes;
+#if defined(__CUDACC__)
+  v.word[0] = *reinterpret_cast<const std::uint32_t*>(codes);
+  v.word[1] = *reinterpret_cast<const std::uint32_t*>(codes + 4);
+#else
+  std::memcpy(&v.word[0], codes, 8);
+#endif
+  const float scale = to_float(fp8_e4m3::from_bits(vector[HeadDim / 2 + block]));
+  std::memcpy(&v.word[2], &scale, sizeof(scale));
+  return v;
+}
+
+/// The 16 elements of a staged NVFP4 block: e2m1 * e4m3, exact in FP32 (5 significant bits).
+/// A NaN block scale (0x7F) decodes the block to NaN, as the paged attention does.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void unpack_nvfp4_block(const Vec16& v, float (&out)[16]) {
+  float scale;
+  std::memcpy(&scale, &v.word[2], sizeof(scale));
+SLIMSERVE_ATTENTION_UNROLL
+  for (int w = 0; w < 2; ++w) {
+SLIMSERVE_ATTENTION_UNROLL
+    for (int k = 0; k < 8; ++k) out[8 * w + k] = to_float(nvfp4_code_at(v.word[w], k)) * scale;
+  }
+}
+
+/// An NVFP4 tensor scale that is not finite and > 0 becomes NaN (NaN rows, as the append makes
+/// such a cache's blocks NaN and the paged attention's rows NaN): never a silent rescale.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float nvfp4_checked_tensor_scale(float s) {
+  return s > 0.0f && s <= FLT_MAX ? s : NAN;
+}
+
 /// Sum over the `Lanes` threads of a head vector.
 template <int Lanes>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float group_sum(float x) {
@@ -125,6 +168,8 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
   using Tile = DecodeTile<KvT, HeadDim>;
   constexpr int E = Tile::elements;
   constexpr int lanes = Tile::lanes;
+  constexpr bool block_scaled = std::is_same_v<KvT, nvfp4>;
+  static_assert(!block_scaled || E == nvfp4_block_elements, "an NVFP4 lane holds one block");
   auto& smem = rt::shared_storage<DecodeSharedStorage<KvT, HeadDim>>();
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -176,7 +221,8 @@ __global__ void __launch_bounds__(512) decode_kernel(const DecodeParams p) {
   // Query in registers, pre-scaled into log2 units.
   float q[E];
   {
-    const float k_static = p.scale_mode == KvScaleMode::per_tensor ? *p.k_scale : 1.0f;
+    float k_static = p.scale_mode == KvScaleMode::per_tensor ? *p.k_scale : 1.0f;
+    if constexpr (block_scaled) k_static = nvfp4_checked_tensor_scale(k_static);
     const float factor = p.sm_scale * log2_e * k_static;
     const QT* q_ptr = static_cast<const QT*>(p.q) + out_row * HeadDim + lane * E;
     constexpr int q_vectors = E / vector_elements<QT>;  // 1 (16-bit cache) or 2 (FP8)
@@ -223,12 +269,23 @@ SLIMSERVE_ATTENTION_UNROLL
         const std::int64_t position = tile_begin + t;
         const std::int32_t page = page_of(position);
         if (page >= 0) {
-          const std::int64_t offset =
-              cache_offset(p.layout, p.page_size, p.num_kv_heads, HeadDim, page,
-                           static_cast<std::int32_t>(position & (p.page_size - 1)), kv_head,
-                           (chunk % lanes) * E);
-          k_fetch[j] = load16(k_pages + offset);
-          v_fetch[j] = load16(v_pages + offset);
+          if constexpr (block_scaled) {
+            // Packed pages (the preflight refuses other strides): vector index * vector bytes.
+            constexpr std::int64_t vector_bytes = HeadDim / 2 + HeadDim / nvfp4_block_elements;
+            const std::int64_t offset =
+                cache_offset(p.layout, p.page_size, p.num_kv_heads, 1, page,
+                             static_cast<std::int32_t>(position & (p.page_size - 1)), kv_head, 0) *
+                vector_bytes;
+            k_fetch[j] = load_nvfp4_block<HeadDim>(&k_pages[offset].bits, chunk % lanes);
+            v_fetch[j] = load_nvfp4_block<HeadDim>(&v_pages[offset].bits, chunk % lanes);
+          } else {
+            const std::int64_t offset =
+                cache_offset(p.layout, p.page_size, p.num_kv_heads, HeadDim, page,
+                             static_cast<std::int32_t>(position & (p.page_size - 1)), kv_head,
+                             (chunk % lanes) * E);
+            k_fetch[j] = load16(k_pages + offset);
+            v_fetch[j] = load16(v_pages + offset);
+          }
         }
       }
     }
@@ -279,7 +336,11 @@ SLIMSERVE_ATTENTION_UNROLL
       const int t = base + group;
       const bool in_tile = t < count;
       float k[E];
-      unpack<KvT>(in_tile ? smem.u.tile.k[t * lanes + lane] : Vec16{}, k);
+      if constexpr (block_scaled) {
+        unpack_nvfp4_block(in_tile ? smem.u.tile.k[t * lanes + lane] : Vec16{}, k);
+      } else {
+        unpack<KvT>(in_tile ? smem.u.tile.k[t * lanes + lane] : Vec16{}, k);
+      }
       float dot = 0.0f;
 SLIMSERVE_ATTENTION_UNROLL
       for (int e = 0; e < E; ++e) dot = fmaf(q[e], k[e], dot);
@@ -297,7 +358,11 @@ SLIMSERVE_ATTENTION_UNROLL
       running_sum += weight;
       const float v_weight = per_token ? weight * smem.v_token_scale[t] : weight;
       float v[E];
-      unpack<KvT>(smem.u.tile.v[t * lanes + lane], v);
+      if constexpr (block_scaled) {
+        unpack_nvfp4_block(smem.u.tile.v[t * lanes + lane], v);
+      } else {
+        unpack<KvT>(smem.u.tile.v[t * lanes + lane], v);
+      }
 SLIMSERVE_ATTENTION_UNROLL
       for (int e = 0; e < E; ++e) acc[e] = fmaf(v_weight, v[e], acc[e]);
     }
@@ -339,9 +404,16 @@ SLIMSERVE_ATTENTION_UNROLL
 
   // Normalized output (0 for an empty range) and natural-log LSE (-inf for an empty range).
   const bool empty = running_sum == 0.0f;
-  const float v_static = p.scale_mode == KvScaleMode::per_tensor ? *p.v_scale : 1.0f;
-  const float norm = empty ? 0.0f : v_static / running_sum;
-  const float lse = empty ? -INFINITY : (running_max + log2f(running_sum)) * ln_2;
+  float v_static = p.scale_mode == KvScaleMode::per_tensor ? *p.v_scale : 1.0f;
+  if constexpr (block_scaled) v_static = nvfp4_checked_tensor_scale(v_static);
+  float norm = empty ? 0.0f : v_static / running_sum;
+  float lse = empty ? -INFINITY : (running_max + log2f(running_sum)) * ln_2;
+  if constexpr (block_scaled) {
+    // NaN scores never raise the running max, so an invalid K tensor scale could read as "no
+    // visible token" (empty): mark the row NaN instead (a split's NaN partial lse merges to
+    // the same marked row).
+    if (std::isnan(nvfp4_checked_tensor_scale(*p.k_scale))) norm = lse = NAN;
+  }
   if (p.split_kv) {
     const std::int64_t partial_row =
         (static_cast<std::int64_t>(work) * p.query_tokens + q_token) * p.num_qo_heads + qo_head;
