@@ -40,7 +40,20 @@ import slimserve
 assert slimserve.__file__.startswith(sys.prefix), slimserve.__file__
 assert slimserve.library_path.startswith(sys.prefix), slimserve.library_path
 print(f"testing {slimserve.__file__} with {slimserve.library_path}")
-import pytest
+import os
+from importlib import metadata
 tests, basetemp, *extra = sys.argv[1:]
+# Every module of the source package is installed, subpackages included (the vLLM plugin is
+# one), and vLLM's plugin loader finds the entry point that names it.
+source = os.path.join(os.path.dirname(tests), "slimserve")
+installed = os.path.dirname(slimserve.__file__)
+modules = lambda top: {os.path.relpath(os.path.join(d, n), top) for d, _, names in os.walk(top)
+                       for n in names if n.endswith(".py")}
+missing = sorted(modules(source) - modules(installed))
+assert not missing, f"the wheel lacks {missing}"
+plugins = {p.name: p.value for p in metadata.entry_points(group="vllm.general_plugins")}
+assert plugins.get("slimserve") == "slimserve.vllm:register", plugins
+print(f"{len(modules(installed))} modules installed; vllm.general_plugins: {plugins}")
+import pytest
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}", *extra, tests]))
 PY
