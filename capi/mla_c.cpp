@@ -64,12 +64,10 @@ Status to_mla_plan_arguments(const slimserve_mla_plan_args* in, attention::MlaDe
 extern "C" {
 
 int64_t slimserve_mla_record_bytes(slimserve_kv_dtype dtype, slimserve_mla_scale_mode scale_mode) {
-  const bool bf16 = dtype == SLIMSERVE_KV_BF16 && scale_mode == SLIMSERVE_MLA_SCALE_NONE;
-  const bool fp8 = dtype == SLIMSERVE_KV_FP8_E4M3 &&
-                   (scale_mode == SLIMSERVE_MLA_SCALE_PER_TENSOR || scale_mode == SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP);
-  if (!bf16 && !fp8) return 0;
-  return attention::mla_bytes_per_token(static_cast<attention::KvDtype>(dtype),
-                                        static_cast<attention::MlaScaleMode>(scale_mode));
+  const auto kv_dtype = static_cast<attention::KvDtype>(dtype);
+  const auto mode = static_cast<attention::MlaScaleMode>(scale_mode);
+  if (!attention::mla_format_supported(kv_dtype, mode)) return 0;
+  return attention::mla_bytes_per_token(kv_dtype, mode);
 }
 
 slimserve_status slimserve_mla_append(const slimserve_mla_append_args* args, slimserve_stream stream) {

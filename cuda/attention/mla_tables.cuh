@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
+#include <utility>
 
 // The kernels first: kernel_tables.cuh opens attention::detail, which would shadow the
 // formats' detail:: names that the fragment helpers use.
@@ -25,7 +27,13 @@ template <class F>
 constexpr void for_each_mla_latent(F&& f) {
   f.template operator()<bf16>();
   f.template operator()<fp8_e4m3>();
+  f.template operator()<nvfp4>();
 }
+inline constexpr std::size_t mla_latent_count = 3;
+/// Whether the wgmma kernel is built for a latent type (NVFP4 runs the mma.sync kernel only:
+/// warps_m_for never picks the wgmma kernel for it).
+template <class KvT>
+inline constexpr bool mla_has_wgmma_kernel = !std::is_same_v<KvT, nvfp4>;
 /// CTA shapes of the decode kernel: 16 or 32 packed (query token x head) rows.
 template <class F>
 constexpr void for_each_mla_warps_m(F&& f) {
@@ -71,19 +79,22 @@ Status launch_mla_wgmma_decode(const kernels::MlaDecodeParams& params, dim3 grid
 
 inline std::span<const MlaDecodeKernelEntry> mla_decode_kernels() {
   static const auto table = [] {
-    std::array<MlaDecodeKernelEntry, 6> entries{};
+    // Per latent type: two mma.sync CTA shapes and (where built) the wgmma kernel.
+    std::array<MlaDecodeKernelEntry, 3 * mla_latent_count> entries{};
     std::size_t count = 0;
     for_each_mla_latent([&]<class KvT>() {
       for_each_mla_warps_m([&]<int WarpsM>() {
         entries[count++] = {kv_dtype_of<KvT>::value, WarpsM, sizeof(kernels::MlaDecodeSharedStorage<KvT, WarpsM>),
                             &launch_mla_decode<KvT, WarpsM>};
       });
-      entries[count++] = {kv_dtype_of<KvT>::value, mla_wgmma_warps_m, kernels::MlaWgmmaTile<KvT>::shared_bytes,
-                          &launch_mla_wgmma_decode<KvT>};
+      if constexpr (mla_has_wgmma_kernel<KvT>) {
+        entries[count++] = {kv_dtype_of<KvT>::value, mla_wgmma_warps_m, kernels::MlaWgmmaTile<KvT>::shared_bytes,
+                            &launch_mla_wgmma_decode<KvT>};
+      }
     });
-    return entries;
+    return std::pair{entries, count};
   }();
-  return {table.data(), table.size()};
+  return {table.first.data(), table.second};
 }
 
 using MlaAppendLauncher = Status (*)(const kernels::MlaAppendParams&, dim3 grid, cudaStream_t stream);
@@ -99,7 +110,7 @@ Status launch_mla_append(const kernels::MlaAppendParams& params, dim3 grid, cuda
 }
 inline std::span<const MlaAppendKernelEntry> mla_append_kernels() {
   static const auto table = [] {
-    std::array<MlaAppendKernelEntry, 4> entries{};
+    std::array<MlaAppendKernelEntry, 2 * mla_latent_count> entries{};
     std::size_t count = 0;
     for_each_mla_latent([&]<class KvT>() {
       entries[count++] = {kv_dtype_of<KvT>::value, ActivationDtype::bf16, &launch_mla_append<KvT, bf16>};
@@ -122,7 +133,7 @@ Status launch_mla_gather(const kernels::MlaGatherParams& params, dim3 grid, cuda
 }
 inline std::span<const MlaGatherKernelEntry> mla_gather_kernels() {
   static const auto table = [] {
-    std::array<MlaGatherKernelEntry, 2> entries{};
+    std::array<MlaGatherKernelEntry, mla_latent_count> entries{};
     std::size_t count = 0;
     for_each_mla_latent([&]<class KvT>() { entries[count++] = {kv_dtype_of<KvT>::value, &launch_mla_gather<KvT>}; });
     return entries;

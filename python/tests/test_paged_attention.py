@@ -250,6 +250,58 @@ def test_mla_absorbed_decode_matches_reference(rng):
                 assert abs(lse[row, h] - (s.max() + np.log(w.sum()))) <= 2e-3 + 1e-4 * abs(s.max())
 
 
+_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def test_mla_nvfp4_latent_append_and_decode_match_the_format(rng):
+    """An NVFP4 latent cache (416-byte records: 256 code bytes, 32 E4M3 block scales, BF16
+    rope): the append's codes decode, by the format's definition, to within a block step of
+    the input; the decode matches FP64 over the stored values."""
+    lengths, heads, query_tokens, page = [1, 17, 40], 16, 1, 16
+    pages, indptr, indices, last, block = _tables(rng, lengths, num_pages=16, page=page)
+    record = ss.mla_record_bytes("nvfp4", "per_tensor")
+    assert record == 416 and ss.mla_record_bytes("nvfp4", "per_token_group") == 0
+    tensor_scale = np.float32(0.01)
+    cache_pages = np.full((16, page, record), 0xFF, np.uint8)
+    cache = ss.MlaCache(cache_pages, kv_dtype="nvfp4", scale_mode="per_tensor", latent_scale=float(tensor_scale))
+    latent = _bf16(rng.standard_normal((sum(lengths), 512)) * np.where(rng.random(512) < 0.05, 8.0, 1.0))
+    rope = _bf16(rng.uniform(-1, 1, (sum(lengths), 64)))
+    append_indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    ss.mla_append(cache, indptr, indices, last, latent, rope, append_indptr=append_indptr, dtype="bfloat16")
+    e4m3 = _e4m3_table()
+    flat = cache_pages.reshape(-1, record)
+    stored = []  # per request: [n, 576] as the format defines the cached values
+    for b, (p, n) in enumerate(zip(pages, lengths)):
+        rows = flat[p[np.arange(n) // page] * page + np.arange(n) % page]
+        codes = np.stack([rows[:, :256] & 15, rows[:, :256] >> 4], axis=-1).reshape(n, 512)
+        block_scales = e4m3[rows[:, 256:288]]
+        values = _E2M1[codes] * np.repeat(block_scales, 16, axis=1) * np.float64(tensor_scale)
+        x = _from_bf16(latent[append_indptr[b] : append_indptr[b + 1]])
+        # Each value within half a code gap of its input (gaps are at most 2 x block scale x
+        # tensor scale, between 4 and 6; a tie such as 5 goes to 4, even); 1e-6 for the rounding
+        # of the float32 tensor scale.
+        step = np.repeat(block_scales, 16, axis=1) * np.float64(tensor_scale)
+        assert (np.abs(values - x) <= step * (1 + 1e-6)).all()
+        np.testing.assert_array_equal(rows[:, 288:].view(np.uint16), rope[append_indptr[b] : append_indptr[b + 1]])
+        stored.append(np.concatenate([values, _from_bf16(rope[append_indptr[b] : append_indptr[b + 1]])], axis=1))
+    q = _bf16(rng.uniform(-1, 1, (len(lengths) * query_tokens, heads, 576)))
+    wrapper = ss.MlaDecodeWrapper()
+    wrapper.plan(block, lengths, heads, page, query_tokens=query_tokens, kv_dtype="nvfp4", scale_mode="per_tensor",
+                 num_sms=4)
+    out = np.full((len(lengths) * query_tokens, heads, 512), 0x7FC0, np.uint16)
+    lse = np.full((len(lengths) * query_tokens, heads), np.nan, np.float32)
+    sm_scale = 1 / np.sqrt(192)
+    wrapper.run(q, cache, float(sm_scale), out=out, lse=lse)
+    for b, keys in enumerate(stored):
+        for h in range(heads):
+            s = keys @ _from_bf16(q[b, h]) * np.float64(np.float32(sm_scale))
+            w = np.exp(s - s.max())
+            want = w @ keys[:, :512] / w.sum()
+            tolerance = 3e-3 * np.abs(keys[:, :512]).max() + 8e-3 * np.abs(want) + 1e-6
+            assert (np.abs(_from_bf16(out[b, h]) - want) <= tolerance).all(), (b, h)
+            assert abs(lse[b, h] - (s.max() + np.log(w.sum()))) <= 2e-3 + 1e-4 * abs(s.max())
+
+
 def test_stale_page_aborts_exactly_its_request(rng):
     pool, tags = ss.PagePool(PAGES), ss.DeviceTags(PAGES)
     handles = pool.allocate(PAGES - 1)

@@ -20,7 +20,8 @@ constexpr std::int64_t chunk_granule = 64;
 /// 64 (warps_m 4: the wgmma kernel) when asked for and a request fills them.
 std::int32_t warps_m_for(const MlaDecodeProblem& p) {
   const std::int64_t rows = static_cast<std::int64_t>(p.num_heads) * p.query_tokens;
-  if (p.warpgroup_mma && rows >= 64) return 4;
+  // NVFP4 has no wgmma kernel (its widening is the mma.sync kernel's): it keeps that one.
+  if (p.warpgroup_mma && rows >= 64 && p.kv_dtype != KvDtype::nvfp4) return 4;
   return rows <= 16 ? 1 : 2;
 }
 
@@ -169,9 +170,15 @@ Status validate_mla_decode_problem(const MlaDecodeProblem& p) {
                          "an fp8_e4m3 MLA cache needs scales (per_token_group or per_tensor), got ",
                          to_string(p.scale_mode));
     }
+  } else if (p.kv_dtype == KvDtype::nvfp4) {
+    if (p.scale_mode != MlaScaleMode::per_tensor) {
+      return make_status(StatusCode::invalid_argument,
+                         "an nvfp4 MLA cache takes scale mode per_tensor (its tensor scale), got ",
+                         to_string(p.scale_mode));
+    }
   } else {
     return make_status(StatusCode::unsupported, "MLA latent type ", to_string(p.kv_dtype),
-                       " is not supported (bf16 or fp8_e4m3)");
+                       " is not supported (bf16, fp8_e4m3 or nvfp4)");
   }
   return {};
 }

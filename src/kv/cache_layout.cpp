@@ -109,13 +109,11 @@ Status check_paged_geometry(const CacheLayoutDescriptor& layout) {
 
 Status check_mla_geometry(const CacheLayoutDescriptor& layout) {
   const auto mode = static_cast<MlaScaleMode>(layout.scale_mode);
-  const bool bf16 = layout.dtype == KvDtype::bf16 && mode == MlaScaleMode::none;
-  const bool fp8 = layout.dtype == KvDtype::fp8_e4m3 &&
-                   (mode == MlaScaleMode::per_tensor || mode == MlaScaleMode::per_token_group);
-  if (!bf16 && !fp8) {
+  if (!attention::mla_format_supported(layout.dtype, mode)) {
     return make_status(StatusCode::invalid_argument, "cache layout: an MLA cache of ", attention::to_string(layout.dtype),
                        " with scale mode ", static_cast<int>(layout.scale_mode),
-                       " is not one slimserve makes (bf16 + none, fp8_e4m3 + per_tensor or per_token_group)");
+                       " is not one slimserve makes (bf16 + none, fp8_e4m3 + per_tensor or per_token_group, "
+                       "nvfp4 + per_tensor)");
   }
   if (layout.layout != KvLayout::nhd || layout.num_kv_heads != 1 || layout.head_dim != attention::mla_latent_dim) {
     return make_status(StatusCode::invalid_argument, "cache layout: an MLA cache has layout NHD, 1 head and head_dim ",

@@ -49,9 +49,21 @@ Status validate_mla_cache_view(const MlaCacheView& cache) {
                            static_cast<int>(cache.scale_mode));
       }
       break;
+    case KvDtype::nvfp4:
+      // The block scales are in the record; the tensor scale is the one per-tensor float.
+      if (cache.scale_mode != MlaScaleMode::per_tensor) {
+        return make_status(StatusCode::invalid_argument,
+                           "an nvfp4 MLA cache takes scale mode per_tensor (its tensor scale; the block "
+                           "scales are in each record), got ", to_string(cache.scale_mode));
+      }
+      if (cache.latent_scale == nullptr) {
+        return make_status(StatusCode::invalid_argument,
+                           "an nvfp4 MLA cache needs a non-null device pointer latent_scale (the tensor scale)");
+      }
+      break;
     default:
       return make_status(StatusCode::unsupported, "MLA latent type ", to_string(cache.dtype),
-                         " is not supported (bf16 or fp8_e4m3)");
+                         " is not supported (bf16, fp8_e4m3 or nvfp4)");
   }
   if (cache.bytes() / cache.page_size / cache.token_layout().token_bytes != cache.num_pages ||
       static_cast<std::int64_t>(cache.num_pages) * cache.page_size > std::numeric_limits<std::int32_t>::max()) {

@@ -1,8 +1,9 @@
 // MLA attention over a paged latent cache, against FP64 references built from the stored
 // (already quantized) records: append (every byte), absorbed decode (every element and LSE)
-// over ragged lengths, shuffled pages with holes, heads 8/16/64/128, query tokens 1/2/4, BF16
-// and FP8 e4m3 (per-token group and per-tensor scales), split vs unsplit, CSR vs block table,
-// aborted requests; the prefix gather; preflight errors.
+// over ragged lengths, shuffled pages with holes, heads 8/16/64/128, query tokens 1/2/4, BF16,
+// FP8 e4m3 (per-token group and per-tensor scales) and NVFP4 (E4M3 block scales per 16 values
+// and a tensor scale), split vs unsplit, CSR vs block table, aborted requests; the prefix
+// gather; preflight errors.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "support/build_flavour.hpp"
 #include "slimserve/attention/mla.hpp"
 #include "slimserve/attention/kernels/mla_latent_rounding.hpp"
+#include "slimserve/formats/nvfp4.hpp"
 
 using namespace attn_test;
 
@@ -47,10 +49,24 @@ struct HostMlaCache {
   const unsigned char* record(int page, int slot) const {
     return const_cast<HostMlaCache*>(this)->record(page, slot);
   }
-  /// The append semantics: latent / scale quantized (RNE, saturating), rope to BF16.
+  /// The append semantics: latent / scale quantized (RNE, saturating), rope to BF16. NVFP4:
+  /// per 16 values the block scale from their amax and the tensor scale (static_scale), codes
+  /// two a byte (element 2i low), the 32 scale bytes after the 256 code bytes.
   void store(int page, int slot, const float* latent, const float* rope) {
     unsigned char* r = record(page, slot);
-    for (int grp = 0; grp < mla_scale_groups; ++grp) {
+    for (int blk = 0; dtype == KvDtype::nvfp4 && blk < latent_dim / nvfp4_block_elements; ++blk) {
+      const float* x = latent + nvfp4_block_elements * blk;
+      float amax = 0.0f;
+      for (int i = 0; i < nvfp4_block_elements; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const fp8_e4m3 scale = nvfp4_block_scale(amax, static_scale);
+      const float multiplier = nvfp4_code_multiplier(scale, static_scale);
+      for (int i = 0; i < nvfp4_block_elements; i += 2) {
+        r[nvfp4_block_code_bytes * blk + i / 2] =
+            static_cast<unsigned char>(nvfp4_code(x[i], multiplier) | nvfp4_code(x[i + 1], multiplier) << 4);
+      }
+      r[latent_dim / 2 + blk] = scale.bits;
+    }
+    for (int grp = 0; dtype != KvDtype::nvfp4 && grp < mla_scale_groups; ++grp) {
       float scale = 1.0f;
       if (mode == MlaScaleMode::per_tensor) scale = static_scale;
       if (mode == MlaScaleMode::per_token_group) {
@@ -77,6 +93,11 @@ struct HostMlaCache {
     if (d >= latent_dim) {
       std::memcpy(&b, r + layout.rope_offset + 2 * (d - latent_dim), 2);
       return dequantize(KvDtype::bf16, b);
+    }
+    if (dtype == KvDtype::nvfp4) {  // the format's definition: e2m1 x e4m3 x tensor scale, in FP64
+      const auto code = fp4_e2m1::from_bits(static_cast<std::uint8_t>(r[d / 2] >> (4 * (d % 2))));
+      const auto scale = fp8_e4m3::from_bits(r[latent_dim / 2 + d / nvfp4_block_elements]);
+      return static_cast<double>(to_float(code)) * static_cast<double>(to_float(scale)) * static_cast<double>(static_scale);
     }
     std::memcpy(&b, r + d * element_bytes(dtype), static_cast<std::size_t>(element_bytes(dtype)));
     double scale = 1.0;
@@ -189,7 +210,6 @@ struct DecodeFixture {
     qo_indptr.assign(1, 0);
     for (std::size_t b = 0; b < c.batch; ++b) qo_indptr.push_back(qo_indptr.back() + (ragged ? qo_lens[b] : c.query_tokens));
     std::vector<float> latent(latent_dim), rope(rope_dim);
-    v_max.assign(c.batch * mla_scale_groups, 0.0);
     std::vector<char> written(static_cast<std::size_t>(table.num_pages) * static_cast<std::size_t>(c.page_size), 0);
     for (std::size_t b = 0; b < c.batch; ++b) {
       const auto pages = table.pages_of(b);
@@ -216,16 +236,7 @@ struct DecodeFixture {
         }
       }
     }
-    for (std::size_t b = 0; b < c.batch; ++b) {
-      const auto pages = table.pages_of(b);
-      for (std::int64_t pos = 0; pos < table.length(b); ++pos) {
-        for (int d = 0; d < latent_dim; ++d) {
-          double& m = v_max[b * mla_scale_groups + static_cast<std::size_t>(d / mla_scale_group)];
-          m = std::max(m, std::fabs(cache.real(pages[static_cast<std::size_t>(pos / c.page_size)],
-                                               static_cast<int>(pos % c.page_size), d)));
-        }
-      }
-    }
+    measure_v_max();
     const std::size_t q_count = total_tokens() * static_cast<std::size_t>(c.heads * qk_dim);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     q_bits.resize(q_count);
@@ -242,6 +253,21 @@ struct DecodeFixture {
       }
       q_bits[i] = from_float<bf16>(x).bits;
       q_values[i] = to_float(bf16::from_bits(q_bits[i]));
+    }
+  }
+
+  /// v_max from the records as they are now (after a test rewrites some of their bytes).
+  void measure_v_max() {
+    v_max.assign(c.batch * mla_scale_groups, 0.0);
+    for (std::size_t b = 0; b < c.batch; ++b) {
+      const auto pages = table.pages_of(b);
+      for (std::int64_t pos = 0; pos < table.length(b); ++pos) {
+        for (int d = 0; d < latent_dim; ++d) {
+          double& m = v_max[b * mla_scale_groups + static_cast<std::size_t>(d / mla_scale_group)];
+          m = std::max(m, std::fabs(cache.real(pages[static_cast<std::size_t>(pos / c.page_size)],
+                                               static_cast<int>(pos % c.page_size), d)));
+        }
+      }
     }
   }
 
@@ -453,6 +479,9 @@ TEST_CASE("mla cache view: record layout, capacity, validation") {
   CHECK(mla_bytes_per_token(KvDtype::fp8_e4m3, MlaScaleMode::per_token_group) == 656);
   CHECK(mla_bytes_per_token(KvDtype::fp8_e4m3, MlaScaleMode::per_tensor) == 640);
   CHECK(mla_bytes_per_token(KvDtype::bf16, MlaScaleMode::none) == 1152);
+  CHECK(mla_bytes_per_token(KvDtype::nvfp4, MlaScaleMode::per_tensor) == 416);
+  // NVFP4 holds 1152 / 416 = 2.77x BF16's tokens, 1.58x FP8 e4m3's with group scales.
+  CHECK(mla_tokens_in(std::int64_t{1} << 30, KvDtype::nvfp4, MlaScaleMode::per_tensor, 64) == 2581056);
   CHECK(mla_tokens_in(std::int64_t{1} << 30, KvDtype::bf16, MlaScaleMode::none, 64) == 932032);  // 14,563 whole pages of 64 x 1152 B
   alignas(16) static unsigned char storage[16];
   MlaCacheView v;
@@ -477,6 +506,16 @@ TEST_CASE("mla cache view: record layout, capacity, validation") {
   v.page_size = 16;
   v.dtype = KvDtype::fp8_e5m2;
   CHECK(validate_mla_cache_view(v).code() == StatusCode::unsupported);
+  v.dtype = KvDtype::nvfp4;  // the tensor scale is per_tensor's pointer; block scales are in the record
+  CHECK(validate_mla_cache_view(v).code() == StatusCode::invalid_argument);  // per_token_group
+  v.scale_mode = MlaScaleMode::none;
+  CHECK(validate_mla_cache_view(v).code() == StatusCode::invalid_argument);
+  v.scale_mode = MlaScaleMode::per_tensor;
+  CHECK(validate_mla_cache_view(v).code() == StatusCode::invalid_argument);  // no tensor scale pointer
+  static float tensor_scale = 1.0f;
+  v.latent_scale = &tensor_scale;
+  CHECK(validate_mla_cache_view(v).ok());
+  CHECK(v.token_layout().rope_offset == 288);
 }
 
 TEST_CASE("mla append: every byte of every record, aborted requests untouched") {
@@ -487,6 +526,8 @@ TEST_CASE("mla append: every byte of every record, aborted requests untouched") 
       {KvDtype::fp8_e4m3, MlaScaleMode::per_tensor, 16, ActivationDtype::fp16, true},
       {KvDtype::bf16, MlaScaleMode::none, 32, ActivationDtype::bf16, true},
       {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 128, ActivationDtype::fp16, true},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, ActivationDtype::bf16, false},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 64, ActivationDtype::fp16, true},
   };
   for (const AppendCase& ac : cases) {
     SECTION(std::string(to_string(ac.dtype)) + "/" + std::string(to_string(ac.mode)) + " page " + std::to_string(ac.page_size)) {
@@ -600,6 +641,10 @@ TEST_CASE("mla decode: every element and lse against FP64, split vs unsplit, CSR
       {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 128, 1, 32, 3, true},
       {KvDtype::fp8_e4m3, MlaScaleMode::per_tensor, 16, 4, 128, 3},
       {KvDtype::bf16, MlaScaleMode::none, 128, 1, 16, 3, true},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 8, 4, 16, 6},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 1, 32, 5},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 32, 2, 64, 4},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 128, 1, 16, 3, true},
   };
   const float sm_scale = 1.0f / std::sqrt(192.0f);
   for (std::size_t i = 0; i < std::size(cases); ++i) {
@@ -779,6 +824,66 @@ TEST_CASE("mla decode, FP8 group scales from 1e-8 to 1e4: every element against 
   }
 }
 
+// NVFP4 block scales at the ends of E4M3: every record's 32 scale bytes are rewritten to cycle
+// through 0 (a zero block), the smallest subnormal 2^-9, the largest subnormal, the smallest
+// normal 2^-6, 1, 2^7 and 448 (the widened fp16 values then span e2m1 x 2^-16 .. 6 x 448 x
+// 2^-7, subnormals included). Then tensor scales that are not finite and > 0 give NaN rows.
+TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales: every element") {
+  const DecodeCase cases[] = {
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 2, 16, 5},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 8, 1, 32, 4},
+  };
+  const float sm_scale = 1.0f / std::sqrt(192.0f);
+  const std::uint8_t extreme_scales[] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x70, 0x7E};
+  for (std::size_t i = 0; i < std::size(cases); ++i) {
+    const DecodeCase& c = cases[i];
+    SECTION(describe(c)) {
+      auto rng = slimserve_test::make_rng(3760 + i);
+      DecodeFixture f(c, rng);
+      std::size_t rewritten = 0;
+      for (std::size_t b = 0; b < c.batch; ++b) {
+        const auto pages = f.table.pages_of(b);
+        for (std::int64_t pos = 0; pos < f.table.length(b); ++pos) {
+          unsigned char* r = f.cache.record(pages[static_cast<std::size_t>(pos / c.page_size)], static_cast<int>(pos % c.page_size));
+          for (int blk = 0; blk < latent_dim / nvfp4_block_elements; ++blk) {
+            r[latent_dim / 2 + blk] = extreme_scales[static_cast<std::size_t>(pos + blk) % std::size(extreme_scales)];
+          }
+          ++rewritten;
+        }
+      }
+      REQUIRE(rewritten > 0);
+      f.measure_v_max();
+      const Reference ref = f.reference(sm_scale);
+      for (const bool split : {false, true}) {
+        INFO((split ? "split" : "unsplit"));
+        RunOptions opt;
+        opt.split = split;
+        opt.block_table = split;
+        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        check_decode(f, o, lse, ref, {});
+      }
+      for (const float bad_scale : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                                    0.0f, -0.05f}) {
+        INFO("tensor scale " << bad_scale);
+        DecodeFixture bad = f;
+        bad.cache.static_scale = bad_scale;
+        for (const bool split : {false, true}) {
+          RunOptions opt;
+          opt.split = split;
+          auto [o, lse] = run_decode_case(bad, opt, sm_scale);
+          std::size_t not_nan = 0, lse_not_marked = 0;
+          for (const float v : o) not_nan += !std::isnan(v);
+          // Unsplit: the lse is NaN; split: the merge reads a NaN partial lse as an aborted
+          // partial (NaN row, lse -inf).
+          for (const float l : lse) lse_not_marked += split ? !(l == -INFINITY) : !std::isnan(l);
+          CHECK(not_nan == 0);
+          CHECK(lse_not_marked == 0);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("mla ragged absorbed prefill: chunks of 0..N query tokens, causal within the chunk") {
   struct RaggedCase {
     DecodeCase c;
@@ -886,6 +991,9 @@ TEST_CASE("mla decode: bad problems are refused before launch") {
   p = pa.problem;
   p.kv_dtype = KvDtype::bf16;  // bf16 with group scales
   expect(p, StatusCode::invalid_argument);
+  p = pa.problem;
+  p.kv_dtype = KvDtype::nvfp4;  // NVFP4 with group scales (its scales: per-block in the record, per tensor)
+  expect(p, StatusCode::invalid_argument);
   // Bad host table.
   MlaDecodePlanArguments bad = pa;
   const std::vector<std::int32_t> bad_last{17};
@@ -961,6 +1069,9 @@ TEST_CASE("mla decode plan: the split fills the chosen kernel's CTA slots") {
            Row{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 32, false, 0, 2, 1, 128, 4096},
            Row{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, true, 0, 4, 1, 128, 4096},
            Row{KvDtype::bf16, MlaScaleMode::none, 128, false, 0, 2, 1, 256, 8192},  // fills: no split
+           Row{KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, false, 0, 1, 2, 256, 2048},  // two per SM, as FP8
+           // warpgroup_mma asked for: NVFP4 keeps the mma.sync kernel (32 rows).
+           Row{KvDtype::nvfp4, MlaScaleMode::per_tensor, 64, true, 0, 2, 1, 128, 8192},  // 128 tiles fill
        }) {
     INFO(to_string(row.dtype) << " H" << row.heads << (row.wgmma ? " wgmma" : "") << " ctas_per_sm " << row.ctas_per_sm);
     CHECK(mla_decode_resident_ctas(row.dtype, row.warps_m) == row.resident);
@@ -1010,8 +1121,9 @@ TEST_CASE("mla decode plan: the split fills the chosen kernel's CTA slots") {
 TEST_CASE("mla gather: cached prefix to BF16, aborted rows NaN") {
   for (const auto& [dtype, mode] : {std::pair{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group},
                                     std::pair{KvDtype::bf16, MlaScaleMode::none},
-                                    std::pair{KvDtype::fp8_e4m3, MlaScaleMode::per_tensor}}) {
-    auto rng = slimserve_test::make_rng(1420 + static_cast<int>(mode));
+                                    std::pair{KvDtype::fp8_e4m3, MlaScaleMode::per_tensor},
+                                    std::pair{KvDtype::nvfp4, MlaScaleMode::per_tensor}}) {
+    auto rng = slimserve_test::make_rng(1420 + static_cast<int>(mode) + 7 * static_cast<int>(dtype));
     const DecodeCase c{dtype, mode, 8, 1, 32, 5};
     DecodeFixture f(c, rng);
     std::vector<std::int32_t> token_indptr{0};

@@ -1339,6 +1339,9 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
   append.struct_size = sizeof append - 8;
   EXPECT_REFUSED(slimserve_mla_append(&append, NULL), SLIMSERVE_INVALID_ARGUMENT, "struct_size");
   EXPECT(slimserve_mla_record_bytes(SLIMSERVE_KV_FP16, SLIMSERVE_MLA_SCALE_NONE) == 0);
+  /* NVFP4: 256 code bytes, 32 block scales, 128 rope bytes; its only scale mode is per_tensor. */
+  EXPECT(slimserve_mla_record_bytes(SLIMSERVE_KV_NVFP4, SLIMSERVE_MLA_SCALE_PER_TENSOR) == 416);
+  EXPECT(slimserve_mla_record_bytes(SLIMSERVE_KV_NVFP4, SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP) == 0);
   {
     void* untouched = malloc((size_t)(rows * MHEADS * LATENT) * sizeof(uint16_t));
     download(untouched, d_o, (size_t)(rows * MHEADS * LATENT) * sizeof(uint16_t));

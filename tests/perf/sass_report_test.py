@@ -9,7 +9,7 @@ from pathlib import Path
 from sass_report import budget, cfg, manifest, model, steady
 from sass_report.__main__ import compare
 from sass_report.classify import instruction_class, tensor_fmas
-from sass_report.formulas import Work, paged_decode, w4a16_gemm, w4a16_stream_k
+from sass_report.formulas import Work, explicit, paged_decode, w4a16_gemm, w4a16_stream_k
 from sass_report.sass import parse_nvdisasm
 
 # A loop streaming 16 B per thread per iteration: an online-softmax-like rescale block that a
@@ -142,6 +142,15 @@ class LoopsAndPaths(unittest.TestCase):
         too_much = steady.steady_weights(function, blocks, region, lambda _: 1.0,
                                          traffic_per_thread=16, stores_per_thread=64)
         self.assertFalse(too_much.met_traffic)
+
+    def test_explicit_entries_name_their_stored_bytes(self):
+        # An explicit entry's dram_store_bytes becomes the loop-free path's store demand (the
+        # MLA append's record), and is 0 where the entry gives none.
+        problem = {"threads": 64, "ctas": 64, "dram_bytes": 100352, "iterations": 64, "whole_kernel": True}
+        self.assertEqual(explicit([], problem).store_bytes_per_iteration, 0.0)
+        work = explicit([], dict(problem, dram_store_bytes=26624))
+        self.assertEqual(work.store_bytes_per_iteration, 416.0)
+        self.assertTrue(work.whole_kernel)
 
     def test_tma_loop(self):
         _, main, result, opcodes = analyse_text(TMA_LOOP, traffic=4096)

@@ -589,8 +589,10 @@ def streaming(args: list[str], problem: dict) -> Work:
 def explicit(args: list[str], problem: dict) -> Work:
     """Escape hatch for a kernel no formula fits yet: the launch shape and bytes given as
     numbers (threads, ctas, dram_bytes, iterations; optionally smem, inner_trips,
-    other_child_trips, whole_kernel, stages, loop_threads, turn_groups). Write the arithmetic in a comment beside the
-    entry, and prefer a named formula once a second kernel needs the same one."""
+    other_child_trips, whole_kernel, stages, loop_threads, turn_groups, dram_store_bytes: of
+    dram_bytes, what the problem writes, which a loop-free kernel's counted path must store).
+    Write the arithmetic in a comment beside the entry, and prefer a named formula once a
+    second kernel needs the same one."""
     threads, ctas, dram_bytes, iterations = _need(problem, "threads", "ctas", "dram_bytes",
                                                   "iterations")
     return Work(threads=int(threads), ctas=int(ctas), dram_bytes=float(dram_bytes),
@@ -601,4 +603,5 @@ def explicit(args: list[str], problem: dict) -> Work:
                 stages_in_flight=int(problem.get("stages", 1)),
                 loop_threads=problem.get("loop_threads"),
                 turn_groups=int(problem.get("turn_groups", 1)),
+                dram_store_bytes=float(problem.get("dram_store_bytes", 0.0)),
                 bytes_formula="given in the manifest")

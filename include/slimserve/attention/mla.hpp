@@ -46,7 +46,9 @@ namespace attention {
 /// Destinations and skip rules are append_kv's (append.hpp): explicit (token_request,
 /// token_position) or chunk form (append_indptr); a token of an aborted request, or outside
 /// its request's pages, writes nothing. Bytes written per token: the record of
-/// mla_cache_view.hpp (656 for FP8 with group scales, 640 per-tensor, 1152 BF16).
+/// mla_cache_view.hpp (656 for FP8 with group scales, 640 per-tensor, 416 NVFP4, 1152 BF16).
+/// NVFP4: per 16 latent values an E4M3 block scale from their amax and the tensor scale
+/// (append_kv's NVFP4 rule, formats/nvfp4.hpp), codes round to nearest even, saturating.
 struct MlaAppendArguments {
   MlaCacheView cache;
   kv::PageTableView table;                            ///< device arrays
@@ -79,11 +81,11 @@ inline constexpr std::int32_t mla_max_chunk_query_tokens = 128;
 /// CTAs of the decode kernel for (latent type, warps_m: MlaDecodePlan::warps_m) that one SM
 /// holds at once: what a plan's `ctas_per_sm = 0` means, so that a split fills the device's
 /// CTA slots rather than its SMs. The kernels guarantee it (`__launch_bounds__` minimum, and
-/// the dispatch table checks their shared memory against it): the 16-row FP8 kernel (77 KB,
-/// 128 threads) runs two per SM; every other one (16-row BF16: 126 KB; 32 rows: 256 threads of
+/// the dispatch table checks their shared memory against it): the 16-row FP8 and NVFP4
+/// kernels (77 KB and ~73 KB, 128 threads) run two per SM; every other one (16-row BF16: 126 KB; 32 rows: 256 threads of
 /// 240 registers; wgmma: 179-195 KB) one.
 constexpr std::int32_t mla_decode_resident_ctas(KvDtype kv_dtype, std::int32_t warps_m) noexcept {
-  return kv_dtype == KvDtype::fp8_e4m3 && warps_m == 1 ? 2 : 1;
+  return (kv_dtype == KvDtype::fp8_e4m3 || kv_dtype == KvDtype::nvfp4) && warps_m == 1 ? 2 : 1;
 }
 
 /// Shapes and types shared by plan and run; run refuses a plan made for another problem.
@@ -102,7 +104,8 @@ struct MlaDecodeProblem {
   bool ragged_queries = false;
   /// Run the sm_90a warpgroup-MMA (wgmma) kernel, 64 rows per CTA, for requests of at least
   /// 64 rows (heads x query tokens); smaller problems keep the mma.sync kernel. Off by default
-  /// until the kernel has run on a GPU (docs/mla.md, "wgmma path").
+  /// until the kernel has run on a GPU (docs/mla.md, "wgmma path"). An NVFP4 cache always
+  /// runs the mma.sync kernel (the wgmma kernel has no NVFP4 widening).
   bool warpgroup_mma = false;
   friend bool operator==(const MlaDecodeProblem&, const MlaDecodeProblem&) = default;
 };

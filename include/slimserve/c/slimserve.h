@@ -952,7 +952,9 @@ SLIMSERVE_C_API slimserve_status slimserve_page_pool_revoke_write(slimserve_page
 
 /* A paged latent cache: one record per token, [num_pages, page_size, record bytes]
  * (docs/mla.md): BF16 [512 latent][64 rope] 1152 B; FP8 e4m3 per_token_group
- * [512 e4m3][4 f32 scales][64 bf16 rope] 656 B; FP8 e4m3 per_tensor [512][64 bf16] 640 B. */
+ * [512 e4m3][4 f32 scales][64 bf16 rope] 656 B; FP8 e4m3 per_tensor [512][64 bf16] 640 B;
+ * NVFP4 per_tensor [256 B e2m1 codes][32 e4m3 block scales][64 bf16 rope] 416 B (latent_scale:
+ * the tensor scale). */
 typedef int32_t slimserve_mla_scale_mode;
 enum { SLIMSERVE_MLA_SCALE_NONE = 0, SLIMSERVE_MLA_SCALE_PER_TENSOR = 1,
        SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP = 2 };
@@ -961,7 +963,7 @@ typedef struct slimserve_mla_cache {
   const float* latent_scale; /* per_tensor: one device float; else NULL */
   int32_t num_pages;
   int32_t page_size;
-  slimserve_kv_dtype dtype;  /* SLIMSERVE_KV_BF16 or SLIMSERVE_KV_FP8_E4M3 */
+  slimserve_kv_dtype dtype;  /* SLIMSERVE_KV_BF16, SLIMSERVE_KV_FP8_E4M3 or SLIMSERVE_KV_NVFP4 */
   slimserve_mla_scale_mode scale_mode;
 } slimserve_mla_cache;
 

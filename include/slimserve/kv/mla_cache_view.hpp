@@ -10,10 +10,15 @@
 ///   BF16                          [512 x bf16 latent][64 x bf16 rope]                 1152 B
 ///   FP8 e4m3, per_token_group     [512 x e4m3 latent][4 x f32 scales][64 x bf16 rope]  656 B
 ///   FP8 e4m3, per_tensor          [512 x e4m3 latent][64 x bf16 rope]                  640 B
+///   NVFP4, per_tensor             [256 B e2m1 codes][32 x e4m3 block scales][64 x bf16 rope]  416 B
 ///
 /// per_token_group: one float scale per 128 latent values of each token (amax / 448), as
 /// FlashMLA stores it; per_tensor: one calibrated float in device memory (read at execution
-/// time, so a captured CUDA graph sees updates). The rope part is always BF16 and unscaled.
+/// time, so a captured CUDA graph sees updates). NVFP4's latent is one NVFP4 head vector of
+/// 512 (the KV cache's layout, kv_format.hpp: two codes a byte, element 2i in the low nibble,
+/// then one E4M3 scale per 16 values computed at append time); its per_tensor float is the
+/// tensor scale (the largest value stored is 6 x 448 x scale). The rope part is always BF16
+/// and unscaled.
 /// Scale convention as everywhere in slimserve: stored = RNE-saturate(real / scale),
 /// real = stored * scale. Plain C++: usable by host code that never includes a CUDA header.
 
@@ -46,6 +51,17 @@ constexpr std::string_view to_string(MlaScaleMode mode) noexcept {
   return "unknown";
 }
 
+/// The (latent type, scale mode) pairs of an MLA cache: bf16 + none, fp8_e4m3 + per_tensor or
+/// per_token_group, nvfp4 + per_tensor (its tensor scale; the block scales are in the record).
+constexpr bool mla_format_supported(KvDtype dtype, MlaScaleMode mode) noexcept {
+  switch (dtype) {
+    case KvDtype::bf16: return mode == MlaScaleMode::none;
+    case KvDtype::fp8_e4m3: return mode == MlaScaleMode::per_tensor || mode == MlaScaleMode::per_token_group;
+    case KvDtype::nvfp4: return mode == MlaScaleMode::per_tensor;
+    default: return false;
+  }
+}
+
 /// Byte layout of one token record; every offset is a multiple of 16.
 struct MlaTokenLayout {
   std::int32_t latent_offset = 0;
@@ -57,7 +73,8 @@ struct MlaTokenLayout {
 constexpr MlaTokenLayout mla_token_layout(KvDtype dtype, MlaScaleMode mode) noexcept {
   MlaTokenLayout l;
   l.latent_offset = 0;
-  l.scales_offset = mla_latent_dim * element_bytes(dtype);
+  // The latent's codes and, for a block-scaled format (NVFP4), its in-vector block scales.
+  l.scales_offset = static_cast<std::int32_t>(head_vector_bytes(dtype, mla_latent_dim));
   const std::int32_t scale_bytes =
       mode == MlaScaleMode::per_token_group ? mla_scale_groups * static_cast<std::int32_t>(sizeof(float)) : 0;
   l.rope_offset = l.scales_offset + scale_bytes;
@@ -67,6 +84,8 @@ constexpr MlaTokenLayout mla_token_layout(KvDtype dtype, MlaScaleMode mode) noex
 static_assert(mla_token_layout(KvDtype::fp8_e4m3, MlaScaleMode::per_token_group).token_bytes == 656,
               "FlashMLA's FP8 record: 512 + 16 + 128 bytes");
 static_assert(mla_token_layout(KvDtype::bf16, MlaScaleMode::none).token_bytes == 1152);
+static_assert(mla_token_layout(KvDtype::nvfp4, MlaScaleMode::per_tensor).token_bytes == 416,
+              "256 code bytes + 32 block scales + 128 rope bytes");
 
 struct MlaCacheView {
   void* pages = nullptr;                ///< [num_pages, page_size, token_bytes]
@@ -75,7 +94,7 @@ struct MlaCacheView {
   std::int32_t page_size = 0;
   std::int32_t latent_dim = mla_latent_dim;  ///< must be 512
   std::int32_t rope_dim = mla_rope_dim;      ///< must be 64
-  KvDtype dtype = KvDtype::bf16;             ///< latent type: bf16 or fp8_e4m3
+  KvDtype dtype = KvDtype::bf16;             ///< latent type: bf16, fp8_e4m3 or nvfp4
   MlaScaleMode scale_mode = MlaScaleMode::none;
 
   constexpr MlaTokenLayout token_layout() const noexcept { return mla_token_layout(dtype, scale_mode); }

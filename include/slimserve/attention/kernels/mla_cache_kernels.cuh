@@ -5,6 +5,9 @@
 ///
 /// Both use one 64-thread block per token: thread i owns latent values [8 i, 8 i + 8) (one
 /// 16-byte input load), 16 threads per 128-value scale group; threads 0..7 also own the rope.
+/// NVFP4: threads 2b and 2b + 1 hold 16-value block b (nvfp4_quantize_lane's lane pairs, in
+/// one warp); thread i's 8 codes are the 32-bit word at record byte 4 i, block b's E4M3 scale
+/// the byte at 256 + b (the latent is one NVFP4 head vector of 512, mla_cache_view.hpp).
 
 #include <cmath>
 #include <cstdint>
@@ -13,6 +16,8 @@
 #include "slimserve/attention/kernels/append_kernel.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/mla_cache_view.hpp"
+#include "slimserve/formats/nvfp4.hpp"
+#include "slimserve/formats/nvfp4_quantize.cuh"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
 
@@ -59,14 +64,20 @@ SLIMSERVE_ATTENTION_UNROLL
   if (p.scale_mode == MlaScaleMode::per_tensor) {
     scale = *p.latent_scale;
   } else if (p.scale_mode == MlaScaleMode::per_token_group) {
-    scale = per_token_scale<KvT>(group_max<group_lanes>(amax));
+    if constexpr (!std::is_same_v<KvT, nvfp4>) scale = per_token_scale<KvT>(group_max<group_lanes>(amax));
   }
   unsigned char* record =
       p.pages + (static_cast<std::int64_t>(dest.page) * p.destination.page_size + dest.slot) * p.token_bytes;
   if (p.scale_mode == MlaScaleMode::per_token_group && tid % group_lanes == 0) {
     reinterpret_cast<float*>(record + p.scales_offset)[tid / group_lanes] = scale;
   }
-  if constexpr (fp8_format<KvT>) {
+  if constexpr (std::is_same_v<KvT, nvfp4>) {
+    // Every thread of the block reaches here (a whole block returns above): the pair shuffle
+    // is complete. The tensor scale is the per_tensor float (validate_mla_cache_view).
+    const Nvfp4LaneCodes codes = nvfp4_quantize_lane(x, scale);
+    reinterpret_cast<std::uint32_t*>(record)[tid] = codes.codes;
+    if (tid % 2 == 0) record[mla_latent_dim / 2 + tid / 2] = codes.scale.bits;
+  } else if constexpr (fp8_format<KvT>) {
     Vec8 q;
 SLIMSERVE_ATTENTION_UNROLL
     for (int w = 0; w < 2; ++w) {
@@ -155,7 +166,16 @@ SLIMSERVE_ATTENTION_UNROLL
   if (p.scale_mode == MlaScaleMode::per_token_group) {
     scale = reinterpret_cast<const float*>(record + p.scales_offset)[tid / (mla_scale_group / 8)];
   }
-  if constexpr (fp8_format<KvT>) {
+  if constexpr (std::is_same_v<KvT, nvfp4>) {
+    // Exact e2m1 x e4m3, times the tensor scale (one FP32 rounding), then BF16.
+    const std::uint32_t codes = reinterpret_cast<const std::uint32_t*>(record)[tid];
+    const fp8_e4m3 block_scale = fp8_e4m3::from_bits(record[mla_latent_dim / 2 + tid / 2]);
+SLIMSERVE_ATTENTION_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      latent_out.word[w] = from_float2<bf16>(f32x2{nvfp4_decode(nvfp4_code_at(codes, 2 * w), block_scale, scale),
+                                                   nvfp4_decode(nvfp4_code_at(codes, 2 * w + 1), block_scale, scale)});
+    }
+  } else if constexpr (fp8_format<KvT>) {
     std::uint32_t words[2];
     std::memcpy(words, record + 8 * tid, sizeof(words));
 SLIMSERVE_ATTENTION_UNROLL

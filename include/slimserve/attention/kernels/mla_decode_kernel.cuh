@@ -13,8 +13,9 @@
 ///   P. producer: threads_per_token threads per token look its page up once and queue its
 ///      16-byte chunks with cp.async at constant offsets (zero-filled past the end and for bad
 ///      page ids, which are also masked); `stages` buffers in flight;
-///   0. FP8: each thread widens the chunks it queued to one fp16 tile (each value converted
-///      once; with group scales, times 2^k(token), see below); the rest is the 16-bit path
+///   0. FP8 and NVFP4: each thread widens the chunks it queued to one fp16 tile (each value
+///      converted once; FP8 group scales: times 2^k(token), see below; NVFP4: times the
+///      block's E4M3 scale and 2^-7, exactly, nvfp4_widen.cuh); the rest is the 16-bit path
 ///      with fp16 mma;
 ///   1. partial scores S_wn = Q[rows, group wn] . latent[tokens, group wn]^T * group scale
 ///      + Q[rows, rope wn] . rope[tokens, rope wn]^T (ldmatrix fragments), to shared memory;
@@ -36,7 +37,15 @@
 /// scale * 2^8 overflowed past 256). S uses scale * 2^-k too (same B tile). A per-tensor scale multiplies the
 /// latent part of S and the output. Query rows: request b owns [qo_indptr[b], qo_indptr[b+1])
 /// (decode: b * query_tokens ...; ragged prefill chunks), causal within them.
+///
+/// NVFP4 (per_tensor: the tensor scale). A stage holds each group's 64 code bytes per token
+/// (4 chunks, the Group geometry) and the token's 32 block scales; a 16-byte code chunk is two
+/// 16-value blocks, each of its words 8 values of one block. Widened values are e2m1 x
+/// block scale x 2^-7 (exact in fp16, nvfp4_widen.cuh), so the tensor scale x 2^7 is the
+/// per-tensor factor of S and of the output; a tensor scale that is not finite and > 0 makes
+/// that factor NaN, and the rows NaN, as in paged attention.
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -49,6 +58,7 @@
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/mla_cache_view.hpp"
+#include "slimserve/formats/nvfp4_widen.cuh"
 #include "slimserve/kv/request_status.hpp"
 #include "slimserve/runtime/platform.hpp"
 #include "slimserve/runtime/shared_memory.cuh"
@@ -68,6 +78,11 @@ struct MlaDecodeTile {
   using Rope = KvRowGeometry<bf16, mla_rope_dim>;         // a whole rope row
   using RopeGroup = KvRowGeometry<bf16, mla_rope_dim / 4>;  // one warp column's 16 rope values
   static constexpr bool fp8 = Latent::fp8;
+  /// NVFP4: E4M3 scales per 16 values in the record (the stage copies them beside the codes).
+  static constexpr bool block_scaled = std::is_same_v<KvT, nvfp4>;
+  /// The mma reads a converted fp16 tile (FP8, NVFP4) rather than the stage.
+  static constexpr bool widened = fp8 || block_scaled;
+  static constexpr int block_scale_bytes = block_scaled ? mla_latent_dim / nvfp4_block_elements : 0;  // 32
   static constexpr int warps_m = WarpsM;
   static constexpr int warps = 4 * WarpsM;
   static constexpr int threads = 32 * warps;
@@ -76,13 +91,14 @@ struct MlaDecodeTile {
   static constexpr int stages = 3;
   /// CTAs one SM holds (the launch bound's minimum; mla_decode_resident_ctas says the same to
   /// the plan): the 16-row FP8 CTA (128 threads, ~77 KB) fits twice — its ~240 registers are
-  /// under the 256 that two CTAs allow, so the bound costs nothing; others once.
-  static constexpr int min_ctas_per_sm = (fp8 && WarpsM == 1) ? 2 : 1;
+  /// under the 256 that two CTAs allow, so the bound costs nothing — and so does NVFP4's
+  /// (smaller stages, the same converted tile); others once.
+  static constexpr int min_ctas_per_sm = (widened && WarpsM == 1) ? 2 : 1;
   static constexpr int groups = mla_scale_groups;                  // one per warp column
   static constexpr int group_chunks = Group::row_chunks;  // 16-byte chunks of a group
   static constexpr int latent_frags = 8;  // 16-wide k steps per group
-  /// The mma reads the latent as 16-bit values: the cache's own for BF16; for FP8, a group
-  /// sub-tile converted once per tile (each value once) into this geometry.
+  /// The mma reads the latent as 16-bit values: the cache's own for BF16; for FP8 and NVFP4, a
+  /// group sub-tile converted once per tile (each value once) into this geometry.
   using MmaGroup = KvRowGeometry<mma_input_t<KvT>, mla_scale_group>;
   static constexpr int mma_group_chunks = MmaGroup::row_chunks;  // 16
   static constexpr int output_tiles = mla_scale_group / 8;  // n8 tiles of a group's O
@@ -92,23 +108,35 @@ struct MlaDecodeTile {
   static constexpr int threads_per_token = threads / tile_tokens;           // producer: 4 or 8
   static constexpr int chunk_lanes_per_thread = 8 / threads_per_token;     // of the 8 chunk lanes
   static_assert(groups == 4 && threads_per_row == 8 && tile_tokens == 32);
-  static_assert(8 % threads_per_token == 0 && Group::row_chunks % 8 == 0 && Rope::row_chunks == 8);
-  static_assert(group_chunks == (fp8 ? 8 : 16), "one group: 128 values");
+  static_assert(8 % threads_per_token == 0 && (block_scaled || Group::row_chunks % 8 == 0) && Rope::row_chunks == 8);
+  static_assert(group_chunks == (fp8 ? 8 : block_scaled ? 4 : 16), "one group: 128 values");
+  /// NVFP4: a token's 16 code chunks are 2 per chunk lane (c and c + 8), its 32 scale bytes
+  /// 2 chunks (chunk lanes 0 and 1).
+  static_assert(!block_scaled || (groups * group_chunks == 16 && block_scale_bytes == 32));
 };
+
+/// NVFP4 stages also hold each token's E4M3 block scales (block b: latent values [16 b, 16 b +
+/// 16)); for the other formats the base is empty and the stage's layout is unchanged.
+template <bool BlockScaled, int Tokens>
+struct MlaStageBlockScales {
+  alignas(16) std::uint8_t block_scales[Tokens][mla_latent_dim / nvfp4_block_elements];
+};
+template <int Tokens>
+struct MlaStageBlockScales<false, Tokens> {};
 
 template <class KvT, int WarpsM>
 struct MlaDecodeSharedStorage {
   using Tile = MlaDecodeTile<KvT, WarpsM>;
-  struct Stage {
+  struct Stage : MlaStageBlockScales<Tile::block_scaled, Tile::tile_tokens> {
     alignas(128) unsigned char latent[Tile::groups][Tile::tile_tokens * Tile::Group::row_bytes];
     alignas(128) unsigned char rope[Tile::groups][Tile::tile_tokens * Tile::RopeGroup::row_bytes];
     alignas(16) float scales[Tile::tile_tokens][Tile::groups];  // per_token_group
     std::int32_t token_ok[Tile::tile_tokens];  // inside the range and on a valid page
   };
   Stage stages[Tile::stages];
-  /// FP8 only: the consumed tile's latent as fp16 group sub-tiles (MmaGroup geometry).
-  alignas(128) unsigned char converted[Tile::fp8 ? Tile::groups : 1]
-                                      [Tile::fp8 ? Tile::tile_tokens * Tile::MmaGroup::row_bytes : 16];
+  /// FP8 and NVFP4: the consumed tile's latent as fp16 group sub-tiles (MmaGroup geometry).
+  alignas(128) unsigned char converted[Tile::widened ? Tile::groups : 1]
+                                      [Tile::widened ? Tile::tile_tokens * Tile::MmaGroup::row_bytes : 16];
   /// FP8 per-token-group only: the consumed tile's group scales x 2^-k(token) (k: the power of
   /// two its converted latent carries), what S and P multiply by.
   alignas(16) float converted_scales[Tile::fp8 ? Tile::tile_tokens : 1][Tile::groups];
@@ -132,6 +160,7 @@ __global__ void __launch_bounds__(MlaDecodeTile<KvT, WarpsM>::threads, MlaDecode
   using Smem = MlaDecodeSharedStorage<KvT, WarpsM>;
   using MmaGroup = typename Tile::MmaGroup;
   constexpr bool fp8 = Tile::fp8;
+  constexpr bool block_scaled = Tile::block_scaled;
   auto& smem = rt::shared_storage<Smem>();
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -194,7 +223,12 @@ SLIMSERVE_ATTENTION_UNROLL
   }
 
   const bool group_scales = p.scale_mode == MlaScaleMode::per_token_group;
-  const float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
+  // The per-tensor factor of the latent part of S and of the output. NVFP4: the tensor scale
+  // x 2^7 (the widened values carry 2^-7); NaN when the tensor scale is not finite and > 0.
+  float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
+  if constexpr (block_scaled) {
+    static_scale = static_scale > 0.0f && static_scale <= FLT_MAX ? static_scale * nvfp4_widened_unit : NAN;
+  }
 
   float o_acc[Tile::output_tiles][4];
 SLIMSERVE_ATTENTION_UNROLL
@@ -222,14 +256,29 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
     for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
       const int lane_chunk = producer_sub + Tile::threads_per_token * k;  // 0..7
-      unsigned char* latent_dst = &stage.latent[0][0] + Group::byte_offset(producer_token, lane_chunk);
-      const unsigned char* latent_src = record + 16 * lane_chunk;
+      if constexpr (block_scaled) {
+        // Code chunks lane_chunk and lane_chunk + 8 (of 16: 4 a group), and scale chunk
+        // lane_chunk (of 2).
 SLIMSERVE_ATTENTION_UNROLL
-      for (int group = 0; group < Tile::groups; ++group) {
+        for (int h = 0; h < 2; ++h) {
+          const int c = lane_chunk + 8 * h;
+          arch::cp_async_16_zfill(stage.latent[c / Group::row_chunks] + Group::byte_offset(producer_token, c % Group::row_chunks),
+                                  record + 16 * c, ok);
+        }
+        if (lane_chunk < Tile::block_scale_bytes / 16) {
+          arch::cp_async_16_zfill(&stage.block_scales[producer_token][16 * lane_chunk],
+                                  record + mla_latent_dim / 2 + 16 * lane_chunk, ok);
+        }
+      } else {
+        unsigned char* latent_dst = &stage.latent[0][0] + Group::byte_offset(producer_token, lane_chunk);
+        const unsigned char* latent_src = record + 16 * lane_chunk;
 SLIMSERVE_ATTENTION_UNROLL
-        for (int h = 0; h < Group::row_chunks / 8; ++h) {
-          arch::cp_async_16_zfill(latent_dst + group * sizeof(stage.latent[0]) + 128 * h,
-                                  latent_src + group * Group::row_bytes + 128 * h, ok);
+        for (int group = 0; group < Tile::groups; ++group) {
+SLIMSERVE_ATTENTION_UNROLL
+          for (int h = 0; h < Group::row_chunks / 8; ++h) {
+            arch::cp_async_16_zfill(latent_dst + group * sizeof(stage.latent[0]) + 128 * h,
+                                    latent_src + group * Group::row_bytes + 128 * h, ok);
+          }
         }
       }
       // Rope chunk `lane_chunk` (of 8) is chunk lane_chunk % 2 of warp column lane_chunk / 2.
@@ -256,7 +305,35 @@ SLIMSERVE_ATTENTION_UNROLL
     const auto& stage = smem.stages[i % Tile::stages];
     const std::int64_t tile_begin = work.kv_begin + i * Tile::tile_tokens;
     const unsigned char* mma_latent = stage.latent[wn];
-    if constexpr (fp8) {
+    if constexpr (block_scaled) {
+      // 0. Each NVFP4 value widened once, by the thread that queued its chunk: 32 codes (two
+      // blocks) -> four fp16 chunks of e2m1 x block scale x 2^-7. The zero-filled chunks of
+      // tokens past the end widen to zeros with NaN-free zero scales; they are masked anyway.
+SLIMSERVE_ATTENTION_UNROLL
+      for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
+        const int lane_chunk = producer_sub + Tile::threads_per_token * k;
+SLIMSERVE_ATTENTION_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const int c = lane_chunk + 8 * h;  // code chunk of the row: values [32 c, 32 c + 32)
+          const int group = c / Group::row_chunks;
+          const int group_chunk = c % Group::row_chunks;
+          const Vec16 codes = load16(stage.latent[group] + Group::byte_offset(producer_token, group_chunk));
+          std::uint16_t scale_pair = 0;  // blocks 2c (low byte) and 2c + 1
+          std::memcpy(&scale_pair, &stage.block_scales[producer_token][2 * c], sizeof(scale_pair));
+          std::uint32_t operand[2];
+          nvfp4_scale_operands<fp16>(scale_pair, operand);
+          unsigned char* dst = smem.converted[group];
+SLIMSERVE_ATTENTION_UNROLL
+          for (int w = 0; w < 4; ++w) {  // word w: values 32 c + 8 w .., of block 2c + w / 2
+            Vec16 wide;
+            nvfp4_widen8<fp16>(codes.word[w], operand[w / 2], wide.word);
+            store16(dst + MmaGroup::byte_offset(producer_token, 4 * group_chunk + w), wide);
+          }
+        }
+      }
+      __syncthreads();
+      mma_latent = smem.converted[wn];
+    } else if constexpr (fp8) {
       static_assert(Group::row_chunks == 8, "an FP8 group is one 16-byte chunk per chunk lane");
       // 0. Each FP8 value converted once: thread (producer_token, producer_sub) widens the same
       // 16-byte chunks it queued (16 values -> two fp16 chunks). The previous tile's readers
@@ -457,13 +534,16 @@ SLIMSERVE_ATTENTION_UNROLL
   }
   __syncthreads();
   const float out_scale = group_scales ? 1.0f / per_token_p_headroom : static_scale;
+  // NVFP4 with a tensor scale that is not finite and > 0: NaN rows and lse (its NaN scores
+  // would otherwise read as a row that sees no token: 0 with lse -inf).
+  const bool invalid_scale = block_scaled && !(static_scale == static_scale);
 SLIMSERVE_ATTENTION_UNROLL
   for (int half = 0; half < 2; ++half) {
     const int r = wm * 16 + g + 8 * half;
     const std::int64_t packed = tile_row0 + r;
     const float sum = smem.row_sum[r];
     const bool empty = !(sum > 0.0f);
-    const float norm = empty ? 0.0f : out_scale / sum;
+    const float norm = invalid_scale ? NAN : (empty ? 0.0f : out_scale / sum);
     if (p.split_kv) {
       float* po = p.partial_o + partial_row(r) * mla_latent_dim;
 SLIMSERVE_ATTENTION_UNROLL
@@ -488,7 +568,7 @@ SLIMSERVE_ATTENTION_UNROLL
     }
   }
   // LSE (natural log): one thread per row.
-  if (soft_seg == 0) mla_write_row_lse(p, work, soft_row, run_max, run_sum);
+  if (soft_seg == 0) mla_write_row_lse(p, work, soft_row, invalid_scale ? NAN : run_max, invalid_scale ? NAN : run_sum);
 }
 
 }  // namespace attention::kernels

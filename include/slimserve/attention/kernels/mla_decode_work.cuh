@@ -160,7 +160,9 @@ SLIMSERVE_DEVICE inline void mla_write_row_lse(const MlaDecodeParams& p, const M
   const std::int64_t packed = w.tile_row0 + r;
   const bool valid = packed < w.valid_rows;
   const bool empty = !(run_sum > 0.0f);
-  const float lse = empty ? -INFINITY : (run_max + log2f(run_sum)) * paged_ln_2;
+  // A NaN run_max (the running max never is: fmaxf keeps the other operand) is the kernel's
+  // mark of an invalid tensor scale: the lse is NaN too.
+  const float lse = run_max != run_max ? NAN : empty ? -INFINITY : (run_max + log2f(run_sum)) * paged_ln_2;
   if (p.split_kv) {
     p.partial_lse[w.partial_row(r)] = valid ? lse : -INFINITY;
   } else if (valid && p.lse != nullptr) {
