@@ -265,6 +265,7 @@ def test_mla_nvfp4_latent_append_and_decode_match_the_format(rng):
     cache_pages = np.full((16, page, record), 0xFF, np.uint8)
     cache = ss.MlaCache(cache_pages, kv_dtype="nvfp4", scale_mode="per_tensor", latent_scale=float(tensor_scale))
     latent = _bf16(rng.standard_normal((sum(lengths), 512)) * np.where(rng.random(512) < 0.05, 8.0, 1.0))
+    latent[3, 7] = _bf16(40.0)  # past 6 x 448 x tensor scale = 26.88: saturates
     rope = _bf16(rng.uniform(-1, 1, (sum(lengths), 64)))
     append_indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     ss.mla_append(cache, indptr, indices, last, latent, rope, append_indptr=append_indptr, dtype="bfloat16")
@@ -277,11 +278,14 @@ def test_mla_nvfp4_latent_append_and_decode_match_the_format(rng):
         block_scales = e4m3[rows[:, 256:288]]
         values = _E2M1[codes] * np.repeat(block_scales, 16, axis=1) * np.float64(tensor_scale)
         x = _from_bf16(latent[append_indptr[b] : append_indptr[b + 1]])
-        # Each value within half a code gap of its input (gaps are at most 2 x block scale x
-        # tensor scale, between 4 and 6; a tie such as 5 goes to 4, even); 1e-6 for the rounding
-        # of the float32 tensor scale.
+        # Each value within half a code gap of its input clipped to the largest value the
+        # tensor scale allows, 6 x 448 x tensor scale (gaps are at most 2 x block scale x tensor
+        # scale, between 4 and 6; a tie such as 5 goes to 4, even); 1e-6 for the rounding of the
+        # float32 tensor scale. Inputs past that largest value saturate to it exactly.
+        largest = 6 * 448 * np.float64(tensor_scale)
         step = np.repeat(block_scales, 16, axis=1) * np.float64(tensor_scale)
-        assert (np.abs(values - x) <= step * (1 + 1e-6)).all()
+        assert (np.abs(values - np.clip(x, -largest, largest)) <= step * (1 + 1e-6)).all()
+        np.testing.assert_array_equal(values[np.abs(x) > largest], np.sign(x[np.abs(x) > largest]) * largest)
         np.testing.assert_array_equal(rows[:, 288:].view(np.uint16), rope[append_indptr[b] : append_indptr[b + 1]])
         stored.append(np.concatenate([values, _from_bf16(rope[append_indptr[b] : append_indptr[b + 1]])], axis=1))
     q = _bf16(rng.uniform(-1, 1, (len(lengths) * query_tokens, heads, 576)))
