@@ -29,7 +29,11 @@ constexpr void for_each_mla_latent(F&& f) {
   f.template operator()<fp8_e4m3>();
   f.template operator()<nvfp4>();
 }
-inline constexpr std::size_t mla_latent_count = 3;
+inline constexpr std::size_t mla_latent_count = [] {
+  std::size_t count = 0;
+  for_each_mla_latent([&]<class>() { ++count; });
+  return count;
+}();
 /// Whether the wgmma kernel is built for a latent type (NVFP4 runs the mma.sync kernel only:
 /// warps_m_for never picks the wgmma kernel for it).
 template <class KvT>
@@ -79,8 +83,13 @@ Status launch_mla_wgmma_decode(const kernels::MlaDecodeParams& params, dim3 grid
 
 inline std::span<const MlaDecodeKernelEntry> mla_decode_kernels() {
   static const auto table = [] {
-    // Per latent type: two mma.sync CTA shapes and (where built) the wgmma kernel.
-    std::array<MlaDecodeKernelEntry, 3 * mla_latent_count> entries{};
+    // Per latent type: the mma.sync CTA shapes and (where built) the wgmma kernel.
+    constexpr std::size_t shapes = [] {
+      std::size_t count = 1;  // the wgmma kernel
+      for_each_mla_warps_m([&]<int>() { ++count; });
+      return count;
+    }();
+    std::array<MlaDecodeKernelEntry, shapes * mla_latent_count> entries{};
     std::size_t count = 0;
     for_each_mla_latent([&]<class KvT>() {
       for_each_mla_warps_m([&]<int WarpsM>() {

@@ -827,7 +827,8 @@ TEST_CASE("mla decode, FP8 group scales from 1e-8 to 1e4: every element against 
 // NVFP4 block scales at the ends of E4M3: every record's 32 scale bytes are rewritten to cycle
 // through 0 (a zero block), the smallest subnormal 2^-9, the largest subnormal, the smallest
 // normal 2^-6, 1, 2^7 and 448 (the widened fp16 values then span e2m1 x 2^-16 .. 6 x 448 x
-// 2^-7, subnormals included). Then tensor scales that are not finite and > 0 give NaN rows.
+// 2^-7, subnormals included); first each scale alone in every block, then all mixed. Then
+// tensor scales that are not finite and > 0 (or whose x 2^7 is not finite) give NaN rows.
 TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales: every element") {
   const DecodeCase cases[] = {
       {KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 2, 16, 5},
@@ -852,6 +853,22 @@ TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales
         }
       }
       REQUIRE(rewritten > 0);
+      // One scale for every block first: the tolerance is relative to the largest value a
+      // request's scale group holds, so a tiny or subnormal block scale is only seen when no
+      // larger one shares its group (a block that widened to zeros would fail here).
+      for (const std::uint8_t uniform : extreme_scales) {
+        if (uniform == 0x00) continue;  // all zeros: nothing to compare but zeros
+        INFO("every block scale 0x" << std::hex << static_cast<int>(uniform));
+        DecodeFixture one = f;
+        for (std::int32_t page = 0; page < one.table.num_pages; ++page) {
+          for (int slot = 0; slot < c.page_size; ++slot) {
+            std::memset(one.cache.record(page, slot) + latent_dim / 2, uniform, latent_dim / nvfp4_block_elements);
+          }
+        }
+        one.measure_v_max();
+        auto [o, lse] = run_decode_case(one, RunOptions{}, sm_scale);
+        check_decode(one, o, lse, one.reference(sm_scale), {});
+      }
       f.measure_v_max();
       const Reference ref = f.reference(sm_scale);
       for (const bool split : {false, true}) {
@@ -863,7 +880,7 @@ TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales
         check_decode(f, o, lse, ref, {});
       }
       for (const float bad_scale : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                                    0.0f, -0.05f}) {
+                                    0.0f, -0.05f, std::numeric_limits<float>::max()}) {
         INFO("tensor scale " << bad_scale);
         DecodeFixture bad = f;
         bad.cache.static_scale = bad_scale;

@@ -82,7 +82,7 @@ inline constexpr std::int32_t mla_max_chunk_query_tokens = 128;
 /// holds at once: what a plan's `ctas_per_sm = 0` means, so that a split fills the device's
 /// CTA slots rather than its SMs. The kernels guarantee it (`__launch_bounds__` minimum, and
 /// the dispatch table checks their shared memory against it): the 16-row FP8 and NVFP4
-/// kernels (77 KB and ~73 KB, 128 threads) run two per SM; every other one (16-row BF16: 126 KB; 32 rows: 256 threads of
+/// kernels (110 KB and 88 KB, 128 threads) run two per SM; every other one (16-row BF16: 126 KB; 32 rows: 256 threads of
 /// 240 registers; wgmma: 179-195 KB) one.
 constexpr std::int32_t mla_decode_resident_ctas(KvDtype kv_dtype, std::int32_t warps_m) noexcept {
   return (kv_dtype == KvDtype::fp8_e4m3 || kv_dtype == KvDtype::nvfp4) && warps_m == 1 ? 2 : 1;

@@ -84,7 +84,7 @@ SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr fp4_e2m1 nvfp4_code_at(std
   return fp4_e2m1::from_bits(static_cast<std::uint8_t>(word >> (4 * k)));
 }
 
-/// Exact e2m1 * e4m3 (5 significant bits), times the tensor scale: one FP32 rounding.
+/// Exact e2m1 * e4m3 (at most 6 significant bits: 1.5 x 1.875), times the tensor scale: one FP32 rounding.
 SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr float nvfp4_decode(fp4_e2m1 code,
                                                                         fp8_e4m3 block_scale,
                                                                         float tensor_scale) {

@@ -16,7 +16,7 @@
 ///  * BF16 (the magnitude crosses into the low byte): per register one `prmt` with a zero
 ///    operand gives [0, e_2i, 0, e_2i+1] in high nibbles, then (w | w >> 6) & 0x81C081C0;
 ///  * one packed multiply by the scale operand, block_scale * 2^7 (FP16) or * 2^119 (BF16),
-///    restores the bias but 2^-7. The product e2m1 * block_scale * 2^-7 has at most 5
+///    restores the bias but 2^-7. The product e2m1 * block_scale * 2^-7 has at most 6
 ///    significant bits and lies in [2^-17, 21] (or is 0): exact in both formats, so widening
 ///    is exact. The missing 2^7 goes into the FP32 factor applied after the tensor-core
 ///    product (`nvfp4_widened_unit * tensor_scale`), never into a 16-bit operand (FP16 has no

@@ -146,7 +146,7 @@ template <> struct KvFormat<fp8_e4m3> : KvFp8Format<fp8_e4m3> { static constexpr
 template <> struct KvFormat<fp8_e5m2> : KvFp8Format<fp8_e5m2> { static constexpr KvDtype dtype = KvDtype::fp8_e5m2; };
 /// NVFP4 (formats/nvfp4.hpp): E2M1 codes two to a byte, an E4M3 scale per 16 elements after
 /// the codes of each head vector, and a per-tensor FP32 scale (required, a device pointer).
-/// Its codes widen exactly to fp16 (e2m1 x e4m3 has 5 significant bits and |x| <= 2688).
+/// Its codes widen exactly to fp16 (e2m1 x e4m3 has at most 6 significant bits and |x| <= 2688).
 template <>
 struct KvFormat<nvfp4> {
   using storage = nvfp4;

@@ -128,7 +128,7 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE Vec16 load_nvfp4_block(const std::uint8_t
   return v;
 }
 
-/// The 16 elements of a staged NVFP4 block: e2m1 * e4m3, exact in FP32 (5 significant bits).
+/// The 16 elements of a staged NVFP4 block: e2m1 * e4m3, exact in FP32 (at most 6 significant bits: 1.5 x 1.875).
 /// A NaN block scale (0x7F) decodes the block to NaN, as the paged attention does.
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void unpack_nvfp4_block(const Vec16& v, float (&out)[16]) {
   float scale;

@@ -9,6 +9,7 @@
 /// one warp); thread i's 8 codes are the 32-bit word at record byte 4 i, block b's E4M3 scale
 /// the byte at 256 + b (the latent is one NVFP4 head vector of 512, mla_cache_view.hpp).
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -68,8 +69,10 @@ SLIMSERVE_ATTENTION_UNROLL
   }
   unsigned char* record =
       p.pages + (static_cast<std::int64_t>(dest.page) * p.destination.page_size + dest.slot) * p.token_bytes;
-  if (p.scale_mode == MlaScaleMode::per_token_group && tid % group_lanes == 0) {
-    reinterpret_cast<float*>(record + p.scales_offset)[tid / group_lanes] = scale;
+  if constexpr (!std::is_same_v<KvT, nvfp4>) {  // NVFP4 is per_tensor only: its scales are the block bytes
+    if (p.scale_mode == MlaScaleMode::per_token_group && tid % group_lanes == 0) {
+      reinterpret_cast<float*>(record + p.scales_offset)[tid / group_lanes] = scale;
+    }
   }
   if constexpr (std::is_same_v<KvT, nvfp4>) {
     // Every thread of the block reaches here (a whole block returns above): the pair shuffle
@@ -167,7 +170,9 @@ SLIMSERVE_ATTENTION_UNROLL
     scale = reinterpret_cast<const float*>(record + p.scales_offset)[tid / (mla_scale_group / 8)];
   }
   if constexpr (std::is_same_v<KvT, nvfp4>) {
-    // Exact e2m1 x e4m3, times the tensor scale (one FP32 rounding), then BF16.
+    // Exact e2m1 x e4m3, times the tensor scale (one FP32 rounding), then BF16. A tensor scale
+    // that is not finite and > 0 gives NaN, as the decode does.
+    if (!(scale > 0.0f && scale <= FLT_MAX)) scale = NAN;
     const std::uint32_t codes = reinterpret_cast<const std::uint32_t*>(record)[tid];
     const fp8_e4m3 block_scale = fp8_e4m3::from_bits(record[mla_latent_dim / 2 + tid / 2]);
 SLIMSERVE_ATTENTION_UNROLL

@@ -92,7 +92,7 @@ struct MlaDecodeTile {
   /// CTAs one SM holds (the launch bound's minimum; mla_decode_resident_ctas says the same to
   /// the plan): the 16-row FP8 CTA (128 threads, ~77 KB) fits twice — its ~240 registers are
   /// under the 256 that two CTAs allow, so the bound costs nothing — and so does NVFP4's
-  /// (smaller stages, the same converted tile); others once.
+  /// (88 KB against FP8's 110 KB: smaller stages, the same converted tile); others once.
   static constexpr int min_ctas_per_sm = (widened && WarpsM == 1) ? 2 : 1;
   static constexpr int groups = mla_scale_groups;                  // one per warp column
   static constexpr int group_chunks = Group::row_chunks;  // 16-byte chunks of a group
@@ -227,7 +227,8 @@ SLIMSERVE_ATTENTION_UNROLL
   // x 2^7 (the widened values carry 2^-7); NaN when the tensor scale is not finite and > 0.
   float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
   if constexpr (block_scaled) {
-    static_scale = static_scale > 0.0f && static_scale <= FLT_MAX ? static_scale * nvfp4_widened_unit : NAN;
+    const float factor = static_scale * nvfp4_widened_unit;  // +inf past FLT_MAX / 128: refused too
+    static_scale = static_scale > 0.0f && factor <= FLT_MAX ? factor : NAN;
   }
 
   float o_acc[Tile::output_tiles][4];
@@ -536,7 +537,7 @@ SLIMSERVE_ATTENTION_UNROLL
   const float out_scale = group_scales ? 1.0f / per_token_p_headroom : static_scale;
   // NVFP4 with a tensor scale that is not finite and > 0: NaN rows and lse (its NaN scores
   // would otherwise read as a row that sees no token: 0 with lse -inf).
-  const bool invalid_scale = block_scaled && !(static_scale == static_scale);
+  const bool invalid_scale = block_scaled && static_scale != static_scale;  // NaN (host and device alike)
 SLIMSERVE_ATTENTION_UNROLL
   for (int half = 0; half < 2; ++half) {
     const int r = wm * 16 + g + 8 * half;
