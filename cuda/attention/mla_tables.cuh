@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <type_traits>
 #include <utility>
 
 // The kernels first: kernel_tables.cuh opens attention::detail, which would shadow the
@@ -34,10 +33,6 @@ inline constexpr std::size_t mla_latent_count = [] {
   for_each_mla_latent([&]<class>() { ++count; });
   return count;
 }();
-/// Whether the wgmma kernel is built for a latent type (NVFP4 runs the mma.sync kernel only:
-/// warps_m_for never picks the wgmma kernel for it).
-template <class KvT>
-inline constexpr bool mla_has_wgmma_kernel = !std::is_same_v<KvT, nvfp4>;
 /// CTA shapes of the decode kernel: 16 or 32 packed (query token x head) rows.
 template <class F>
 constexpr void for_each_mla_warps_m(F&& f) {
@@ -96,7 +91,7 @@ inline std::span<const MlaDecodeKernelEntry> mla_decode_kernels() {
         entries[count++] = {kv_dtype_of<KvT>::value, WarpsM, sizeof(kernels::MlaDecodeSharedStorage<KvT, WarpsM>),
                             &launch_mla_decode<KvT, WarpsM>};
       });
-      if constexpr (mla_has_wgmma_kernel<KvT>) {
+      if constexpr (mla_has_wgmma_kernel(kv_dtype_of<KvT>::value)) {
         entries[count++] = {kv_dtype_of<KvT>::value, mla_wgmma_warps_m, kernels::MlaWgmmaTile<KvT>::shared_bytes,
                             &launch_mla_wgmma_decode<KvT>};
       }

@@ -88,6 +88,10 @@ constexpr std::int32_t mla_decode_resident_ctas(KvDtype kv_dtype, std::int32_t w
   return (kv_dtype == KvDtype::fp8_e4m3 || kv_dtype == KvDtype::nvfp4) && warps_m == 1 ? 2 : 1;
 }
 
+/// Whether the wgmma decode kernel is built for a latent type: BF16 and FP8. NVFP4 runs the
+/// mma.sync kernel only (its widening is that kernel's), whatever `warpgroup_mma` says.
+constexpr bool mla_has_wgmma_kernel(KvDtype kv_dtype) noexcept { return kv_dtype != KvDtype::nvfp4; }
+
 /// Shapes and types shared by plan and run; run refuses a plan made for another problem.
 struct MlaDecodeProblem {
   std::int32_t batch_size = 0;

@@ -36,6 +36,7 @@
 /// elements is D/2 bytes of codes and D/16 scale bytes (72 B at D = 128, against 128 B FP8).
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 
 #include "slimserve/config.hpp"
@@ -55,6 +56,15 @@ static_assert(sizeof(nvfp4) == 1);
 
 /// The E4M3 NaN a block's scale becomes for a NaN input or an invalid tensor scale.
 inline constexpr std::uint8_t nvfp4_nan_scale_code = 0x7F;
+
+/// A tensor scale that is not finite and > 0 becomes NaN, and so does a product with `unit`
+/// (the power of two a kernel's widened values carry) that overflows: the readers' rows are
+/// then NaN, as the append makes such a cache's blocks NaN, never a silent rescale.
+SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr float nvfp4_checked_tensor_scale(float tensor_scale,
+                                                                                      float unit = 1.0f) {
+  const float factor = tensor_scale * unit;
+  return tensor_scale > 0.0f && factor <= FLT_MAX ? factor : NAN;
+}
 
 /// The block scale from the block's amax (>= 0, or NaN) and the tensor scale.
 SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr fp8_e4m3 nvfp4_block_scale(

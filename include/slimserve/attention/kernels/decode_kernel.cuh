@@ -12,7 +12,6 @@
 /// shared memory, where every row reads them. Scores are kept in log2 units (the query is
 /// pre-multiplied by sm_scale * log2(e) * k_scale) so the softmax uses exp2.
 
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -138,12 +137,6 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
     for (int k = 0; k < 8; ++k) out[8 * w + k] = to_float(nvfp4_code_at(v.word[w], k)) * scale;
   }
-}
-
-/// An NVFP4 tensor scale that is not finite and > 0 becomes NaN (NaN rows, as the append makes
-/// such a cache's blocks NaN and the paged attention's rows NaN): never a silent rescale.
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float nvfp4_checked_tensor_scale(float s) {
-  return s > 0.0f && s <= FLT_MAX ? s : NAN;
 }
 
 /// Sum over the `Lanes` threads of a head vector.

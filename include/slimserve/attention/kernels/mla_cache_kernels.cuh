@@ -9,7 +9,6 @@
 /// one warp); thread i's 8 codes are the 32-bit word at record byte 4 i, block b's E4M3 scale
 /// the byte at 256 + b (the latent is one NVFP4 head vector of 512, mla_cache_view.hpp).
 
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -172,7 +171,7 @@ SLIMSERVE_ATTENTION_UNROLL
   if constexpr (std::is_same_v<KvT, nvfp4>) {
     // Exact e2m1 x e4m3, times the tensor scale (one FP32 rounding), then BF16. A tensor scale
     // that is not finite and > 0 gives NaN, as the decode does.
-    if (!(scale > 0.0f && scale <= FLT_MAX)) scale = NAN;
+    scale = nvfp4_checked_tensor_scale(scale);
     const std::uint32_t codes = reinterpret_cast<const std::uint32_t*>(record)[tid];
     const fp8_e4m3 block_scale = fp8_e4m3::from_bits(record[mla_latent_dim / 2 + tid / 2]);
 SLIMSERVE_ATTENTION_UNROLL

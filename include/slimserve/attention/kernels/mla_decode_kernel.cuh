@@ -45,7 +45,6 @@
 /// per-tensor factor of S and of the output; a tensor scale that is not finite and > 0 makes
 /// that factor NaN, and the rows NaN, as in paged attention.
 
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -226,10 +225,7 @@ SLIMSERVE_ATTENTION_UNROLL
   // The per-tensor factor of the latent part of S and of the output. NVFP4: the tensor scale
   // x 2^7 (the widened values carry 2^-7); NaN when the tensor scale is not finite and > 0.
   float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
-  if constexpr (block_scaled) {
-    const float factor = static_scale * nvfp4_widened_unit;  // +inf past FLT_MAX / 128: refused too
-    static_scale = static_scale > 0.0f && factor <= FLT_MAX ? factor : NAN;
-  }
+  if constexpr (block_scaled) static_scale = nvfp4_checked_tensor_scale(static_scale, nvfp4_widened_unit);
 
   float o_acc[Tile::output_tiles][4];
 SLIMSERVE_ATTENTION_UNROLL
