@@ -4,7 +4,8 @@
 /// codes 2, 3), exactly as two fp8_convert.cuh pair conversions. On the GPU the word's halves
 /// reach the conversions as 16-bit registers, so ptxas reads the upper pair in place
 /// (F2FP ... R.H1) instead of shifting it down first: one instruction per pair, not two.
-/// (A header of its own so that the kernels including fp8_convert.cuh do not rebuild.)
+/// Every FP8 widening path of the attention kernels goes through it (mma_fragments.cuh's
+/// fp8_quad_to_f16x2, the MLA kernels, NVFP4's block scales).
 
 #include <cstdint>
 

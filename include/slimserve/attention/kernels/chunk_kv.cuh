@@ -13,7 +13,7 @@
 ///   V: staged position j holds d = 2 (j % 8) + j / 8.
 /// NVFP4 caches do the same over 32-wide groups of d (nvfp4_fragments.cuh: a pair of k steps
 /// holds a 32-wide group in `nvfp4_q_column` order, an output tile every fourth d of one):
-///   K: staged position kappa holds d = 8 (kappa % 8 / 2) + 4 (kappa / 16) + 2 (kappa / 8 % 2) + kappa % 2;
+///   K: staged position kappa holds d = 8 (kappa % 8 / 2) + 4 (kappa / 8 % 2) + 2 (kappa % 2) + kappa / 16;
 ///   V: staged position j holds d = 4 (j % 8) + j / 8.
 /// The accumulator counts V in units of v_scale * 2^14 (nvfp4_fragment_unit), so a chunk V
 /// enters as v * 2^-k (exact; 2^k <= v_scale * 2^14 < 2^(k+1)) and its P times the rest,
@@ -64,7 +64,7 @@ SLIMSERVE_HOST_DEVICE constexpr int fp8_order_source(int j) {
 /// epilogue reads nvfp4_output_column(n, t, i).
 template <bool IsV>
 SLIMSERVE_HOST_DEVICE constexpr int nvfp4_order_source(int j) {
-  return IsV ? 4 * (j & 7) + (j >> 3) : 8 * ((j & 7) >> 1) + 4 * (j >> 4) + 2 * ((j >> 3) & 1) + (j & 1);
+  return IsV ? 4 * (j & 7) + (j >> 3) : 8 * ((j & 7) >> 1) + 4 * ((j >> 3) & 1) + 2 * (j & 1) + (j >> 4);
 }
 
 /// Stages one 16-wide group of d of an input row (16 elements from `group`) as the two 16-bit

@@ -367,8 +367,10 @@ SLIMSERVE_ATTENTION_UNROLL
           Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
           for (int w = 0; w < 4; ++w) {
-            wide[w / 2].word[2 * (w % 2)] = arch::mul_rn_f16x2(fp8_pair_to_f16x2<KvT>(codes.word[w]), widen_factor);
-            wide[w / 2].word[2 * (w % 2) + 1] = arch::mul_rn_f16x2(fp8_pair_to_f16x2<KvT>(codes.word[w] >> 16), widen_factor);
+            std::uint32_t lo, hi;
+            fp8_quad_to_f16x2<KvT>(codes.word[w], lo, hi);
+            wide[w / 2].word[2 * (w % 2)] = arch::mul_rn_f16x2(lo, widen_factor);
+            wide[w / 2].word[2 * (w % 2) + 1] = arch::mul_rn_f16x2(hi, widen_factor);
           }
           unsigned char* dst = smem.converted[group];
           store16(dst + MmaGroup::byte_offset(producer_token, 2 * lane_chunk), wide[0]);

@@ -26,6 +26,7 @@
 
 #include "slimserve/arch/bit_ops.cuh"
 #include "slimserve/arch/fp8_convert.cuh"
+#include "slimserve/arch/fp8x4_convert.cuh"
 #include "slimserve/arch/ldmatrix.cuh"
 #include "slimserve/arch/mma.cuh"
 #include "slimserve/formats/float_formats.hpp"
@@ -152,6 +153,19 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t fp8_pair_to_f16x2(std::uint
   }
 }
 
+/// Four FP8 codes (byte 0 first) -> f16x2 of codes 0, 1 (`lo`) and of codes 2, 3 (`hi`),
+/// exactly. The upper pair is converted where it lies (F2FP's .H1 operand): one instruction per
+/// pair, where `fp8_pair_to_f16x2(x >> 16)` spends a shift on it first.
+template <class KvT>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void fp8_quad_to_f16x2(std::uint32_t four_codes, std::uint32_t& lo,
+                                                              std::uint32_t& hi) {
+  if constexpr (std::is_same_v<KvT, fp8_e4m3>) {
+    arch::cvt_e4m3x4_to_f16x2x2(four_codes, lo, hi);
+  } else {
+    arch::cvt_e5m2x4_to_f16x2x2(four_codes, lo, hi);
+  }
+}
+
 /// Column (d, inside a 16-element k step) of element `e` (0..3 across registers a[0]/a[2] of
 /// row g) that query fragment lane t must hold. 16-bit: 2t + e%2 + 8(e/2); FP8: 4t + e.
 template <bool Fp8>
@@ -182,10 +196,11 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void qk_chunk_pair(float (&s0)[4], float 
   arch::ldmatrix_x4(r, k_tile + Row::byte_offset(row, chunk + (matrix & 1)));
   if constexpr (Row::fp8) {
     // r[0]: tokens 0-7 x chunk; r[1]: tokens 0-7 x chunk+1; r[2], r[3]: tokens 8-15.
-    const std::uint32_t b00[2] = {fp8_pair_to_f16x2<KvT>(r[0]), fp8_pair_to_f16x2<KvT>(r[0] >> 16)};
-    const std::uint32_t b01[2] = {fp8_pair_to_f16x2<KvT>(r[1]), fp8_pair_to_f16x2<KvT>(r[1] >> 16)};
-    const std::uint32_t b10[2] = {fp8_pair_to_f16x2<KvT>(r[2]), fp8_pair_to_f16x2<KvT>(r[2] >> 16)};
-    const std::uint32_t b11[2] = {fp8_pair_to_f16x2<KvT>(r[3]), fp8_pair_to_f16x2<KvT>(r[3] >> 16)};
+    std::uint32_t b00[2], b01[2], b10[2], b11[2];
+    fp8_quad_to_f16x2<KvT>(r[0], b00[0], b00[1]);
+    fp8_quad_to_f16x2<KvT>(r[1], b01[0], b01[1]);
+    fp8_quad_to_f16x2<KvT>(r[2], b10[0], b10[1]);
+    fp8_quad_to_f16x2<KvT>(r[3], b11[0], b11[1]);
     mma<T>(s0, q[chunk], b00);
     mma<T>(s0, q[chunk + 1], b01);
     mma<T>(s1, q[chunk], b10);
@@ -218,10 +233,11 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void pv_chunk_pair(float (*o)[4], const u
     const std::uint32_t x1 = arch::prmt(r[1], 0u, 0x3120u);  // tokens 8-15, chunk
     const std::uint32_t x2 = arch::prmt(r[2], 0u, 0x3120u);  // tokens 0-7, chunk + 1
     const std::uint32_t x3 = arch::prmt(r[3], 0u, 0x3120u);  // tokens 8-15, chunk + 1
-    const std::uint32_t even0[2] = {fp8_pair_to_f16x2<KvT>(x0), fp8_pair_to_f16x2<KvT>(x1)};
-    const std::uint32_t odd0[2] = {fp8_pair_to_f16x2<KvT>(x0 >> 16), fp8_pair_to_f16x2<KvT>(x1 >> 16)};
-    const std::uint32_t even1[2] = {fp8_pair_to_f16x2<KvT>(x2), fp8_pair_to_f16x2<KvT>(x3)};
-    const std::uint32_t odd1[2] = {fp8_pair_to_f16x2<KvT>(x2 >> 16), fp8_pair_to_f16x2<KvT>(x3 >> 16)};
+    std::uint32_t even0[2], odd0[2], even1[2], odd1[2];
+    fp8_quad_to_f16x2<KvT>(x0, even0[0], odd0[0]);
+    fp8_quad_to_f16x2<KvT>(x1, even0[1], odd0[1]);
+    fp8_quad_to_f16x2<KvT>(x2, even1[0], odd1[0]);
+    fp8_quad_to_f16x2<KvT>(x3, even1[1], odd1[1]);
     mma<T>(o[2 * chunk], a, even0);
     mma<T>(o[2 * chunk + 1], a, odd0);
     mma<T>(o[2 * chunk + 2], a, even1);

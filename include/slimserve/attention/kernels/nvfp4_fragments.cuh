@@ -11,17 +11,23 @@
 /// 16-byte chunk rows of mma_fragments.cuh (a chunk holds 32 codes, two k steps), the scale
 /// pieces into a small [tokens, head_dim / 16] byte array of their own.
 ///
+/// Widening (`nvfp4_parity_bytes`): a word's eight codes become two words of finished FP16 high
+/// bytes (nvfp4_widen.cuh), the even codes' and the odd codes', in 7 instructions; one `prmt`
+/// with a zero operand then places any two bytes of one of them as an f16x2 and one HMUL2
+/// scales it: 15 instructions per word, where nvfp4_widen8's natural order {e_2i, e_2i+1} (a
+/// byte from each word) costs 17. Both products below take the pairs the parity words give.
+///
 /// Q·K^T (contraction over d). ldmatrix of a code tile gives lane (g, t) bytes 4t..4t+3 of a
 /// chunk of token g: codes d = 32 c + 8t .. 8t+7, all in block 2c + t/2, so one scale per
-/// register word. nvfp4_widen8 turns the word into four f16x2: {8t, 8t+1}, {8t+2, 8t+3} are
-/// the B fragment of k step 2c and {8t+4, 8t+5}, {8t+6, 8t+7} that of k step 2c+1. The query
-/// fragments are loaded with the same map (`nvfp4_q_column`), so q·k is unchanged.
+/// register word. The word becomes four f16x2: {8t, 8t+2}, {8t+4, 8t+6} are the B fragment of
+/// k step 2c and {8t+1, 8t+3}, {8t+5, 8t+7} that of k step 2c+1. The query fragments are
+/// loaded with the same map (`nvfp4_q_column`), so q·k is unchanged.
 ///
 /// P·V (contraction over tokens). ldmatrix.trans gives lane (g, t) the 16-bit unit g (codes
 /// d = 32c + 4g .. 4g+3) of tokens 2t and 2t+1. The widening takes the nibbles in the order
-/// {token 2t, token 2t+1} per d, so register j is the B fragment of output column
-/// d = 32c + 4g + j; its halves carry the two tokens' scales of block 2c + g/4. Output tile
-/// n = 4c + j holds d = 32c + 4 col + j (`nvfp4_output_column`).
+/// {token 2t, token 2t+1} per d (nibbles j and j + 4: the same parity), so register j is the B
+/// fragment of output column d = 32c + 4g + j; its halves carry the two tokens' scales of block
+/// 2c + g/4. Output tile n = 4c + j holds d = 32c + 4 col + j (`nvfp4_output_column`).
 ///
 /// Scale operands are the E4M3 block scales converted to fp16 and nothing more: a widened code
 /// is e2m1 * 2^-14 (nvfp4_widen.cuh), so the product is e2m1 * block_scale * 2^-14, a multiple
@@ -35,6 +41,7 @@
 #include "slimserve/arch/bit_ops.cuh"
 #include "slimserve/arch/f16x2_math.cuh"
 #include "slimserve/arch/fp8_convert.cuh"
+#include "slimserve/arch/fp8x4_convert.cuh"
 #include "slimserve/arch/ldmatrix.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
@@ -60,9 +67,10 @@ struct Nvfp4VectorGeometry {
   static_assert(code_bytes % piece_bytes == 0, "a piece is all codes or all scales");
 };
 
-/// d of element e (0..3, as q_fragment_column) of the query fragment of k step `step` in lane t.
+/// d of element e (0..3, as q_fragment_column) of the query fragment of k step `step` in lane t:
+/// the even codes of the lane's eight in the even step, the odd ones in the odd step.
 SLIMSERVE_HOST_DEVICE constexpr int nvfp4_q_column(int step, int t, int e) {
-  return 32 * (step >> 1) + 8 * t + 4 * (step & 1) + e;
+  return 32 * (step >> 1) + 8 * t + 2 * e + (step & 1);
 }
 
 /// d held by element i (0..3) of output tile `tile` in lane t.
@@ -70,22 +78,50 @@ SLIMSERVE_HOST_DEVICE constexpr int nvfp4_output_column(int tile, int t, int i) 
   return 32 * (tile >> 2) + 4 * (2 * t + (i & 1)) + (tile & 3);
 }
 
-/// nvfp4_widen8<fp16> with the nibbles of `codes` (two tokens' 4 codes: nibbles 0..3 token a,
-/// 4..7 token b) taken per d: out[j] = {a_j, b_j} * scale halves, exactly. Same instruction
-/// count; only the byte selectors differ.
+/// The finished FP16 high bytes (sign | 000 | magnitude | 0, nvfp4_widen.cuh) of the eight codes
+/// of `codes` (code k in bits 4k..4k+3): parity[0] = [e0, e2, e4, e6], parity[1] = [e1, e3, e5,
+/// e7]. Each code goes to the high nibble of a byte whose low nibble is zero, then
+/// (x | x >> 3) & 0x8E8E8E8E keeps its sign on bit 7 and moves its magnitude to bits 3..1.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_parity_bytes(std::uint32_t codes, std::uint32_t (&parity)[2]) {
+  const std::uint32_t even = (codes << 4) & 0xF0F0F0F0u;
+  const std::uint32_t odd = codes & 0xF0F0F0F0u;
+  parity[0] = (even | (even >> 3)) & 0x8E8E8E8Eu;
+  parity[1] = (odd | (odd >> 3)) & 0x8E8E8E8Eu;
+}
+
+/// One f16x2 of two finished bytes (`selector`: [zero, byte, zero, byte]) times `scale`: exact.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t nvfp4_place_pair(std::uint32_t bytes, std::uint32_t selector,
+                                                                      std::uint32_t scale) {
+  return arch::mul_rn_f16x2(arch::prmt(bytes, 0u, selector), scale);
+}
+inline constexpr std::uint32_t nvfp4_bytes_0_1 = 0x1404u;  // [0, byte 0, 0, byte 1]
+inline constexpr std::uint32_t nvfp4_bytes_2_3 = 0x3424u;
+inline constexpr std::uint32_t nvfp4_bytes_0_2 = 0x2404u;
+inline constexpr std::uint32_t nvfp4_bytes_1_3 = 0x3414u;
+
+/// Eight codes of one token (a lane's K word) -> out = {e0, e2}, {e4, e6}, {e1, e3}, {e5, e7}
+/// times the scale halves, exactly: the B fragments of an even and an odd k step
+/// (nvfp4_q_column).
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_widen8_parity_pairs(std::uint32_t codes, std::uint32_t scale,
+                                                                     std::uint32_t (&out)[4]) {
+  std::uint32_t parity[2];
+  nvfp4_parity_bytes(codes, parity);
+  out[0] = nvfp4_place_pair(parity[0], nvfp4_bytes_0_1, scale);
+  out[1] = nvfp4_place_pair(parity[0], nvfp4_bytes_2_3, scale);
+  out[2] = nvfp4_place_pair(parity[1], nvfp4_bytes_0_1, scale);
+  out[3] = nvfp4_place_pair(parity[1], nvfp4_bytes_2_3, scale);
+}
+
+/// Two tokens' 4 codes (nibbles 0..3 token a, 4..7 token b) taken per d: out[j] = {a_j, b_j}
+/// times the scale halves, exactly (nibbles j and j + 4 have the same parity).
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_widen8_token_pairs(std::uint32_t codes, std::uint32_t scale,
                                                                     std::uint32_t (&out)[4]) {
-  const std::uint32_t shifted = codes << 4;
-  // [a0, b0, a1, b1] and [a2, b2, a3, b3], each code in the high nibble of its byte.
-  std::uint32_t gathered[2] = {arch::prmt(shifted, codes, 0x6420u) & 0xF0F0F0F0u,
-                               arch::prmt(shifted, codes, 0x7531u) & 0xF0F0F0F0u};
-  // Each byte becomes sign | 000 | magnitude | 0: an FP16 high byte (nvfp4_widen.cuh).
-  for (std::uint32_t& w : gathered) w = (w | (w >> 3)) & 0x8E8E8E8Eu;
-SLIMSERVE_ATTENTION_UNROLL
-  for (unsigned j = 0; j < 4; ++j) {
-    const std::uint32_t w = arch::prmt(gathered[j / 2], 0u, j % 2 == 0 ? 0x1404u : 0x3424u);
-    out[j] = arch::mul_rn_f16x2(w, scale);
-  }
+  std::uint32_t parity[2];
+  nvfp4_parity_bytes(codes, parity);
+  out[0] = nvfp4_place_pair(parity[0], nvfp4_bytes_0_2, scale);  // nibbles 0, 4
+  out[1] = nvfp4_place_pair(parity[1], nvfp4_bytes_0_2, scale);  // 1, 5
+  out[2] = nvfp4_place_pair(parity[0], nvfp4_bytes_1_3, scale);  // 2, 6
+  out[3] = nvfp4_place_pair(parity[1], nvfp4_bytes_1_3, scale);  // 3, 7
 }
 
 /// The factor of every product of widened fragments: 2^14 (see above).
@@ -94,8 +130,7 @@ inline constexpr float nvfp4_fragment_unit = 16384.0f;
 /// Two f16x2 scale operands from four E4M3 codes (bytes 0..1 -> operand 0, 2..3 -> operand 1):
 /// exact (E4M3 is a subset of fp16); a NaN code stays NaN.
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_scale_pairs(std::uint32_t four_codes, std::uint32_t (&operand)[2]) {
-  operand[0] = arch::cvt_e4m3x2_to_f16x2(static_cast<std::uint16_t>(four_codes & 0xFFFFu));
-  operand[1] = arch::cvt_e4m3x2_to_f16x2(static_cast<std::uint16_t>(four_codes >> 16));
+  arch::cvt_e4m3x4_to_f16x2x2(four_codes, operand[0], operand[1]);
 }
 
 /// The 4-byte scale word `word` (blocks 4w..4w+3) of a token's scale row in the stage.
@@ -130,7 +165,7 @@ SLIMSERVE_ATTENTION_UNROLL
   for (int i = 0; i < 4; ++i) {  // r[i]: chunk + (i & 1), tokens 8 (i >> 1) ..
     const int step = 2 * (chunk + (i & 1));  // k steps step and step + 1
     std::uint32_t w[4];
-    nvfp4_widen8<fp16>(r[i], (i >> 1) == 0 ? scale_lo[i & 1] : scale_hi[i & 1], w);
+    nvfp4_widen8_parity_pairs(r[i], (i >> 1) == 0 ? scale_lo[i & 1] : scale_hi[i & 1], w);
     const std::uint32_t b_lo[2] = {w[0], w[1]}, b_hi[2] = {w[2], w[3]};
     mma<fp16>((i >> 1) == 0 ? s0 : s1, q[step], b_lo);
     mma<fp16>((i >> 1) == 0 ? s0 : s1, q[step + 1], b_hi);

@@ -354,7 +354,10 @@ SLIMSERVE_ATTENTION_UNROLL
   const std::int32_t other_blocks = other_tiles > 0 ? other_tiles + 1 : 0;
   const PrefillPlainTiles<Tile::stage_tokens> plain(kv_begin, kv_end, min_query, max_query, p.causal, windowed,
                                                     p.window_left, all_pages_ok);
-  const std::uint32_t converted = smem_base + Tile::converted_offset + static_cast<std::uint32_t>(consumer) * 3u * KvTile::bytes;
+  // Uniform across the warpgroup; read from lane 0 so that the compiler knows it and keeps the
+  // FP8 descriptors in uniform registers, as the 16-bit slots' (see `block`).
+  const std::uint32_t converted =
+      __shfl_sync(0xffffffffu, smem_base + Tile::converted_offset + static_cast<std::uint32_t>(consumer) * 3u * KvTile::bytes, 0);
 
   std::uint32_t p_frag[Tile::token_steps][4];  // P of the previous tile, read by the next block
   std::uint32_t v_previous = 0;                // shared address of the previous tile's V
@@ -389,8 +392,7 @@ SLIMSERVE_ATTENTION_UNROLL
     Vec16 halves[2];
 SLIMSERVE_ATTENTION_UNROLL
     for (int k = 0; k < 4; ++k) {
-      halves[k / 2].word[2 * (k % 2)] = fp8_pair_to_f16x2<KvT>(codes.word[k]);
-      halves[k / 2].word[2 * (k % 2) + 1] = fp8_pair_to_f16x2<KvT>(codes.word[k] >> 16);
+      fp8_quad_to_f16x2<KvT>(codes.word[k], halves[k / 2].word[2 * (k % 2)], halves[k / 2].word[2 * (k % 2) + 1]);
     }
     store16(wide + widen_wide0, halves[0]);
     store16(wide + widen_wide1, halves[1]);

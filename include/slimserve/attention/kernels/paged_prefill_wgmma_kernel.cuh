@@ -293,8 +293,7 @@ SLIMSERVE_ATTENTION_UNROLL
       Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < 4; ++k) {
-        wide[k / 2].word[2 * (k % 2)] = fp8_pair_to_f16x2<KvT>(codes.word[k]);
-        wide[k / 2].word[2 * (k % 2) + 1] = fp8_pair_to_f16x2<KvT>(codes.word[k] >> 16);
+        fp8_quad_to_f16x2<KvT>(codes.word[k], wide[k / 2].word[2 * (k % 2)], wide[k / 2].word[2 * (k % 2) + 1]);
       }
       unsigned char* tile = tiles + which * KvTile::bytes;
       store16(tile + KvTile::chunk_offset(token, 2 * c), wide[0]);
