@@ -66,6 +66,12 @@ __device__ SLIMSERVE_FORCEINLINE void nvfp4_scale_operands(std::uint16_t scales,
   }
 }
 
+/// Codes in the high nibbles of bytes whose low nibbles are zero -> four finished FP16 high
+/// bytes: sign kept on bit 7, magnitude moved to bits 3..1 (sign | 000 | magnitude | 0).
+__device__ SLIMSERVE_FORCEINLINE std::uint32_t nvfp4_finish_f16_high_bytes(std::uint32_t high_nibbles) {
+  return (high_nibbles | (high_nibbles >> 3)) & 0x8E8E8E8Eu;
+}
+
 /// Eight codes (element k in bits 4k..4k+3) -> out[i] = {element 2i, element 2i+1} *
 /// block_scale * 2^-7, exactly; `scale` from nvfp4_scale_operands.
 template <half_format T>
@@ -76,8 +82,7 @@ __device__ SLIMSERVE_FORCEINLINE void nvfp4_widen8(std::uint32_t codes, std::uin
   std::uint32_t gathered[2] = {arch::prmt(shifted, codes, 0x5410u) & 0xF0F0F0F0u,
                                arch::prmt(shifted, codes, 0x7632u) & 0xF0F0F0F0u};
   if constexpr (std::is_same_v<T, fp16>) {
-    // Each byte becomes sign | 000 | magnitude | 0: an FP16 high byte.
-    for (std::uint32_t& g : gathered) g = (g | (g >> 3)) & 0x8E8E8E8Eu;
+    for (std::uint32_t& g : gathered) g = nvfp4_finish_f16_high_bytes(g);
   }
   for (unsigned i = 0; i < 4; ++i) {
     // [0, e_2i, 0, e_2i+1]: the zero bytes come from the zero operand (bytes 4..7).

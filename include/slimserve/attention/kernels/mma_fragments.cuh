@@ -142,20 +142,9 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE float fast_exp2(float x) {
 #endif
 }
 
-/// Two FP8 codes (low byte first) -> f16x2, exactly.
-template <class KvT>
-SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t fp8_pair_to_f16x2(std::uint32_t two_codes) {
-  const auto pair = static_cast<std::uint16_t>(two_codes & 0xFFFFu);
-  if constexpr (std::is_same_v<KvT, fp8_e4m3>) {
-    return arch::cvt_e4m3x2_to_f16x2(pair);
-  } else {
-    return arch::cvt_e5m2x2_to_f16x2(pair);
-  }
-}
-
 /// Four FP8 codes (byte 0 first) -> f16x2 of codes 0, 1 (`lo`) and of codes 2, 3 (`hi`),
 /// exactly. The upper pair is converted where it lies (F2FP's .H1 operand): one instruction per
-/// pair, where `fp8_pair_to_f16x2(x >> 16)` spends a shift on it first.
+/// pair, where converting `x >> 16` spends a shift on it first.
 template <class KvT>
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void fp8_quad_to_f16x2(std::uint32_t four_codes, std::uint32_t& lo,
                                                               std::uint32_t& hi) {

@@ -80,13 +80,10 @@ SLIMSERVE_HOST_DEVICE constexpr int nvfp4_output_column(int tile, int t, int i) 
 
 /// The finished FP16 high bytes (sign | 000 | magnitude | 0, nvfp4_widen.cuh) of the eight codes
 /// of `codes` (code k in bits 4k..4k+3): parity[0] = [e0, e2, e4, e6], parity[1] = [e1, e3, e5,
-/// e7]. Each code goes to the high nibble of a byte whose low nibble is zero, then
-/// (x | x >> 3) & 0x8E8E8E8E keeps its sign on bit 7 and moves its magnitude to bits 3..1.
+/// e7]: each parity's codes masked into high nibbles, then finished.
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_parity_bytes(std::uint32_t codes, std::uint32_t (&parity)[2]) {
-  const std::uint32_t even = (codes << 4) & 0xF0F0F0F0u;
-  const std::uint32_t odd = codes & 0xF0F0F0F0u;
-  parity[0] = (even | (even >> 3)) & 0x8E8E8E8Eu;
-  parity[1] = (odd | (odd >> 3)) & 0x8E8E8E8Eu;
+  parity[0] = nvfp4_finish_f16_high_bytes((codes << 4) & 0xF0F0F0F0u);
+  parity[1] = nvfp4_finish_f16_high_bytes(codes & 0xF0F0F0F0u);
 }
 
 /// One f16x2 of two finished bytes (`selector`: [zero, byte, zero, byte]) times `scale`: exact.

@@ -355,7 +355,8 @@ SLIMSERVE_ATTENTION_UNROLL
   const PrefillPlainTiles<Tile::stage_tokens> plain(kv_begin, kv_end, min_query, max_query, p.causal, windowed,
                                                     p.window_left, all_pages_ok);
   // Uniform across the warpgroup; read from lane 0 so that the compiler knows it and keeps the
-  // FP8 descriptors in uniform registers, as the 16-bit slots' (see `block`).
+  // FP8 descriptors in uniform registers, as the 16-bit slots' (see `block`): without it the
+  // consumer path is 0.9 w-i/16B longer.
   const std::uint32_t converted =
       __shfl_sync(0xffffffffu, smem_base + Tile::converted_offset + static_cast<std::uint32_t>(consumer) * 3u * KvTile::bytes, 0);
 
