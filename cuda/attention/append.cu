@@ -8,21 +8,14 @@
 #include "kernel_tables.cuh"
 #include "slimserve/attention/append.hpp"
 #include "slimserve/attention/dequantize.hpp"
+#include "slimserve/detail/preflight.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
 namespace {
 
-bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+using preflight::aligned16;
 
-/// A token row stride of k_new / v_new: 0 (packed) or a multiple of 8 elements (the kernel's
-/// 16-byte loads) of at least one row (num_kv_heads * head_dim: rows never overlap).
-Status check_row_stride(std::int64_t stride, const char* name, std::int64_t row_elements) {
-  if (stride == 0 || (stride >= row_elements && stride % 8 == 0)) return {};
-  return make_status(StatusCode::invalid_argument, "append_kv: ", name, " ", stride,
-                     " must be 0 (packed) or a multiple of 8 elements of at least one row (num_kv_heads x "
-                     "head_dim = ", row_elements, ")");
-}
 Status null_argument_status(const char* names) {
   return make_status(StatusCode::invalid_argument, names, " must be non-null");
 }
@@ -133,8 +126,10 @@ Status can_implement(const AppendArguments& a) {
     return make_status(StatusCode::invalid_argument, "num_tokens ", a.num_tokens, " < 0");
   }
   const std::int64_t row_elements = static_cast<std::int64_t>(a.cache.num_kv_heads) * a.cache.head_dim;
-  SLIMSERVE_RETURN_IF_ERROR(check_row_stride(a.k_row_stride, "k_row_stride", row_elements));
-  SLIMSERVE_RETURN_IF_ERROR(check_row_stride(a.v_row_stride, "v_row_stride", row_elements));
+  SLIMSERVE_RETURN_IF_ERROR(preflight::check_row_stride(a.k_row_stride, "append_kv", "k_row_stride", row_elements,
+                                                       "num_kv_heads x head_dim"));
+  SLIMSERVE_RETURN_IF_ERROR(preflight::check_row_stride(a.v_row_stride, "append_kv", "v_row_stride", row_elements,
+                                                       "num_kv_heads x head_dim"));
   if (a.slot_mapping != nullptr) {
     if (a.token_request != nullptr || a.token_position != nullptr || a.append_indptr != nullptr) {
       return make_status(StatusCode::invalid_argument,

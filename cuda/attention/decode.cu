@@ -5,13 +5,14 @@
 #include "kernel_tables.cuh"
 #include "slimserve/attention/decode.hpp"
 #include "slimserve/attention/kernels/merge_kernel.cuh"
+#include "slimserve/detail/preflight.hpp"
 #include "slimserve/runtime/memory.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
 namespace {
 
-bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+using preflight::aligned16;
 
 using detail::decode_table;
 

@@ -7,13 +7,14 @@
 #include "mla_tables.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/mla.hpp"
+#include "slimserve/detail/preflight.hpp"
 #include "slimserve/runtime/memory.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
 namespace {
 
-bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+using preflight::aligned16;
 
 std::int32_t device_sm_count() {
 #if defined(SLIMSERVE_PLATFORM_CUDA)

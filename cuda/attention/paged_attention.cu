@@ -6,13 +6,14 @@
 #include "paged_attention_tables.cuh"
 #include "slimserve/attention/decode.hpp"
 #include "slimserve/attention/paged_attention.hpp"
+#include "slimserve/detail/preflight.hpp"
 #include "slimserve/runtime/memory.hpp"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
 namespace {
 
-bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+using preflight::aligned16;
 
 std::span<const detail::PagedAttentionKernelEntry> paged_table(KvDtype dtype) {
   return detail::paged_attention_table(dtype);

@@ -5,6 +5,7 @@
 
 #include "slimserve/attention/kernels/rotate_heads_kernel.cuh"
 #include "slimserve/attention/rotate_heads.hpp"
+#include "slimserve/detail/preflight.hpp"
 #include "slimserve/formats/float_formats.hpp"
 #include "slimserve/runtime/launch.hpp"
 
@@ -39,14 +40,7 @@ const auto& rotate_table() {
   return table;
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
-
-Status check_row_stride(std::int64_t stride, const char* name, std::int64_t row_elements) {
-  if (stride == 0 || (stride >= row_elements && stride % 8 == 0)) return {};
-  return make_status(StatusCode::invalid_argument, "rotate_heads: ", name, " ", stride,
-                     " must be 0 (packed) or a multiple of 8 elements of at least one row (num_heads x head_dim = ",
-                     row_elements, ")");
-}
+using preflight::aligned16;
 
 }  // namespace
 
@@ -65,8 +59,10 @@ Status can_implement(const RotateHeadsArguments& a) {
     return make_status(StatusCode::invalid_argument, "rotate_heads: num_heads ", a.num_heads, " < 1");
   }
   const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * a.head_dim;
-  SLIMSERVE_RETURN_IF_ERROR(check_row_stride(a.input_row_stride, "input_row_stride", row));
-  SLIMSERVE_RETURN_IF_ERROR(check_row_stride(a.output_row_stride, "output_row_stride", row));
+  SLIMSERVE_RETURN_IF_ERROR(preflight::check_row_stride(a.input_row_stride, "rotate_heads", "input_row_stride", row,
+                                                       "num_heads x head_dim"));
+  SLIMSERVE_RETURN_IF_ERROR(preflight::check_row_stride(a.output_row_stride, "rotate_heads", "output_row_stride", row,
+                                                       "num_heads x head_dim"));
   if (a.num_tokens == 0) return {};
   if (a.input == nullptr || a.output == nullptr) {
     return make_status(StatusCode::invalid_argument, "rotate_heads: input and output must be non-null");

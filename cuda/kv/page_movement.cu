@@ -1,6 +1,7 @@
 // Launch wrappers of the page-movement kernels: copy_pages, swap_pages, export/import.
 #include <cstdint>
 
+#include "slimserve/detail/preflight.hpp"
 #include "slimserve/kv/device_tag_array.hpp"
 #include "slimserve/kv/page_movement.cuh"
 #include "slimserve/kv/page_movement.hpp"
@@ -12,7 +13,7 @@ namespace kv {
 namespace {
 constexpr int move_block_threads = 128;
 
-bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+using preflight::aligned16;
 
 Status check_common(const attention::PagedKVCacheView& cache, const DeviceTagArray* tags,
                     const char* what) {
