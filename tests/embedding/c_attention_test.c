@@ -978,10 +978,19 @@ static void test_merge(void) {
 
 enum { LATENT = 512, ROPE = 64, QK = 576, MHEADS = 8, MPAGE = 16, MPAGES = 16, QT = 2 };
 
-/* latent (512) | rope (64) of one cached token, dequantized. */
+/* E2M1 (the NVFP4 code): sign on bit 3, magnitude 0, 0.5, 1, 1.5, 2, 3, 4, 6. */
+static double from_e2m1(uint8_t code) {
+  static const double magnitude[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  return (code & 8u) ? -magnitude[code & 7u] : magnitude[code & 7u];
+}
+
+/* latent (512) | rope (64) of one cached token, dequantized. NVFP4 (docs/mla.md): 256 bytes
+ * of codes (value i in the low nibble of byte i / 2 for even i, the high one for odd i), 32
+ * E4M3 block scales (one per 16 values), then the rope; value = e2m1 x block scale x tensor. */
 static void mla_token(const uint8_t* record, slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode,
                       float tensor_scale, double* out) {
-  const int32_t rope_at = mode == SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP ? LATENT + 16 : LATENT;
+  const int32_t rope_at = dtype == SLIMSERVE_KV_NVFP4 ? LATENT / 2 + LATENT / 16
+                          : mode == SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP ? LATENT + 16 : LATENT;
   int32_t i;
   uint16_t bits;
   if (dtype == SLIMSERVE_KV_BF16) {
@@ -991,7 +1000,11 @@ static void mla_token(const uint8_t* record, slimserve_kv_dtype dtype, slimserve
     }
     return;
   }
-  for (i = 0; i < LATENT; ++i) {
+  for (i = 0; i < LATENT && dtype == SLIMSERVE_KV_NVFP4; ++i) {
+    const uint8_t code = (uint8_t)((record[i / 2] >> (4 * (i % 2))) & 15u);
+    out[i] = from_e2m1(code) * from_e4m3(record[LATENT / 2 + i / 16]) * (double)tensor_scale;
+  }
+  for (i = 0; i < LATENT && dtype != SLIMSERVE_KV_NVFP4; ++i) {
     float group_scale = tensor_scale;
     if (mode == SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP) memcpy(&group_scale, record + LATENT + 4 * (i / 128), sizeof group_scale);
     out[i] = from_e4m3(record[i]) * (double)group_scale;
@@ -1081,7 +1094,10 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
   size_t bytes = 0, bound_bytes = 0;
   long bad = 0;
 
-  EXPECT(record == (dtype == SLIMSERVE_KV_BF16 ? 1152 : mode == SLIMSERVE_MLA_SCALE_PER_TENSOR ? 640 : 656));
+  EXPECT(record == (dtype == SLIMSERVE_KV_BF16     ? 1152
+                    : dtype == SLIMSERVE_KV_NVFP4  ? 416
+                    : mode == SLIMSERVE_MLA_SCALE_PER_TENSOR ? 640
+                                                              : 656));
   indptr[0] = append_indptr[0] = 0;
   for (b = 0; b < batch; ++b) {
     const int32_t count = (kv_len[b] + MPAGE - 1) / MPAGE;
@@ -1165,6 +1181,18 @@ static void test_mla(slimserve_kv_dtype dtype, slimserve_mla_scale_mode mode) {
       mla_token(pages + (size_t)((page * MPAGE + p % MPAGE) * record), dtype, mode, tensor_scale, keys[b] + p * QK);
       if (dtype == SLIMSERVE_KV_BF16) { /* BF16 stores the inputs exactly */
         for (i = 0; i < LATENT; ++i) bad += keys[b][p * QK + i] != from_bf16(latent[token * LATENT + i]);
+      } else if (dtype == SLIMSERVE_KV_NVFP4) {
+        /* NVFP4: within half the largest e2m1 step (1 of 6) of its block's scale, which is the
+         * block's amax / 6 rounded to E4M3 (x 1.0625 at most): 0.18 of the block's amax. */
+        int32_t block_start;
+        for (block_start = 0; block_start < LATENT; block_start += 16) {
+          double amax = 0.0;
+          for (i = block_start; i < block_start + 16; ++i) amax = fmax(amax, fabs(from_bf16(latent[token * LATENT + i])));
+          for (i = block_start; i < block_start + 16; ++i) {
+            const double want = from_bf16(latent[token * LATENT + i]);
+            bad += !(fabs(keys[b][p * QK + i] - want) <= 0.18 * amax + 1e-6);
+          }
+        }
       } else { /* FP8: within half an e4m3 step of the input */
         for (i = 0; i < LATENT; ++i) {
           const double want = from_bf16(latent[token * LATENT + i]);
@@ -1367,5 +1395,6 @@ int main(void) {
   test_mla(SLIMSERVE_KV_BF16, SLIMSERVE_MLA_SCALE_NONE);
   test_mla(SLIMSERVE_KV_FP8_E4M3, SLIMSERVE_MLA_SCALE_PER_TOKEN_GROUP);
   test_mla(SLIMSERVE_KV_FP8_E4M3, SLIMSERVE_MLA_SCALE_PER_TENSOR);
+  test_mla(SLIMSERVE_KV_NVFP4, SLIMSERVE_MLA_SCALE_PER_TENSOR);
   return finish_test("c_attention_test");
 }
