@@ -69,7 +69,7 @@ def serve(conn, config: dict) -> None:
     side = PrefillSide("prefill", pool, cache)
     conn.send(side.metadata())
     side.connect(conn.recv())
-    mla = None  # (side, pool, records): an MLA latent cache, made on the first "connect_mla"
+    mla = None  # (side, pool, records): the MLA latent cache of the last "connect_mla"
     # Holes: every other page stays taken, so a request's pages are not one run.
     spacers = pool.allocate(min(8, num_pages // 4))
     behaviours = {}
@@ -99,14 +99,19 @@ def serve(conn, config: dict) -> None:
             elif command == "connect":  # another decode engine
                 side.connect(args[0])
                 conn.send(side.metadata())
-            elif command == "connect_mla":  # a decode engine with an MLA latent cache (FP8, group scales)
+            elif command == "connect_mla":  # a decode engine with an MLA latent cache: metadata, dtype, scale mode
                 from slimserve.attention import MlaCache, mla_record_bytes
-                records = np.full((16, 64, mla_record_bytes("fp8_e4m3", "per_token_group")), 0xA5, np.uint8)
+                metadata, kv_dtype, scale_mode = args
+                if mla is not None:  # one MLA cache at a time: the previous test's is done
+                    mla[0].close()
+                records = np.full((16, 64, mla_record_bytes(kv_dtype, scale_mode)), 0xA5, np.uint8)
                 mla_pool = ss.PagePool(16)
-                mla = (PrefillSide("prefill-mla", mla_pool,
-                                   MlaCache(records, kv_dtype="fp8_e4m3", scale_mode="per_token_group")),
+                latent_scale = 1.0 if scale_mode == "per_tensor" else None
+                mla = (PrefillSide(f"prefill-mla-{kv_dtype}", mla_pool,
+                                   MlaCache(records, kv_dtype=kv_dtype, scale_mode=scale_mode,
+                                            latent_scale=latent_scale)),
                        mla_pool, records)
-                mla[0].connect(args[0])
+                mla[0].connect(metadata)
                 conn.send(mla[0].metadata())
             elif command == "prefill_mla":  # records written as an MLA append would leave them: any bytes
                 transfer_id, num_tokens, seed = args

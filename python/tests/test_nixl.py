@@ -210,13 +210,16 @@ def test_combined_kv_allocations_move_byte_for_byte():
         p.close()
 
 
-def test_mla_latent_pages_move_byte_for_byte(peer, rng):
+@pytest.mark.parametrize("kv_dtype, scale_mode", [("fp8_e4m3", "per_token_group"), ("nvfp4", "per_tensor")])
+def test_mla_latent_pages_move_byte_for_byte(peer, rng, kv_dtype, scale_mode):
     from slimserve.attention import MlaCache, mla_record_bytes
-    records = np.full((16, 64, mla_record_bytes("fp8_e4m3", "per_token_group")), 0x5A, np.uint8)
+    records = np.full((16, 64, mla_record_bytes(kv_dtype, scale_mode)), 0x5A, np.uint8)
     pool = ss.PagePool(16)
-    side = DecodeSide("decode-mla", pool, MlaCache(records, kv_dtype="fp8_e4m3", scale_mode="per_token_group"))
+    latent_scale = 1.0 if scale_mode == "per_tensor" else None
+    side = DecodeSide(f"decode-mla-{kv_dtype}", pool,
+                      MlaCache(records, kv_dtype=kv_dtype, scale_mode=scale_mode, latent_scale=latent_scale))
     try:
-        name = side.connect(peer.call("connect_mla", side.metadata()))
+        name = side.connect(peer.call("connect_mla", side.metadata(), kv_dtype, scale_mode))
         for transfer_id, num_tokens in ((60, 1), (61, 64 * 3 + 17), (62, 64 * 4)):
             src_ids, (src_bytes,) = peer.call("prefill_mla", transfer_id, num_tokens, int(rng.integers(1 << 30)))
             records[:] = 0x5A  # poisoned again: every byte outside the request must stay so
