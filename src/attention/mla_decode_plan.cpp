@@ -158,28 +158,7 @@ Status validate_mla_decode_problem(const MlaDecodeProblem& p) {
   if (p.q_dtype != ActivationDtype::bf16) {
     return make_status(StatusCode::unsupported, "MLA decode takes bf16 queries and outputs");
   }
-  if (p.kv_dtype == KvDtype::bf16) {
-    if (p.scale_mode != MlaScaleMode::none) {
-      return make_status(StatusCode::invalid_argument, "a bf16 MLA cache takes scale mode none, got ",
-                         to_string(p.scale_mode));
-    }
-  } else if (p.kv_dtype == KvDtype::fp8_e4m3) {
-    if (p.scale_mode != MlaScaleMode::per_token_group && p.scale_mode != MlaScaleMode::per_tensor) {
-      return make_status(StatusCode::invalid_argument,
-                         "an fp8_e4m3 MLA cache needs scales (per_token_group or per_tensor), got ",
-                         to_string(p.scale_mode));
-    }
-  } else if (p.kv_dtype == KvDtype::nvfp4) {
-    if (p.scale_mode != MlaScaleMode::per_tensor) {
-      return make_status(StatusCode::invalid_argument,
-                         "an nvfp4 MLA cache takes scale mode per_tensor (its tensor scale), got ",
-                         to_string(p.scale_mode));
-    }
-  } else {
-    return make_status(StatusCode::unsupported, "MLA latent type ", to_string(p.kv_dtype),
-                       " is not supported (bf16, fp8_e4m3 or nvfp4)");
-  }
-  return {};
+  return check_mla_format(p.kv_dtype, p.scale_mode);
 }
 
 Result<MlaDecodePlan> make_mla_decode_plan(const MlaDecodePlanArguments& args) {

@@ -3,8 +3,38 @@
 #include <cstdint>
 #include <limits>
 
+#include "slimserve/detail/preflight.hpp"
+
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention {
+namespace {
+
+/// What each latent type takes, as the messages say it (the rule is mla_format_supported's).
+struct MlaFormatModes {
+  KvDtype dtype;
+  const char* modes;
+};
+constexpr MlaFormatModes mla_format_modes[] = {
+    {KvDtype::bf16, "none"},
+    {KvDtype::fp8_e4m3, "per_token_group or per_tensor (scales are required: a silent 1.0 is refused)"},
+    {KvDtype::nvfp4, "per_tensor (its tensor scale; the block scales are in each record)"},
+};
+
+}  // namespace
+
+Status check_mla_format(KvDtype dtype, MlaScaleMode mode) {
+  if (mla_format_supported(dtype, mode)) return {};
+  for (const MlaFormatModes& format : mla_format_modes) {
+    if (format.dtype != dtype) continue;
+    if (to_string(mode) == "unknown") {
+      return make_status(StatusCode::invalid_argument, "unknown MLA scale mode ", static_cast<int>(mode));
+    }
+    return make_status(StatusCode::invalid_argument, "MLA latent type ", to_string(dtype), " takes scale mode ",
+                       format.modes, ", got ", to_string(mode));
+  }
+  return make_status(StatusCode::unsupported, "MLA latent type ", to_string(dtype),
+                     " is not supported (bf16, fp8_e4m3 or nvfp4)");
+}
 
 Status validate_mla_cache_view(const MlaCacheView& cache) {
   if (cache.latent_dim != mla_latent_dim) {
@@ -24,46 +54,14 @@ Status validate_mla_cache_view(const MlaCacheView& cache) {
   if (cache.pages == nullptr) {
     return make_status(StatusCode::invalid_argument, "MLA cache pages must be non-null");
   }
-  if (reinterpret_cast<std::uintptr_t>(cache.pages) % 16 != 0) {
+  if (!preflight::aligned16(cache.pages)) {
     return make_status(StatusCode::invalid_argument, "MLA cache pages must be 16-byte aligned");
   }
-  switch (cache.dtype) {
-    case KvDtype::bf16:
-      if (cache.scale_mode != MlaScaleMode::none) {
-        return make_status(StatusCode::invalid_argument, "a bf16 MLA cache takes scale mode none, got ",
-                           to_string(cache.scale_mode));
-      }
-      break;
-    case KvDtype::fp8_e4m3:
-      if (cache.scale_mode == MlaScaleMode::none) {
-        return make_status(StatusCode::invalid_argument,
-                           "an fp8_e4m3 MLA cache needs scales (per_token_group or per_tensor); a "
-                           "silent 1.0 is refused");
-      }
-      if (cache.scale_mode == MlaScaleMode::per_tensor && cache.latent_scale == nullptr) {
-        return make_status(StatusCode::invalid_argument,
-                           "per_tensor MLA scales need a non-null device pointer latent_scale");
-      }
-      if (cache.scale_mode != MlaScaleMode::per_tensor && cache.scale_mode != MlaScaleMode::per_token_group) {
-        return make_status(StatusCode::invalid_argument, "unknown MLA scale mode ",
-                           static_cast<int>(cache.scale_mode));
-      }
-      break;
-    case KvDtype::nvfp4:
-      // The block scales are in the record; the tensor scale is the one per-tensor float.
-      if (cache.scale_mode != MlaScaleMode::per_tensor) {
-        return make_status(StatusCode::invalid_argument,
-                           "an nvfp4 MLA cache takes scale mode per_tensor (its tensor scale; the block "
-                           "scales are in each record), got ", to_string(cache.scale_mode));
-      }
-      if (cache.latent_scale == nullptr) {
-        return make_status(StatusCode::invalid_argument,
-                           "an nvfp4 MLA cache needs a non-null device pointer latent_scale (the tensor scale)");
-      }
-      break;
-    default:
-      return make_status(StatusCode::unsupported, "MLA latent type ", to_string(cache.dtype),
-                         " is not supported (bf16, fp8_e4m3 or nvfp4)");
+  SLIMSERVE_RETURN_IF_ERROR(check_mla_format(cache.dtype, cache.scale_mode));
+  if (cache.scale_mode == MlaScaleMode::per_tensor && cache.latent_scale == nullptr) {
+    return make_status(StatusCode::invalid_argument,
+                       "per_tensor MLA scales need a non-null device pointer latent_scale (nvfp4: its tensor "
+                       "scale)");
   }
   if (cache.bytes() / cache.page_size / cache.token_layout().token_bytes != cache.num_pages ||
       static_cast<std::int64_t>(cache.num_pages) * cache.page_size > std::numeric_limits<std::int32_t>::max()) {

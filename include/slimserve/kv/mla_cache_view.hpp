@@ -123,6 +123,11 @@ constexpr std::int64_t mla_pages_for_model(std::int64_t bytes, KvDtype dtype, Ml
   return bytes / (mla_bytes_per_token(dtype, mode) * page_size * num_layers);
 }
 
+/// Why (dtype, mode) is not an MLA cache format, by mla_format_supported's rule: unsupported
+/// for a latent type MLA has no kernels for, invalid_argument for a scale mode the type does not
+/// take (the one message the cache view and the decode problem both give).
+Status check_mla_format(KvDtype dtype, MlaScaleMode mode);
+
 /// Shape, type, scale and pointer checks of a view (the page contents are not read).
 Status validate_mla_cache_view(const MlaCacheView& cache);
 
