@@ -979,7 +979,7 @@ static void test_merge(void) {
 enum { LATENT = 512, ROPE = 64, QK = 576, MHEADS = 8, MPAGE = 16, MPAGES = 16, QT = 2 };
 
 /* E2M1 (the NVFP4 code): sign on bit 3, magnitude 0, 0.5, 1, 1.5, 2, 3, 4, 6. */
-static double from_e2m1(uint8_t code) {
+static double from_e2m1(unsigned code) {
   static const double magnitude[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
   return (code & 8u) ? -magnitude[code & 7u] : magnitude[code & 7u];
 }
@@ -1001,7 +1001,7 @@ static void mla_token(const uint8_t* record, slimserve_kv_dtype dtype, slimserve
     return;
   }
   for (i = 0; i < LATENT && dtype == SLIMSERVE_KV_NVFP4; ++i) {
-    const uint8_t code = (uint8_t)((record[i / 2] >> (4 * (i % 2))) & 15u);
+    const unsigned code = ((unsigned)record[i / 2] >> (4u * (unsigned)(i % 2))) & 15u;
     out[i] = from_e2m1(code) * from_e4m3(record[LATENT / 2 + i / 16]) * (double)tensor_scale;
   }
   for (i = 0; i < LATENT && dtype != SLIMSERVE_KV_NVFP4; ++i) {
