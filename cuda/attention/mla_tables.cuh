@@ -78,7 +78,7 @@ Status launch_mla_wgmma_decode(const kernels::MlaDecodeParams& params, dim3 grid
 
 inline std::span<const MlaDecodeKernelEntry> mla_decode_kernels() {
   static const auto table = [] {
-    // Per latent type: the mma.sync CTA shapes and (where built) the wgmma kernel.
+    // Per latent type: the mma.sync CTA shapes and the wgmma kernel.
     constexpr std::size_t shapes = [] {
       std::size_t count = 1;  // the wgmma kernel
       for_each_mla_warps_m([&]<int>() { ++count; });
@@ -91,14 +91,12 @@ inline std::span<const MlaDecodeKernelEntry> mla_decode_kernels() {
         entries[count++] = {kv_dtype_of<KvT>::value, WarpsM, sizeof(kernels::MlaDecodeSharedStorage<KvT, WarpsM>),
                             &launch_mla_decode<KvT, WarpsM>};
       });
-      if constexpr (mla_has_wgmma_kernel(kv_dtype_of<KvT>::value)) {
-        entries[count++] = {kv_dtype_of<KvT>::value, mla_wgmma_warps_m, kernels::MlaWgmmaTile<KvT>::shared_bytes,
-                            &launch_mla_wgmma_decode<KvT>};
-      }
+      entries[count++] = {kv_dtype_of<KvT>::value, mla_wgmma_warps_m, kernels::MlaWgmmaTile<KvT>::shared_bytes,
+                          &launch_mla_wgmma_decode<KvT>};
     });
-    return std::pair{entries, count};
+    return entries;
   }();
-  return {table.first.data(), table.second};
+  return {table.data(), table.size()};
 }
 
 using MlaAppendLauncher = Status (*)(const kernels::MlaAppendParams&, dim3 grid, cudaStream_t stream);

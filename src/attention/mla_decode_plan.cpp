@@ -20,7 +20,7 @@ constexpr std::int64_t chunk_granule = 64;
 /// 64 (warps_m 4: the wgmma kernel) when asked for and a request fills them.
 std::int32_t warps_m_for(const MlaDecodeProblem& p) {
   const std::int64_t rows = static_cast<std::int64_t>(p.num_heads) * p.query_tokens;
-  if (p.warpgroup_mma && rows >= 64 && mla_has_wgmma_kernel(p.kv_dtype)) return 4;
+  if (p.warpgroup_mma && rows >= 64) return 4;
   return rows <= 16 ? 1 : 2;
 }
 

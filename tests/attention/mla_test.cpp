@@ -340,7 +340,8 @@ struct RunOptions {
 /// The wgmma kernel's FP8 path (asked for, 64+ rows per request) rounds the dequantized latent
 /// to fp16 (HostMlaCache::wgmma_latent); every other path multiplies the exact codes.
 bool wgmma_rounds_latent(const DecodeCase& c, const RunOptions& opt) {
-  return opt.wgmma && c.dtype != KvDtype::bf16 && c.heads * c.query_tokens >= 64;
+  // NVFP4's widening is exact in both kernels.
+  return opt.wgmma && c.dtype == KvDtype::fp8_e4m3 && c.heads * c.query_tokens >= 64;
 }
 
 /// Plans and runs one decode step; returns o (as floats) and lse. Outputs are poisoned first.
@@ -721,6 +722,10 @@ TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP
       {KvDtype::bf16, MlaScaleMode::none, 32, 1, 16, 3},  // 32 rows: stays on mma.sync
       {KvDtype::bf16, MlaScaleMode::none, 8, 8, 32, 3},  // 64 rows of 8 tokens: causal in the tile
       {KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 16, 4, 64, 2},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 4, 32, 3},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 64, 1, 16, 3, true},
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 8, 8, 64, 2},  // causal in the tile
+      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 128, 1, 32, 2, true},
   };
   const float sm_scale = 1.0f / std::sqrt(192.0f);
   for (std::size_t i = 0; i < std::size(cases); ++i) {
@@ -736,7 +741,9 @@ TEST_CASE("mla decode on wgmma (warpgroup_mma): every element and lse against FP
         INFO("wgmma, unsplit, CSR");
         RunOptions opt;
         opt.wgmma = true;
-        auto [o, lse] = run_decode_case(f, opt, sm_scale);
+        MlaDecodePlan plan;
+        auto [o, lse] = run_decode_case(f, opt, sm_scale, &plan);
+        CHECK((plan.warps_m == 4) == (c.heads * c.query_tokens >= 64));  // the wgmma kernel ran
         check_decode(f, o, lse, ref, {});
       }
       {
@@ -829,16 +836,23 @@ TEST_CASE("mla decode, FP8 group scales from 1e-8 to 1e4: every element against 
 // normal 2^-6, 1, 2^7 and 448 (the widened fp16 values then span e2m1 x 2^-16 .. 6 x 448 x
 // 2^-7, subnormals included); first each scale alone in every block, then all mixed. Then
 // tensor scales that are not finite and > 0 (or whose x 2^7 is not finite) give NaN rows.
+// Both kernels: the 64-row case asks for the wgmma one.
 TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales: every element") {
-  const DecodeCase cases[] = {
-      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 2, 16, 5},
-      {KvDtype::nvfp4, MlaScaleMode::per_tensor, 8, 1, 32, 4},
+  struct ExtremeCase {
+    DecodeCase c;
+    bool wgmma;
+  };
+  const ExtremeCase cases[] = {
+      {{KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 2, 16, 5}, false},
+      {{KvDtype::nvfp4, MlaScaleMode::per_tensor, 8, 1, 32, 4}, false},
+      {{KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 4, 32, 3}, true},
   };
   const float sm_scale = 1.0f / std::sqrt(192.0f);
   const std::uint8_t extreme_scales[] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x70, 0x7E};
   for (std::size_t i = 0; i < std::size(cases); ++i) {
-    const DecodeCase& c = cases[i];
-    SECTION(describe(c)) {
+    const DecodeCase& c = cases[i].c;
+    const bool wgmma = cases[i].wgmma;
+    SECTION(describe(c) + (wgmma ? " wgmma" : "")) {
       auto rng = slimserve_test::make_rng(3760 + i);
       DecodeFixture f(c, rng);
       std::size_t rewritten = 0;
@@ -866,7 +880,11 @@ TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales
           }
         }
         one.measure_v_max();
-        auto [o, lse] = run_decode_case(one, RunOptions{}, sm_scale);
+        RunOptions opt;
+        opt.wgmma = wgmma;
+        MlaDecodePlan plan;
+        auto [o, lse] = run_decode_case(one, opt, sm_scale, &plan);
+        CHECK((plan.warps_m == 4) == wgmma);
         check_decode(one, o, lse, one.reference(sm_scale), {});
       }
       f.measure_v_max();
@@ -876,6 +894,7 @@ TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales
         RunOptions opt;
         opt.split = split;
         opt.block_table = split;
+        opt.wgmma = wgmma;
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
         check_decode(f, o, lse, ref, {});
       }
@@ -887,6 +906,7 @@ TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales
         for (const bool split : {false, true}) {
           RunOptions opt;
           opt.split = split;
+          opt.wgmma = wgmma;
           auto [o, lse] = run_decode_case(bad, opt, sm_scale);
           std::size_t not_nan = 0, lse_not_marked = 0;
           for (const float v : o) not_nan += !std::isnan(v);
@@ -1087,8 +1107,8 @@ TEST_CASE("mla decode plan: the split fills the chosen kernel's CTA slots") {
            Row{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, true, 0, 4, 1, 128, 4096},
            Row{KvDtype::bf16, MlaScaleMode::none, 128, false, 0, 2, 1, 256, 8192},  // fills: no split
            Row{KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, false, 0, 1, 2, 256, 2048},  // two per SM, as FP8
-           // warpgroup_mma asked for: NVFP4 keeps the mma.sync kernel (32 rows).
-           Row{KvDtype::nvfp4, MlaScaleMode::per_tensor, 64, true, 0, 2, 1, 128, 8192},  // 128 tiles fill
+           Row{KvDtype::nvfp4, MlaScaleMode::per_tensor, 64, false, 0, 2, 1, 128, 8192},  // 128 tiles fill
+           Row{KvDtype::nvfp4, MlaScaleMode::per_tensor, 64, true, 0, 4, 1, 128, 4096},  // wgmma, as FP8
        }) {
     INFO(to_string(row.dtype) << " H" << row.heads << (row.wgmma ? " wgmma" : "") << " ctas_per_sm " << row.ctas_per_sm);
     CHECK(mla_decode_resident_ctas(row.dtype, row.warps_m) == row.resident);

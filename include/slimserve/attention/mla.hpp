@@ -83,14 +83,10 @@ inline constexpr std::int32_t mla_max_chunk_query_tokens = 128;
 /// CTA slots rather than its SMs. The kernels guarantee it (`__launch_bounds__` minimum, and
 /// the dispatch table checks their shared memory against it): the 16-row FP8 and NVFP4
 /// kernels (110 KB and 88 KB, 128 threads) run two per SM; every other one (16-row BF16: 126 KB; 32 rows: 256 threads of
-/// 240 registers; wgmma: 179-195 KB) one.
+/// 240 registers; wgmma: 180-226 KB) one.
 constexpr std::int32_t mla_decode_resident_ctas(KvDtype kv_dtype, std::int32_t warps_m) noexcept {
   return (kv_dtype == KvDtype::fp8_e4m3 || kv_dtype == KvDtype::nvfp4) && warps_m == 1 ? 2 : 1;
 }
-
-/// Whether the wgmma decode kernel is built for a latent type: BF16 and FP8. NVFP4 runs the
-/// mma.sync kernel only (its widening is that kernel's), whatever `warpgroup_mma` says.
-constexpr bool mla_has_wgmma_kernel(KvDtype kv_dtype) noexcept { return kv_dtype != KvDtype::nvfp4; }
 
 /// Shapes and types shared by plan and run; run refuses a plan made for another problem.
 struct MlaDecodeProblem {
@@ -108,8 +104,8 @@ struct MlaDecodeProblem {
   bool ragged_queries = false;
   /// Run the sm_90a warpgroup-MMA (wgmma) kernel, 64 rows per CTA, for requests of at least
   /// 64 rows (heads x query tokens); smaller problems keep the mma.sync kernel. Off by default
-  /// until the kernel has run on a GPU (docs/mla.md, "wgmma path"). An NVFP4 cache always
-  /// runs the mma.sync kernel (the wgmma kernel has no NVFP4 widening).
+  /// until the kernel has run on a GPU (docs/mla.md, "wgmma path"). Every latent type (BF16,
+  /// FP8, NVFP4) has the kernel.
   bool warpgroup_mma = false;
   friend bool operator==(const MlaDecodeProblem&, const MlaDecodeProblem&) = default;
 };

@@ -9,14 +9,18 @@
 /// Per tile of 64 tokens (`Tile`), warpgroup w owns tokens [32 w, 32 w + 32) in S and latent
 /// columns [256 w, 256 w + 256) (groups 2w, 2w+1) in O:
 ///   P. producer: 4 threads per token; BF16: cp.async of the record straight into the
-///      swizzled latent tile of the stage (latent and rope: columns 0..575; two stages); FP8:
-///      the codes and scales into their one stage (the next tile's are copied in as soon as
-///      this tile's are widened), the BF16 rope into the stage's rope tile (two stages);
+///      swizzled latent tile of the stage (latent and rope: columns 0..575; two stages); FP8,
+///      NVFP4: the codes and scales into their one stage (the next tile's are copied in as
+///      soon as this tile's are widened), the BF16 rope into the stage's rope tile (two stages);
 ///   0. FP8: every thread widens 8 chunks of 16 codes into the one converted fp16 tile with
 ///      the group scale folded in (code x scale_g / 2^e, 2^e a power of two per token);
+///      NVFP4: 4 chunks of 32 codes, each value e2m1 x block scale x 2^-14 (exact in fp16,
+///      nvfp4_fragments.cuh) in a parity order within each 8 columns that Q shares, the
+///      tensor scale x 2^14 applied to S and O in FP32;
 ///   1. S for the warpgroup's 32 tokens, in its accumulator registers: one m64n32k16 chain over
-///      all 36 k steps (BF16); FP8: one chain for the latent and one (BF16) for the rope,
-///      combined as 2^e S_latent + S_rope in FP32. N = 32 (not 16) halves the shared-memory
+///      all 36 k steps (BF16); FP8, NVFP4: one chain for the latent and one (BF16) for the
+///      rope, combined as 2^e S_latent + S_rope (NVFP4: tensor scale x 2^14 x S_latent + S_rope)
+///      in FP32. N = 32 (not 16) halves the shared-memory
 ///      reads of Q per token (each k step's 2 KB of Q serves 32 tokens);
 ///   2. softmax in those registers (FlashAttention-3 style): mask, the row maximum over the
 ///      thread's 8 tokens and its quad, exchanged with the other warpgroup through 512 bytes
@@ -28,6 +32,7 @@
 /// Numerics: 16-bit inputs of mma_input_t<KvT> (fp16 for FP8, with Q clamped to its range),
 /// FP32 accumulation. FP8 unlike the mma.sync kernel: the latent reaches the mma dequantized to
 /// fp16 (within 2^-10 of code x scale, relative; see step 0), and P carries 2^e x 2^8.
+/// NVFP4 as the mma.sync kernel: an exact widening, P in fp16 as it is.
 
 #include <cmath>
 #include <cstdint>
@@ -41,6 +46,7 @@
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
 #include "slimserve/attention/kernels/mla_latent_rounding.hpp"
+#include "slimserve/attention/kernels/nvfp4_fragments.cuh"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
@@ -48,14 +54,19 @@ namespace attention::kernels {
 template <class KvT>
 struct MlaWgmmaTile {
   static constexpr bool fp8 = fp8_format<KvT>;
+  /// NVFP4: E2M1 codes, an E4M3 scale per 16 values in the record, the tensor scale per tensor.
+  static constexpr bool block_scaled = std::is_same_v<KvT, nvfp4>;
+  /// FP8 and NVFP4: the latent reaches the mma widened to fp16 in one tile (step 0); BF16 is
+  /// read where it was copied.
+  static constexpr bool widened = fp8 || block_scaled;
   static constexpr int rows = 64;
   static constexpr int warpgroups = 2;
   static constexpr int threads = 128 * warpgroups;
   static constexpr int tile_tokens = 64;
   static constexpr int warpgroup_tokens = tile_tokens / warpgroups;  // 32: N of S, two k steps of O
   static constexpr int o_k_steps = warpgroup_tokens / 16;            // 2
-  /// BF16: latent stages; FP8: rope and token-bias stages (the raw codes and scales have one
-  /// stage: the next tile's are copied in once this tile is widened).
+  /// BF16: latent stages; FP8, NVFP4: rope and token-bias stages (the raw codes and scales
+  /// have one stage: the next tile's are copied in once this tile is widened).
   static constexpr int stages = 2;
   static constexpr int dims = mla_latent_dim + mla_rope_dim;  // 576
   static constexpr int groups = mla_scale_groups;              // 4
@@ -63,34 +74,46 @@ struct MlaWgmmaTile {
   static constexpr int k_steps = dims / 16;                    // 36
   static constexpr int threads_per_token = threads / tile_tokens;  // 8
   using QTile = arch::WgmmaTile128B<rows, dims>;
-  /// BF16: latent and rope, cp.async'd per stage; FP8: the latent widened to fp16, one tile.
-  using LatentTile = arch::WgmmaTile128B<tile_tokens, fp8 ? mla_latent_dim : dims>;
-  /// FP8: the BF16 rope, cp.async'd per stage straight into its own tile (a BF16 S chain).
+  /// BF16: latent and rope, cp.async'd per stage; FP8, NVFP4: the latent widened to fp16, one tile.
+  using LatentTile = arch::WgmmaTile128B<tile_tokens, widened ? mla_latent_dim : dims>;
+  /// FP8, NVFP4: the BF16 rope, cp.async'd per stage straight into its own tile (a BF16 S chain).
   using RopeTile = arch::WgmmaTile128B<tile_tokens, mla_rope_dim>;
   using PTile = arch::WgmmaTile128B<rows, tile_tokens>;  // warpgroup w writes tokens [32 w, 32 w + 32)
   /// FP8: what a token's group scales become (see the widening): 2^e, the largest power of
   /// two not above its largest group scale, [0], and 2^e x per_token_p_headroom [1].
   static constexpr int token_factors = 2;
-  // FP8 raw codes per stage.
-  static constexpr int code_bytes = mla_latent_dim;          // 512
+  // Raw codes of a token (FP8 512, NVFP4 256) and its scale bytes as the record holds them:
+  // FP8 per-token-group floats (4 x 4), NVFP4 E4M3 block scales (32).
+  static constexpr int code_bytes = block_scaled ? mla_latent_dim / 2 : mla_latent_dim;
+  static constexpr int token_scale_bytes =
+      fp8 ? groups * 4 : (block_scaled ? mla_latent_dim / nvfp4_block_elements : 0);
+  /// Which latent column of its 8-column chunk position `position` of a Q or latent tile row
+  /// holds: the column itself, but for NVFP4 the parity order {0, 2, 4, 6, 1, 3, 5, 7} the
+  /// widening gives (nvfp4_widen8_parity_pairs, 15 instructions per 8 codes where the natural
+  /// order takes 17). Q is staged in the same order, so S is unchanged; O's accumulator
+  /// columns come out in it and are written to their own columns.
+  SLIMSERVE_HOST_DEVICE static constexpr int latent_column(int position) {
+    return block_scaled ? 2 * (position % 4) + position / 4 : position;
+  }
   static_assert(groups == 4 && threads_per_token == 4 && warpgroup_tokens == 32 && o_k_steps == 2);
 
   // Shared memory, carved by byte offsets (the tiles need 1024-byte alignment, more than a
   // struct can ask of the dynamic shared memory base).
   static constexpr std::uint32_t q_offset = 0;
   static constexpr std::uint32_t latent_offset = q_offset + QTile::bytes;
-  static constexpr int latent_tiles = fp8 ? 1 : stages;
+  static constexpr int latent_tiles = widened ? 1 : stages;
   static constexpr std::uint32_t p_offset = latent_offset + latent_tiles * LatentTile::bytes;
   /// P tile: the other warpgroup's k step of P (FP8: P x 2^e(token) x 2^8, one copy for
   /// every group, the group scales being folded into the widened latent).
   static constexpr int p_tiles = 1;
   static constexpr std::uint32_t raw_offset = p_offset + p_tiles * PTile::bytes;
-  static constexpr std::uint32_t raw_bytes = fp8 ? tile_tokens * code_bytes : 0;  // one stage
+  static constexpr std::uint32_t raw_bytes = widened ? tile_tokens * code_bytes : 0;  // one stage
   static constexpr std::uint32_t rope_offset = raw_offset + raw_bytes;
-  static constexpr int rope_tiles = fp8 ? stages : 0;
+  static constexpr int rope_tiles = widened ? stages : 0;
+  /// [tokens][token_scale_bytes], one stage with the codes.
   static constexpr std::uint32_t scales_offset = rope_offset + rope_tiles * RopeTile::bytes;
   /// Per stage and token: 0 when the token is readable, -inf past the range or on a bad page.
-  static constexpr std::uint32_t token_bias_offset = scales_offset + (fp8 ? tile_tokens * groups * 4 : 0);
+  static constexpr std::uint32_t token_bias_offset = scales_offset + tile_tokens * token_scale_bytes;
   /// FP8, per token of the tile being consumed: token_factors floats (written by the widening).
   static constexpr std::uint32_t token_factor_offset = token_bias_offset + stages * tile_tokens * 4;
   /// Per warpgroup and row: the tile's maximum (exchanged every tile), the final sum.
@@ -132,6 +155,8 @@ __global__ void __launch_bounds__(MlaWgmmaTile<KvT>::threads)
   using PTile = typename Tile::PTile;
   using RopeTile = typename Tile::RopeTile;
   constexpr bool fp8 = Tile::fp8;
+  constexpr bool block_scaled = Tile::block_scaled;
+  constexpr bool widened = Tile::widened;
   unsigned char* smem = rt::dynamic_shared_memory();
   float* tile_scales = reinterpret_cast<float*>(smem + Tile::scales_offset);  // FP8: [tokens][groups]
   float* stage_bias = reinterpret_cast<float*>(smem + Tile::token_bias_offset);  // [stages][tokens]
@@ -193,7 +218,9 @@ SLIMSERVE_ATTENTION_UNROLL
             v[e] = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
           }
 SLIMSERVE_ATTENTION_UNROLL
-          for (int e = 0; e < 4; ++e) words[e] = pack_pair<MmaT>(v[2 * e], v[2 * e + 1]);
+          for (int e = 0; e < 4; ++e) {
+            words[e] = pack_pair<MmaT>(v[Tile::latent_column(2 * e)], v[Tile::latent_column(2 * e + 1)]);
+          }
         }
       }
       Vec16 chunk_value;
@@ -202,9 +229,13 @@ SLIMSERVE_ATTENTION_UNROLL
     }
   }
 
-  // Group scales exist only for FP8 latents: a compile-time false for BF16.
+  // Group scales exist only for FP8 latents: a compile-time false for BF16 and NVFP4.
   const bool group_scales = fp8 && p.scale_mode == MlaScaleMode::per_token_group;
-  const float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
+  // NVFP4: the factor of the latent part of S and of the output, the tensor scale x 2^14 (the
+  // widened values carry 2^-14, nvfp4_fragments.cuh); NaN when the tensor scale (or that
+  // product) is not finite and > 0.
+  float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
+  if constexpr (block_scaled) static_scale = nvfp4_checked_tensor_scale(static_scale, nvfp4_fragment_unit);
 
   // Latent columns [256 wg, 256 wg + 256) (groups 2 wg, 2 wg + 1): D of m64n256, o_acc[64 j + i]
   // the m64n128 element i of group 2 wg + j.
@@ -228,16 +259,16 @@ SLIMSERVE_ATTENTION_UNROLL
   const int producer_token = tid / Tile::threads_per_token;
   const int producer_sub = tid % Tile::threads_per_token;
   // Producer: threads_per_token (4) threads per token, each forming the token's record address
-  // once per tile. stage: the latent (BF16) or rope and bias (FP8) stage; FP8 codes and scales
-  // go to their one stage.
+  // once per tile. stage: the latent (BF16) or rope and bias (FP8, NVFP4) stage; the codes and
+  // scales go to their one stage.
   auto produce = [&](std::int32_t i, int stage) {
     bool ok = false;
     const unsigned char* record =
         mla_token_record(p, work, work.kv_begin + static_cast<std::int64_t>(i) * Tile::tile_tokens + producer_token, ok);
     constexpr int tpt = Tile::threads_per_token;
-    if constexpr (fp8) {
+    if constexpr (widened) {
       unsigned char* raw = smem + Tile::raw_offset + producer_token * Tile::code_bytes + 16 * producer_sub;
-      constexpr int code_chunks = Tile::code_bytes / 16;  // 32: 8 per thread
+      constexpr int code_chunks = Tile::code_bytes / 16;  // FP8 32: 8 per thread; NVFP4 16: 4
       static_assert(code_chunks % tpt == 0 && (mla_rope_dim / 8) % tpt == 0);
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < code_chunks / tpt; ++k) {
@@ -268,6 +299,15 @@ SLIMSERVE_ATTENTION_UNROLL
         }
       }
     }
+    if constexpr (block_scaled) {
+      // The token's 32 block scales (right after its codes in the record), 16 bytes each by
+      // threads 0 and 1 of the token.
+      static_assert(Tile::token_scale_bytes == 2 * 16);
+      if (producer_sub < 2) {
+        arch::cp_async_16_zfill(smem + Tile::scales_offset + producer_token * Tile::token_scale_bytes + 16 * producer_sub,
+                                record + mla_latent_dim / 2 + 16 * producer_sub, ok);
+      }
+    }
     if (producer_sub == 0) {
       if (group_scales) {
         arch::cp_async_16_zfill(tile_scales + producer_token * Tile::groups, record + p.scales_offset, ok);
@@ -276,7 +316,7 @@ SLIMSERVE_ATTENTION_UNROLL
     }
   };
 
-  // after_widen: FP8, called once the stage's codes and scales are widened and free (it
+  // after_widen: FP8, NVFP4, called once the stage's codes and scales are widened and free (it
   // copies the next tile's in); BF16 copies before consume.
   auto consume = [&](int stage, std::int32_t tile_index, auto&& after_widen) {
     const std::int64_t tile_begin = work.kv_begin + static_cast<std::int64_t>(tile_index) * Tile::tile_tokens;
@@ -284,9 +324,46 @@ SLIMSERVE_ATTENTION_UNROLL
     // Uniform across the CTA; the shuffle from lane 0 tells the compiler so, which keeps the
     // descriptors in uniform registers (no per-wgmma moves into them).
     const std::uint32_t latent_tile = __shfl_sync(
-        0xffffffffu, smem_base + Tile::latent_offset + (fp8 ? 0u : static_cast<std::uint32_t>(stage) * LatentTile::bytes),
+        0xffffffffu, smem_base + Tile::latent_offset + (widened ? 0u : static_cast<std::uint32_t>(stage) * LatentTile::bytes),
         0);
-    if constexpr (fp8) {
+    if constexpr (block_scaled) {
+      // 0. NVFP4: widen the stage's codes (each once) into the converted tile, each value
+      //    e2m1 x block scale x 2^-14, exactly (fp16 subnormals included, nvfp4_fragments.cuh),
+      //    in the parity order of `latent_column`; the tensor scale x 2^14 is static_scale,
+      //    applied to the latent part of S and to the output in FP32.
+      //    Unit `unit` of warp w is token w + 8 (lane / 16) + 16 unit, its lane the 32-code
+      //    chunk c = lane % 16 (blocks 2c, 2c + 1; fp16 chunks 4c .. 4c + 3 of the row): every
+      //    address is a per-thread base plus a constant.
+      const unsigned char* raw = smem + Tile::raw_offset;
+      const unsigned char* block_scales = smem + Tile::scales_offset;
+      unsigned char* tile = smem + Tile::latent_offset;
+      constexpr int code_chunks = Tile::code_bytes / 16;                      // 16 chunks of 32 codes per token
+      constexpr int tokens_per_pass = Tile::threads / code_chunks;            // 16
+      constexpr int units = Tile::tile_tokens / tokens_per_pass;              // 4
+      static_assert(code_chunks == 16 && units == 4 && Tile::token_scale_bytes == 2 * code_chunks);
+      const int warp = tid / 32;
+      const int c = lane % code_chunks;
+      const int first_token = warp + (Tile::threads / 32) * (lane / code_chunks);
+SLIMSERVE_ATTENTION_UNROLL
+      for (int unit = 0; unit < units; ++unit) {
+        const int token = first_token + tokens_per_pass * unit;
+        const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
+        std::uint16_t scale_pair = 0;  // blocks 2c (low byte) and 2c + 1
+        std::memcpy(&scale_pair, block_scales + token * Tile::token_scale_bytes + 2 * c, sizeof(scale_pair));
+        // Both halves of operand[b]: block 2c + b's scale in fp16 (exact).
+        const std::uint32_t halves = arch::cvt_e4m3x2_to_f16x2(scale_pair);
+        const std::uint32_t operand[2] = {arch::prmt(halves, 0u, 0x1010u), arch::prmt(halves, 0u, 0x3232u)};
+SLIMSERVE_ATTENTION_UNROLL
+        for (int word = 0; word < 4; ++word) {  // values 32 c + 8 word .., of block 2c + word / 2
+          Vec16 wide;
+          nvfp4_widen8_parity_pairs(codes.word[word], operand[word / 2], wide.word);
+          store16(tile + LatentTile::chunk_offset(token, 4 * c + word), wide);
+        }
+      }
+      arch::fence_proxy_async_shared();  // also covers the rope tile this thread cp.async'd
+      __syncthreads();
+      after_widen();  // every thread is past its codes and scales: the next tile's may come
+    } else if constexpr (fp8) {
       // 0. Widen the stage's codes (each once) into the converted tile, the group scale folded
       //    in: latent = code x scale_g = 2^e x (code x m_g), 2^e a power of two per token and
       //    m_g = scale_g / 2^e (exact); m_g is rounded to fp16, then code x m_g (so each value
@@ -363,8 +440,8 @@ SLIMSERVE_ATTENTION_UNROLL
 
     // 1. S[64 rows, the warpgroup's 32 tokens] in registers (m64n32: each Q k step read from
     //    shared memory serves 32 tokens). d[i]: row rows_of_thread[(i/2)%2], token token0 +
-    //    8 (i/4) + i%2. BF16: one chain; FP8: the (scaled) latent, and the rope.
-    constexpr int chains = fp8 ? 2 : 1;
+    //    8 (i/4) + i%2. BF16: one chain; FP8, NVFP4: the (scaled) latent, and the rope.
+    constexpr int chains = widened ? 2 : 1;
     constexpr int n = Tile::warpgroup_tokens;  // 32
     constexpr int s_regs = n / 2;              // 16
     float s_acc[chains][s_regs];
@@ -373,7 +450,7 @@ SLIMSERVE_ATTENTION_UNROLL
       const std::uint64_t b_desc = LatentTile::k_major_descriptor(
           latent_tile + (n / 8) * LatentTile::group_bytes * static_cast<std::uint32_t>(wg), 0);
       arch::wgmma_fence();
-      constexpr int latent_steps = fp8 ? mla_latent_dim / 16 : Tile::k_steps;
+      constexpr int latent_steps = widened ? mla_latent_dim / 16 : Tile::k_steps;
       // Descriptor steps as plain 64-bit adds (a step never carries out of the 14-bit start
       // address: shared addresses stay below 256 KB): ptxas keeps each base in a uniform
       // register pair and forms each wgmma's descriptor with one UIADD3.64. Adding to the low
@@ -386,7 +463,7 @@ SLIMSERVE_ATTENTION_UNROLL
         mla_wgmma_ss<MmaT, n>(s_acc[0], q_desc + QTile::k_major_step(step),
                                b_desc + LatentTile::k_major_step(step), step != 0);
       }
-      if constexpr (fp8) {
+      if constexpr (widened) {
         // The rope: BF16 Q columns 512..575 against the stage's BF16 rope tile, chain 1.
         const std::uint32_t rope_tile = __shfl_sync(
             0xffffffffu, smem_base + Tile::rope_offset + static_cast<std::uint32_t>(stage) * RopeTile::bytes, 0);
@@ -421,6 +498,9 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < s_regs; ++i) {
         s[i] = fmaf(s_acc[0][i], token_factor[Tile::token_factors * (2 * (i / 4) + i % 2)], s_acc[1][i]);
       }
+    } else if constexpr (block_scaled) {
+SLIMSERVE_ATTENTION_UNROLL
+      for (int i = 0; i < s_regs; ++i) s[i] = fmaf(s_acc[0][i], static_scale, s_acc[1][i]);
     } else {
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < s_regs; ++i) s[i] = s_acc[0][i];
@@ -550,13 +630,13 @@ SLIMSERVE_ATTENTION_UNROLL
     arch::cp_async_wait<0>();
     // BF16: the copies are read by wgmma next. FP8: the widening's fence, after this barrier,
     // covers the rope tile (each thread fences after its own copies completed).
-    if constexpr (!Tile::fp8) arch::fence_proxy_async_shared();
+    if constexpr (!Tile::widened) arch::fence_proxy_async_shared();
     __syncthreads();  // tile i visible to all; tile i - 1 consumed by all
     auto produce_next = [&] {
       if (i + 1 < work.num_tiles) produce(i + 1, 1 - stage);
       arch::cp_async_commit();
     };
-    if constexpr (Tile::fp8) {
+    if constexpr (Tile::widened) {
       consume(stage, i, produce_next);
     } else {
       produce_next();
@@ -574,14 +654,19 @@ SLIMSERVE_ATTENTION_UNROLL
   }
   __syncthreads();
   const float out_scale = fp8 ? 1.0f / per_token_p_headroom : static_scale;  // FP8: P carried 2^8
+  // NVFP4 with a tensor scale that is not finite and > 0: NaN rows and lse, as the mma.sync
+  // kernel gives (its NaN scores would otherwise read as rows that see no token).
+  const bool invalid_scale = block_scaled && static_scale != static_scale;
 SLIMSERVE_ATTENTION_UNROLL
   for (int half = 0; half < 2; ++half) {
     const int r = rows_of_thread[half];
     const std::int64_t packed = tile_row0 + r;
     const float sum = final_sum[r] + final_sum[Tile::rows + r];  // the same order in both warpgroups
-    if (wg == 0 && t == 0) mla_write_row_lse(p, work, r, run_max[half], sum);
+    if (wg == 0 && t == 0) {
+      mla_write_row_lse(p, work, r, invalid_scale ? NAN : run_max[half], invalid_scale ? NAN : sum);
+    }
     const bool empty = !(sum > 0.0f);
-    const float norm = empty ? 0.0f : out_scale / sum;
+    const float norm = invalid_scale ? NAN : (empty ? 0.0f : out_scale / sum);
     if (!p.split_kv && packed >= valid_rows) continue;
     float* po = p.split_kv ? p.partial_o + work.partial_row(r) * mla_latent_dim : nullptr;
     bf16* o = nullptr;
@@ -595,7 +680,7 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 64; ++i) {
         if (((i / 2) % 2) != half) continue;
-        const int column = mla_scale_group * (2 * wg + j) + 8 * (i / 4) + 2 * t + i % 2;
+        const int column = mla_scale_group * (2 * wg + j) + 8 * (i / 4) + Tile::latent_column(2 * t + i % 2);
         if (p.split_kv) {
           po[column] = o_acc[64 * j + i] * norm;
         } else {
