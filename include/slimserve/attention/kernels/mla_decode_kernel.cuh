@@ -15,8 +15,8 @@
 ///      page ids, which are also masked); `stages` buffers in flight;
 ///   0. FP8 and NVFP4: each thread widens the chunks it queued to one fp16 tile (each value
 ///      converted once; FP8 group scales: times 2^k(token), see below; NVFP4: times the
-///      block's E4M3 scale and 2^-7, exactly, nvfp4_widen.cuh); the rest is the 16-bit path
-///      with fp16 mma;
+///      block's E4M3 scale and 2^-14, exactly, in the parity order of mla_latent_column,
+///      nvfp4_fragments.cuh); the rest is the 16-bit path with fp16 mma;
 ///   1. partial scores S_wn = Q[rows, group wn] . latent[tokens, group wn]^T * group scale
 ///      + Q[rows, rope wn] . rope[tokens, rope wn]^T (ldmatrix fragments), to shared memory;
 ///   2. 8 threads per row sum the 4 partials, mask, and run the exp2 online softmax (FP32);
@@ -41,7 +41,8 @@
 /// NVFP4 (per_tensor: the tensor scale). A stage holds each group's 64 code bytes per token
 /// (4 chunks, the Group geometry) and the token's 32 block scales; a 16-byte code chunk is two
 /// 16-value blocks, each of its words 8 values of one block. Widened values are e2m1 x
-/// block scale x 2^-7 (exact in fp16, nvfp4_widen.cuh), so the tensor scale x 2^7 is the
+/// block scale x 2^-14 (exact in fp16, subnormals included, nvfp4_fragments.cuh), each 8
+/// columns in the parity order of mla_latent_column, so the tensor scale x 2^14 is the
 /// per-tensor factor of S and of the output; a tensor scale that is not finite and > 0 makes
 /// that factor NaN, and the rows NaN, as in paged attention.
 
@@ -54,6 +55,7 @@
 #include "slimserve/attention/kernels/mla_decode_work.cuh"
 #include "slimserve/attention/kernels/mla_latent_rounding.hpp"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
+#include "slimserve/attention/kernels/nvfp4_fragments.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/attention/mla_cache_view.hpp"
@@ -65,6 +67,19 @@
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
 
+/// The latent column that position `position` of a widened latent row holds, in both decode
+/// kernels: NVFP4's widening leaves each 8 columns in the parity order (nvfp4_parity_code: 15
+/// instructions per 8 codes, where the natural order, nvfp4_widen8, takes 17); the other
+/// types keep their own order. Q is loaded in the same order, so S is unchanged; O's
+/// accumulator columns come out in it and are written to their own columns.
+template <class KvT>
+SLIMSERVE_HOST_DEVICE constexpr int mla_latent_column(int position) {
+  if constexpr (std::is_same_v<KvT, nvfp4>) {
+    return (position & ~7) | nvfp4_parity_code(position & 7);
+  } else {
+    return position;
+  }
+}
 
 /// Tile geometry of one instantiation.
 template <class KvT, int WarpsM>
@@ -199,7 +214,8 @@ SLIMSERVE_ATTENTION_UNROLL
         if (valid) {
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {
-            float x = activation_to_float<QT>(q, base + 16 * (8 * wn + s) + q_fragment_column<false>(t, e));
+            // mla_latent_column: the widened NVFP4 rows' parity order (the other types: itself)
+            float x = activation_to_float<QT>(q, base + mla_latent_column<KvT>(16 * (8 * wn + s) + q_fragment_column<false>(t, e)));
             if constexpr (!std::is_same_v<QT, MmaT>) {
               x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
             }
@@ -223,9 +239,10 @@ SLIMSERVE_ATTENTION_UNROLL
 
   const bool group_scales = p.scale_mode == MlaScaleMode::per_token_group;
   // The per-tensor factor of the latent part of S and of the output. NVFP4: the tensor scale
-  // x 2^7 (the widened values carry 2^-7); NaN when the tensor scale is not finite and > 0.
+  // x 2^14 (the widened values carry 2^-14, nvfp4_fragments.cuh); NaN when the tensor scale
+  // (or that product) is not finite and > 0.
   float static_scale = p.scale_mode == MlaScaleMode::per_tensor ? *p.latent_scale : 1.0f;
-  if constexpr (block_scaled) static_scale = nvfp4_checked_tensor_scale(static_scale, nvfp4_widened_unit);
+  if constexpr (block_scaled) static_scale = nvfp4_checked_tensor_scale(static_scale, nvfp4_fragment_unit);
 
   float o_acc[Tile::output_tiles][4];
 SLIMSERVE_ATTENTION_UNROLL
@@ -304,8 +321,9 @@ SLIMSERVE_ATTENTION_UNROLL
     const unsigned char* mma_latent = stage.latent[wn];
     if constexpr (block_scaled) {
       // 0. Each NVFP4 value widened once, by the thread that queued its chunk: 32 codes (two
-      // blocks) -> four fp16 chunks of e2m1 x block scale x 2^-7. The zero-filled chunks of
-      // tokens past the end widen to zeros with NaN-free zero scales; they are masked anyway.
+      // blocks) -> four fp16 chunks of e2m1 x block scale x 2^-14 (parity order). The
+      // zero-filled chunks of tokens past the end widen to zeros with NaN-free zero scales;
+      // they are masked anyway.
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < Tile::chunk_lanes_per_thread; ++k) {
         const int lane_chunk = producer_sub + Tile::threads_per_token * k;
@@ -318,12 +336,12 @@ SLIMSERVE_ATTENTION_UNROLL
           std::uint16_t scale_pair = 0;  // blocks 2c (low byte) and 2c + 1
           std::memcpy(&scale_pair, &stage.block_scales[producer_token][2 * c], sizeof(scale_pair));
           std::uint32_t operand[2];
-          nvfp4_scale_operands<fp16>(scale_pair, operand);
+          nvfp4_block_scale_operands(scale_pair, operand);
           unsigned char* dst = smem.converted[group];
 SLIMSERVE_ATTENTION_UNROLL
           for (int w = 0; w < 4; ++w) {  // word w: values 32 c + 8 w .., of block 2c + w / 2
             Vec16 wide;
-            nvfp4_widen8<fp16>(codes.word[w], operand[w / 2], wide.word);
+            nvfp4_widen8_parity_pairs(codes.word[w], operand[w / 2], wide.word);  // mla_latent_column's order
             store16(dst + MmaGroup::byte_offset(producer_token, 4 * group_chunk + w), wide);
           }
         }
@@ -549,7 +567,7 @@ SLIMSERVE_ATTENTION_UNROLL
       for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int i = 0; i < 2; ++i) {
-          po[mla_scale_group * wn + output_column<false>(n, t, i)] = o_acc[n][2 * half + i] * norm;
+          po[mla_latent_column<KvT>(mla_scale_group * wn + output_column<false>(n, t, i))] = o_acc[n][2 * half + i] * norm;
         }
       }
       continue;
@@ -562,7 +580,7 @@ SLIMSERVE_ATTENTION_UNROLL
     for (int n = 0; n < Tile::output_tiles; ++n) {
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 2; ++i) {
-        o[mla_scale_group * wn + output_column<false>(n, t, i)] = from_float<QT>(o_acc[n][2 * half + i] * norm);
+        o[mla_latent_column<KvT>(mla_scale_group * wn + output_column<false>(n, t, i))] = from_float<QT>(o_acc[n][2 * half + i] * norm);
       }
     }
   }

@@ -46,7 +46,6 @@
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/mla_decode_kernel.cuh"
 #include "slimserve/attention/kernels/mla_latent_rounding.hpp"
-#include "slimserve/attention/kernels/nvfp4_fragments.cuh"
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace attention::kernels {
@@ -87,14 +86,6 @@ struct MlaWgmmaTile {
   static constexpr int code_bytes = block_scaled ? mla_latent_dim / 2 : mla_latent_dim;
   static constexpr int token_scale_bytes =
       fp8 ? groups * 4 : (block_scaled ? mla_latent_dim / nvfp4_block_elements : 0);
-  /// Which latent column of its 8-column chunk position `position` of a Q or latent tile row
-  /// holds: the column itself, but for NVFP4 the parity order {0, 2, 4, 6, 1, 3, 5, 7} the
-  /// widening gives (nvfp4_widen8_parity_pairs, 15 instructions per 8 codes where the natural
-  /// order takes 17). Q is staged in the same order, so S is unchanged; O's accumulator
-  /// columns come out in it and are written to their own columns.
-  SLIMSERVE_HOST_DEVICE static constexpr int latent_column(int position) {
-    return block_scaled ? 2 * (position % 4) + position / 4 : position;
-  }
   static_assert(groups == 4 && threads_per_token == 4 && warpgroup_tokens == 32 && o_k_steps == 2);
 
   // Shared memory, carved by byte offsets (the tiles need 1024-byte alignment, more than a
@@ -219,7 +210,8 @@ SLIMSERVE_ATTENTION_UNROLL
           }
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {
-            words[e] = pack_pair<MmaT>(v[Tile::latent_column(2 * e)], v[Tile::latent_column(2 * e + 1)]);
+            // the chunk's positions 2e, 2e + 1 (mla_latent_column: NVFP4's parity order)
+            words[e] = pack_pair<MmaT>(v[mla_latent_column<KvT>(2 * e)], v[mla_latent_column<KvT>(2 * e + 1)]);
           }
         }
       }
@@ -329,7 +321,7 @@ SLIMSERVE_ATTENTION_UNROLL
     if constexpr (block_scaled) {
       // 0. NVFP4: widen the stage's codes (each once) into the converted tile, each value
       //    e2m1 x block scale x 2^-14, exactly (fp16 subnormals included, nvfp4_fragments.cuh),
-      //    in the parity order of `latent_column`; the tensor scale x 2^14 is static_scale,
+      //    in the parity order of `mla_latent_column`; the tensor scale x 2^14 is static_scale,
       //    applied to the latent part of S and to the output in FP32.
       //    Unit `unit` of warp w is token w + 8 (lane / 16) + 16 unit, its lane the 32-code
       //    chunk c = lane % 16 (blocks 2c, 2c + 1; fp16 chunks 4c .. 4c + 3 of the row): every
@@ -350,9 +342,8 @@ SLIMSERVE_ATTENTION_UNROLL
         const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
         std::uint16_t scale_pair = 0;  // blocks 2c (low byte) and 2c + 1
         std::memcpy(&scale_pair, block_scales + token * Tile::token_scale_bytes + 2 * c, sizeof(scale_pair));
-        // Both halves of operand[b]: block 2c + b's scale in fp16 (exact).
-        const std::uint32_t halves = arch::cvt_e4m3x2_to_f16x2(scale_pair);
-        const std::uint32_t operand[2] = {arch::prmt(halves, 0u, 0x1010u), arch::prmt(halves, 0u, 0x3232u)};
+        std::uint32_t operand[2];  // blocks 2c, 2c + 1
+        nvfp4_block_scale_operands(scale_pair, operand);
 SLIMSERVE_ATTENTION_UNROLL
         for (int word = 0; word < 4; ++word) {  // values 32 c + 8 word .., of block 2c + word / 2
           Vec16 wide;
@@ -680,7 +671,8 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int i = 0; i < 64; ++i) {
         if (((i / 2) % 2) != half) continue;
-        const int column = mla_scale_group * (2 * wg + j) + 8 * (i / 4) + Tile::latent_column(2 * t + i % 2);
+        // 2t + i % 2 < 8: only the chunk's position is reordered (a constant per i and t pair)
+        const int column = mla_scale_group * (2 * wg + j) + 8 * (i / 4) + mla_latent_column<KvT>(2 * t + i % 2);
         if (p.split_kv) {
           po[column] = o_acc[64 * j + i] * norm;
         } else {

@@ -109,6 +109,19 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_widen8_parity_pairs(std::uint3
   out[3] = nvfp4_place_pair(parity[1], nvfp4_bytes_2_3, scale);
 }
 
+/// Which of the word's eight codes position p (0..7) of nvfp4_widen8_parity_pairs' output
+/// holds (register p / 2, half p % 2): 0, 2, 4, 6, 1, 3, 5, 7.
+SLIMSERVE_HOST_DEVICE constexpr int nvfp4_parity_code(int position) { return 2 * (position % 4) + position / 4; }
+
+/// The scale operands of nvfp4_widen8_parity_pairs for two blocks: both halves of operand[b]
+/// are the E4M3 scale of block b (byte b of `scale_pair`) in fp16, exactly.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_block_scale_operands(std::uint16_t scale_pair,
+                                                                      std::uint32_t (&operand)[2]) {
+  const std::uint32_t halves = arch::cvt_e4m3x2_to_f16x2(scale_pair);
+  operand[0] = arch::prmt(halves, 0u, 0x1010u);
+  operand[1] = arch::prmt(halves, 0u, 0x3232u);
+}
+
 /// Two tokens' 4 codes (nibbles 0..3 token a, 4..7 token b) taken per d: out[j] = {a_j, b_j}
 /// times the scale halves, exactly (nibbles j and j + 4 have the same parity).
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_widen8_token_pairs(std::uint32_t codes, std::uint32_t scale,
