@@ -833,9 +833,9 @@ TEST_CASE("mla decode, FP8 group scales from 1e-8 to 1e4: every element against 
 
 // NVFP4 block scales at the ends of E4M3: every record's 32 scale bytes are rewritten to cycle
 // through 0 (a zero block), the smallest subnormal 2^-9, the largest subnormal, the smallest
-// normal 2^-6, 1, 2^7 and 448 (the widened fp16 values then span e2m1 x 2^-16 .. 6 x 448 x
-// 2^-7, subnormals included); first each scale alone in every block, then all mixed. Then
-// tensor scales that are not finite and > 0 (or whose x 2^7 is not finite) give NaN rows.
+// normal 2^-6, 1, 2^7 and 448 (the widened fp16 values then span e2m1 x 2^-23 .. 6 x 448 x
+// 2^-14, subnormals included); first each scale alone in every block, then all mixed. Then
+// tensor scales that are not finite and > 0 (or whose x 2^14 is not finite) give NaN rows.
 // Both kernels: the 64-row case asks for the wgmma one.
 TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales: every element") {
   struct ExtremeCase {

@@ -1018,7 +1018,7 @@ typedef struct slimserve_mla_plan_args {
   const int32_t* seq_lens_host;
   const int32_t* qo_indptr_host; /* ragged_queries only: [batch_size + 1] */
   int32_t num_sms;          /* 0: the current device */
-  int32_t ctas_per_sm;      /* 0: the kernel's residency (2 for 16-row FP8, else 1) */
+  int32_t ctas_per_sm;      /* 0: the kernel's residency (2 for 16-row FP8 / NVFP4, else 1) */
   int32_t min_chunk_tokens; /* 0: 256 */
   int32_t disable_split;
   int32_t warpgroup_mma;    /* 1: the sm_90a wgmma kernel for requests of >= 64 rows (docs/mla.md) */

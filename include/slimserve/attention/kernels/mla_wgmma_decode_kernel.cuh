@@ -71,7 +71,7 @@ struct MlaWgmmaTile {
   static constexpr int groups = mla_scale_groups;              // 4
   static constexpr int group_k_steps = mla_scale_group / 16;   // 8
   static constexpr int k_steps = dims / 16;                    // 36
-  static constexpr int threads_per_token = threads / tile_tokens;  // 8
+  static constexpr int threads_per_token = threads / tile_tokens;  // 4
   using QTile = arch::WgmmaTile128B<rows, dims>;
   /// BF16: latent and rope, cp.async'd per stage; FP8, NVFP4: the latent widened to fp16, one tile.
   using LatentTile = arch::WgmmaTile128B<tile_tokens, widened ? mla_latent_dim : dims>;
@@ -95,7 +95,7 @@ struct MlaWgmmaTile {
   static constexpr int latent_tiles = widened ? 1 : stages;
   static constexpr std::uint32_t p_offset = latent_offset + latent_tiles * LatentTile::bytes;
   /// P tile: the other warpgroup's k step of P (FP8: P x 2^e(token) x 2^8, one copy for
-  /// every group, the group scales being folded into the widened latent).
+  /// every group, the group scales being folded into the widened latent; NVFP4: P itself).
   static constexpr int p_tiles = 1;
   static constexpr std::uint32_t raw_offset = p_offset + p_tiles * PTile::bytes;
   static constexpr std::uint32_t raw_bytes = widened ? tile_tokens * code_bytes : 0;  // one stage
@@ -610,8 +610,8 @@ SLIMSERVE_ATTENTION_UNROLL
     }
   };
 
-  // Two stages: tile i + 1 is copied while tile i is consumed (BF16: from the loop top; FP8:
-  // once tile i's codes are widened, the codes and scales having one stage), and the wait at
+  // Two stages: tile i + 1 is copied while tile i is consumed (BF16: from the loop top; FP8,
+  // NVFP4: once tile i's codes are widened, the codes and scales having one stage), and the wait at
   // the loop top is for everything in flight.
   static_assert(Tile::stages == 2);
   if (work.num_tiles > 0) produce(0, 0);
@@ -619,7 +619,7 @@ SLIMSERVE_ATTENTION_UNROLL
   for (std::int32_t i = 0; i < work.num_tiles; ++i) {
     const int stage = i % 2;
     arch::cp_async_wait<0>();
-    // BF16: the copies are read by wgmma next. FP8: the widening's fence, after this barrier,
+    // BF16: the copies are read by wgmma next. FP8, NVFP4: the widening's fence, after this barrier,
     // covers the rope tile (each thread fences after its own copies completed).
     if constexpr (!Tile::widened) arch::fence_proxy_async_shared();
     __syncthreads();  // tile i visible to all; tile i - 1 consumed by all
