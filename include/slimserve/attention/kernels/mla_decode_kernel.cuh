@@ -335,15 +335,11 @@ SLIMSERVE_ATTENTION_UNROLL
           const Vec16 codes = load16(stage.latent[group] + Group::byte_offset(producer_token, group_chunk));
           std::uint16_t scale_pair = 0;  // blocks 2c (low byte) and 2c + 1
           std::memcpy(&scale_pair, &stage.block_scales[producer_token][2 * c], sizeof(scale_pair));
-          std::uint32_t operand[2];
-          nvfp4_block_scale_operands(scale_pair, operand);
           unsigned char* dst = smem.converted[group];
-SLIMSERVE_ATTENTION_UNROLL
-          for (int w = 0; w < 4; ++w) {  // word w: values 32 c + 8 w .., of block 2c + w / 2
-            Vec16 wide;
-            nvfp4_widen8_parity_pairs(codes.word[w], operand[w / 2], wide.word);  // mla_latent_column's order
+          // word w: values 32 c + 8 w .., in mla_latent_column's order
+          nvfp4_widen32_parity(codes, scale_pair, [&](int w, const Vec16& wide) {
             store16(dst + MmaGroup::byte_offset(producer_token, 4 * group_chunk + w), wide);
-          }
+          });
         }
       }
       __syncthreads();

@@ -342,14 +342,9 @@ SLIMSERVE_ATTENTION_UNROLL
         const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
         std::uint16_t scale_pair = 0;  // blocks 2c (low byte) and 2c + 1
         std::memcpy(&scale_pair, block_scales + token * Tile::token_scale_bytes + 2 * c, sizeof(scale_pair));
-        std::uint32_t operand[2];  // blocks 2c, 2c + 1
-        nvfp4_block_scale_operands(scale_pair, operand);
-SLIMSERVE_ATTENTION_UNROLL
-        for (int word = 0; word < 4; ++word) {  // values 32 c + 8 word .., of block 2c + word / 2
-          Vec16 wide;
-          nvfp4_widen8_parity_pairs(codes.word[word], operand[word / 2], wide.word);
+        nvfp4_widen32_parity(codes, scale_pair, [&](int word, const Vec16& wide) {  // values 32 c + 8 word ..
           store16(tile + LatentTile::chunk_offset(token, 4 * c + word), wide);
-        }
+        });
       }
       arch::fence_proxy_async_shared();  // also covers the rope tile this thread cp.async'd
       __syncthreads();

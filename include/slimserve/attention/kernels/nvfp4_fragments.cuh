@@ -122,6 +122,23 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_block_scale_operands(std::uint
   operand[1] = arch::prmt(halves, 0u, 0x3232u);
 }
 
+/// A 16-byte chunk of 32 codes (blocks b, b + 1; `scale_pair`'s low byte block b's scale)
+/// -> four 16-byte chunks of fp16, each e2m1 x block scale x 2^-14 in the parity order:
+/// store_chunk(word, chunk) for word 0..3 (codes 8 word .. 8 word + 7), each right after it
+/// is widened (4 live registers, not 16).
+template <class StoreChunk>
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_widen32_parity(const Vec16& codes, std::uint16_t scale_pair,
+                                                                StoreChunk&& store_chunk) {
+  std::uint32_t operand[2];
+  nvfp4_block_scale_operands(scale_pair, operand);
+SLIMSERVE_ATTENTION_UNROLL
+  for (int word = 0; word < 4; ++word) {
+    Vec16 wide;
+    nvfp4_widen8_parity_pairs(codes.word[word], operand[word / 2], wide.word);
+    store_chunk(word, wide);
+  }
+}
+
 /// Two tokens' 4 codes (nibbles 0..3 token a, 4..7 token b) taken per d: out[j] = {a_j, b_j}
 /// times the scale halves, exactly (nibbles j and j + 4 have the same parity).
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_widen8_token_pairs(std::uint32_t codes, std::uint32_t scale,
