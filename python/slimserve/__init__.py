@@ -90,6 +90,10 @@ def kv_dtype_name(dtype, tensor_dtype: Optional[str] = None, name: str = "kv_cac
 # E2M1's largest magnitude: an NVFP4 value is code * E4M3 block scale * tensor scale, so its
 # largest is 6 * 448 * tensor scale.
 _NVFP4_E2M1_MAX = 6.0
+# formats/nvfp4.hpp's nvfp4_max_tensor_scale: FLT_MAX / 2^14, the largest tensor scale whose
+# product with a reader's widened unit (2^14) stays finite; the append and every reader treat a
+# larger one as invalid (NaN blocks, NaN rows), so it is refused here.
+_NVFP4_MAX_TENSOR_SCALE = float(np.finfo(np.float32).max) / 16384.0
 
 
 def nvfp4_head_vector_bytes(head_dim: int) -> int:
@@ -107,7 +111,11 @@ def nvfp4_tensor_scale(fp8_scale: float) -> float:
     """NVFP4's per-tensor scale from an FP8-meaning scale (vLLM's k_scale / v_scale: the largest
     value stored is 448 * scale): scale / 6, so that 6 * 448 * tensor scale is that same largest
     value. A non-finite or non-positive scale is refused."""
-    return _check_scale_value(fp8_scale, "fp8_scale") / _NVFP4_E2M1_MAX
+    tensor_scale = _check_scale_value(fp8_scale, "fp8_scale") / _NVFP4_E2M1_MAX
+    if not 0.0 < ctypes.c_float(tensor_scale).value <= _NVFP4_MAX_TENSOR_SCALE:  # as the kernels read it
+        raise value_error(f"slimserve: fp8_scale {fp8_scale} gives an nvfp4 tensor scale {tensor_scale} outside "
+                          f"(0, {_NVFP4_MAX_TENSOR_SCALE:.6g}]")
+    return tensor_scale
 
 
 def _head_dim_of(dtype: str, extent: int) -> int:
@@ -121,11 +129,18 @@ def _head_dim_of(dtype: str, extent: int) -> int:
     return extent * 16 // 9
 
 
-def _check_scale_value(value: float, name: str) -> float:
+def _check_scale_value(value: float, name: str, kv_dtype: Optional[str] = None) -> float:
+    """A scale as the kernels will read it (an FP32 device float), refused unless finite and > 0
+    there (1e39 is finite as a double but infinite as FP32) and, for nvfp4, at most
+    _NVFP4_MAX_TENSOR_SCALE."""
     value = float(value)
-    if not math.isfinite(value) or not value > 0.0:
-        raise value_error(f"slimserve: {name} must be finite and > 0 (stored = quantize(real / scale)), "
+    as_fp32 = ctypes.c_float(value).value
+    if not math.isfinite(as_fp32) or not as_fp32 > 0.0:
+        raise value_error(f"slimserve: {name} must be finite and > 0 as a float32 (stored = quantize(real / scale)), "
                           f"got {value}")
+    if kv_dtype == "nvfp4" and as_fp32 > _NVFP4_MAX_TENSOR_SCALE:
+        raise value_error(f"slimserve: {name} {value} is above the nvfp4 tensor scale's largest, "
+                          f"{_NVFP4_MAX_TENSOR_SCALE:.6g} (FLT_MAX / 2^14)")
     return value
 
 
@@ -879,8 +894,8 @@ class PagedKVCache:
             self.view.v_token_scales = self._pointer(v_token_scales, "v_token_scales", shape)
         elif k_scale is not None or v_scale is not None:
             self.view.scale_mode = 1
-            self.view.k_scale = self._scale(k_scale, "k_scale")
-            self.view.v_scale = self._scale(v_scale, "v_scale")
+            self.view.k_scale = self._scale(k_scale, "k_scale", dtype)
+            self.view.v_scale = self._scale(v_scale, "v_scale", dtype)
         elif scaled:
             raise type_error(f"slimserve: an {dtype} cache needs its scales: k_scale and v_scale "
                              "(per tensor)" + (" or k_token_scales and v_token_scales" if fp8 else ""))
@@ -920,13 +935,13 @@ class PagedKVCache:
         self._keep.append(tensor)
         return r.ptr
 
-    def _scale(self, value, name):
+    def _scale(self, value, name, kv_dtype):
         if value is None:
             raise type_error(f"slimserve: {name} is required with per-tensor scales")
         if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool):
             # A calibrated constant: one device float, uploaded once per value and kept (so a
             # cache made per call allocates nothing after the first).
-            value = _check_scale_value(value, name)
+            value = _check_scale_value(value, name, kv_dtype)
             device = _constant_scales.get(value)
             if device is None:
                 device = _constant_scales[value] = DeviceArray(np.array([value], np.float32))
@@ -936,7 +951,7 @@ class PagedKVCache:
         if r.numel != 1:
             raise value_error(f"slimserve: {name} must hold one float, got shape {r.shape}")
         if EMULATED or r.device_type in (1, 3):  # host memory: the value can be read without a sync
-            _check_scale_value(ctypes.c_float.from_address(r.ptr).value, name)
+            _check_scale_value(ctypes.c_float.from_address(r.ptr).value, name, kv_dtype)
         self._keep.append(value)
         return r.ptr
 

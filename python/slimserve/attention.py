@@ -355,7 +355,7 @@ class MlaCache:
                                    MLA_SCALE_MODES[scale_mode])
         if latent_scale is not None:
             from . import _check_scale_value
-            scale = DeviceArray(np.array([_check_scale_value(latent_scale, "latent_scale")], np.float32))
+            scale = DeviceArray(np.array([_check_scale_value(latent_scale, "latent_scale", kv_dtype)], np.float32))
             self._keep.append(scale)
             self.view.latent_scale = scale.ptr.value
 

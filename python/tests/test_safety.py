@@ -140,13 +140,28 @@ def test_built_table_keeps_its_storage_and_goes_stale_on_the_next_build():
     assert np.all(k[page, :4] == 0.5) and np.all(k[page, 4:] == 0)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -0.5])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -0.5, 1e39])  # 1e39: finite, but inf as float32
 def test_bad_scales_are_refused(bad):
     pages = np.zeros((4, PAGE, HKV, D), np.uint8)
     with pytest.raises(ss.SlimserveValueError, match="k_scale must be finite and > 0"):
         ss.PagedKVCache(pages, pages.copy(), dtype="fp8", k_scale=bad, v_scale=1.0)
     with pytest.raises(ss.SlimserveValueError, match="v_scale must be finite and > 0"):
         ss.PagedKVCache(pages, pages.copy(), dtype="fp8", k_scale=1.0, v_scale=np.array([bad], np.float32))
+
+
+def test_nvfp4_tensor_scale_domain():
+    """NVFP4 tensor scales above FLT_MAX / 2^14 are refused (the kernels would read them as
+    invalid: NaN blocks and rows); the largest in the domain is taken."""
+    u8 = np.zeros((4, PAGE, HKV, D * 9 // 16), np.uint8)
+    largest = float(np.float32(np.finfo(np.float32).max) / np.float32(16384))
+    above = float(np.nextafter(np.float32(largest), np.float32(np.inf)))
+    ss.PagedKVCache(u8, u8.copy(), dtype="nvfp4", k_scale=largest, v_scale=1.0)
+    with pytest.raises(ss.SlimserveValueError, match="k_scale .* above the nvfp4 tensor scale"):
+        ss.PagedKVCache(u8, u8.copy(), dtype="nvfp4", k_scale=above, v_scale=1.0)
+    with pytest.raises(ss.SlimserveValueError, match="v_scale .* above the nvfp4 tensor scale"):
+        ss.PagedKVCache(u8, u8.copy(), dtype="nvfp4", k_scale=1.0, v_scale=np.array([above], np.float32))
+    with pytest.raises(ss.SlimserveValueError, match="fp8_scale"):
+        ss.nvfp4_tensor_scale(above * 6.0 * 2.0)
 
 
 def test_dtype_contradictions_and_engine_names():

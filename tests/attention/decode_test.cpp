@@ -611,7 +611,7 @@ TEST_CASE("decode: an invalid NVFP4 tensor scale gives NaN rows", "[attention][d
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   for (const bool allow_split : {false, true}) {
-    for (const float bad : {nan, inf, -1.0f}) {
+    for (const float bad : {nan, inf, -1.0f, nvfp4_above_domain_scale}) {
       for (const bool bad_k : {true, false}) {
         INFO("split " << allow_split << " bad scale " << bad << " on " << (bad_k ? "K" : "V"));
         const DecodeOutput out = run_nvfp4(f, allow_split, bad_k ? bad : 0.0f, bad_k ? 0.0f : bad);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_test_support.hpp"
+#include "nvfp4_test_cache.hpp"
 #include "support/build_flavour.hpp"
 #include "slimserve/attention/mla.hpp"
 #include "slimserve/attention/kernels/mla_latent_rounding.hpp"
@@ -899,7 +900,7 @@ TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales
         check_decode(f, o, lse, ref, {});
       }
       for (const float bad_scale : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                                    0.0f, -0.05f, std::numeric_limits<float>::max()}) {
+                                    0.0f, -0.05f, nvfp4_above_domain_scale}) {
         INFO("tensor scale " << bad_scale);
         DecodeFixture bad = f;
         bad.cache.static_scale = bad_scale;
@@ -931,6 +932,7 @@ TEST_CASE("mla ragged absorbed prefill: chunks of 0..N query tokens, causal with
       {{KvDtype::fp8_e4m3, MlaScaleMode::per_token_group, 64, 12, 32, 3, true}, {12, 3, 7}},
       {{KvDtype::fp8_e4m3, MlaScaleMode::per_tensor, 8, 20, 64, 4}, {20, 2, 5, 13}},
       {{KvDtype::bf16, MlaScaleMode::none, 128, 3, 16, 3, true}, {3, 1, 2}},
+      {{KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 9, 32, 3}, {9, 1, 5}},
   };
   const float sm_scale = 1.0f / std::sqrt(192.0f);
   for (std::size_t i = 0; i < std::size(cases); ++i) {
@@ -955,7 +957,7 @@ TEST_CASE("mla ragged absorbed prefill: chunks of 0..N query tokens, causal with
         auto [o, lse] = run_decode_case(f, opt, sm_scale);
         check_decode(f, o, lse, ref, opt.status);
       }
-      if (i >= 2) {  // two of the cases (TSan time): FP8 per-tensor 8 heads, BF16 128 heads
+      if (i >= 2) {  // three of the cases (TSan time): FP8 per-tensor 8 heads, BF16 128 heads, NVFP4 16 heads
         INFO("wgmma (64-row tiles), split, CSR, one request aborted");
         RunOptions opt;
         opt.wgmma = true;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "attention_test_support.hpp"
+#include "nvfp4_test_cache.hpp"
 #include "slimserve/attention/append.hpp"
 #include "slimserve/attention/dequantize.hpp"
 #include "slimserve/formats/fp4.hpp"
@@ -303,12 +304,14 @@ TEST_CASE("NVFP4 append: codes and block scales equal the scalar rule's, neighbo
 
 TEST_CASE("NVFP4 append: an invalid device-held tensor scale makes every block scale NaN",
           "[attention][append][nvfp4]") {
-  // The host cannot read a device value: a 0, negative, infinite or NaN tensor scale is made
-  // visible (every block decodes to NaN, codes are signed zeros) instead of rescaling.
+  // The host cannot read a device value: a 0, negative, infinite or NaN tensor scale, or one
+  // above the format's domain, is made visible (every block decodes to NaN, codes are signed
+  // zeros) instead of rescaling.
   auto rng = slimserve_test::make_rng(2502);
   const Nvfp4Case c{KvLayout::nhd, 64, 2, 16, ActivationDtype::bf16, true};
   const Rows k = make_rows(rng, c, 3, 1.0f);
-  for (const float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+  for (const float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                          nvfp4_above_domain_scale}) {
     INFO("tensor scale " << bad);
     std::vector<unsigned char> image(static_cast<std::size_t>(2 * 16 * 2 * vector_bytes(64)), 0xA5);
     auto k_dev = upload(image);
@@ -423,5 +426,52 @@ TEST_CASE("NVFP4 dequantize_pages: every element is the FP64 decode of the store
       }
       CHECK(mismatches == 0);
     }
+  }
+}
+
+TEST_CASE("NVFP4 dequantize_pages: a tensor scale outside the format's domain gives NaN elements",
+          "[attention][dequantize][nvfp4]") {
+  // As every reader: the append would have made such a cache's blocks NaN, and a scale that
+  // went bad afterwards must not rescale the stored values silently. Random bytes with no NaN
+  // block scale, so only the tensor scale can make an element NaN.
+  auto rng = slimserve_test::make_rng(2504);
+  const int page_size = 16, heads = 2, head_dim = 128, num_pages = 3;
+  const auto vb = static_cast<std::size_t>(vector_bytes(head_dim));
+  std::vector<unsigned char> image(static_cast<std::size_t>(page_size) * heads * vb * num_pages);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : image) b = static_cast<unsigned char>(byte(rng));
+  for (std::size_t v = 0; v < image.size() / vb; ++v) {
+    for (std::size_t s = head_dim / 2; s < vb; ++s) image[v * vb + s] &= 0x3F;  // finite E4M3 scales
+  }
+  for (const float bad : {nvfp4_above_domain_scale, std::numeric_limits<float>::max(), -0.5f, 0.0f}) {
+    INFO("tensor scale " << bad);
+    auto k_dev = upload(image);
+    auto v_dev = upload(image);
+    auto scales = upload(std::vector<float>{bad, 0.25f});  // K bad, V good: only K's elements are NaN
+    const std::vector<std::int32_t> listed = {2, 0};
+    auto ids = upload(listed);
+    const std::size_t out_count = listed.size() * static_cast<std::size_t>(page_size) * heads * head_dim;
+    auto k_out = upload(std::vector<std::uint16_t>(out_count, 0x3F80u));  // poisoned with 1.0
+    auto v_out = upload(std::vector<std::uint16_t>(out_count, 0x7FC1u));  // poisoned with NaN
+    PagedKVCacheView cache;
+    cache.k_pages = k_dev.data();
+    cache.v_pages = v_dev.data();
+    cache.k_scale = scales.data();
+    cache.v_scale = scales.data() + 1;
+    cache.num_pages = num_pages;
+    cache.page_size = page_size;
+    cache.num_kv_heads = heads;
+    cache.head_dim = head_dim;
+    cache.dtype = KvDtype::nvfp4;
+    cache.layout = KvLayout::nhd;
+    cache.scale_mode = KvScaleMode::per_tensor;
+    REQUIRE(dequantize_pages(cache, ids.data(), static_cast<std::int32_t>(listed.size()),
+                             reinterpret_cast<bf16*>(k_out.data()), reinterpret_cast<bf16*>(v_out.data()), nullptr)
+                .ok());
+    std::size_t k_not_nan = 0, v_nan = 0;
+    for (const std::uint16_t bits : download(k_out, out_count)) k_not_nan += !std::isnan(to_float(bf16::from_bits(bits)));
+    for (const std::uint16_t bits : download(v_out, out_count)) v_nan += std::isnan(to_float(bf16::from_bits(bits)));
+    CHECK(k_not_nan == 0);
+    CHECK(v_nan == 0);
   }
 }

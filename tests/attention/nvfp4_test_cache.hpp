@@ -4,6 +4,7 @@
 // the stored values decoded in FP64.
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,11 @@
 #include "slimserve/formats/nvfp4.hpp"
 
 namespace attn_test {
+
+/// The smallest tensor scale above NVFP4's domain, written from the format's rule (FLT_MAX / 2^14,
+/// so that a reader's widening unit 2^14 times the scale is finite), not from the code's
+/// constant: the append and every reader must treat it as invalid (NaN blocks, NaN rows).
+inline const float nvfp4_above_domain_scale = std::nextafter(std::ldexp(FLT_MAX, -14), INFINITY);
 
 /// An NVFP4 cache image: head vectors of head_dim / 2 code bytes then head_dim / 16 E4M3
 /// scales, 0xFF everywhere nothing was stored (scale 0xFF is the E4M3 NaN: a read of an unowned

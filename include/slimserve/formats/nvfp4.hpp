@@ -26,9 +26,10 @@
 ///    become +-6, the finite ones are coded against that scale.
 ///  * a NaN input makes the block's scale the E4M3 NaN (0x7F): the whole block decodes to NaN
 ///    (its codes are signed zeros), as FP8 keeps a NaN a NaN.
-///  * a tensor scale that is not finite and > 0 makes every block's scale NaN: a bad scale is
+///  * a tensor scale outside (0, nvfp4_max_tensor_scale] (NaN, inf, <= 0, or so large that a
+///    reader's widened unit times it overflows) makes every block's scale NaN: a bad scale is
 ///    visible in the output instead of silently rescaling it (the host cannot check a value
-///    that lives in device memory).
+///    that lives in device memory). Every reader applies the same rule (NaN rows).
 ///
 /// Packed layout: element 2j is the low nibble of byte j, element 2j+1 the high nibble (so a
 /// little-endian 32-bit load of 4 bytes holds elements 0..7 with element k in bits 4k..4k+3;
@@ -57,20 +58,32 @@ static_assert(sizeof(nvfp4) == 1);
 /// The E4M3 NaN a block's scale becomes for a NaN input or an invalid tensor scale.
 inline constexpr std::uint8_t nvfp4_nan_scale_code = 0x7F;
 
-/// A tensor scale that is not finite and > 0 becomes NaN, and so does a product with `unit`
-/// (the power of two a kernel's widened values carry) that overflows: the readers' rows are
-/// then NaN, as the append makes such a cache's blocks NaN, never a silent rescale.
+/// The largest power of two a reader's widened codes carry (the tensor-core paths widen
+/// e2m1 x e4m3 x 2^-14 into FP16, exact, and fold 2^14 into the tensor scale:
+/// nvfp4_fragment_unit).
+inline constexpr float nvfp4_max_reader_unit = 16384.0f;
+/// The largest tensor scale the format accepts: FLT_MAX / 2^14 (exact, about 2.1e34), so that
+/// every reader's tensor scale x unit is finite. One domain for the writer and every reader:
+/// a scale the append codes against is a scale every kernel reads with.
+inline constexpr float nvfp4_max_tensor_scale = FLT_MAX / nvfp4_max_reader_unit;
+
+/// Whether a tensor scale is in the format's domain (0, nvfp4_max_tensor_scale]; false for NaN.
+SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr bool nvfp4_tensor_scale_ok(float tensor_scale) {
+  return tensor_scale > 0.0f && tensor_scale <= nvfp4_max_tensor_scale;
+}
+
+/// The reader's factor tensor_scale x `unit` (a power of two up to nvfp4_max_reader_unit), or
+/// NaN for a scale outside the domain: the readers' rows are then NaN, as the append makes such
+/// a cache's blocks NaN, never a silent rescale.
 SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr float nvfp4_checked_tensor_scale(float tensor_scale,
                                                                                       float unit = 1.0f) {
-  const float factor = tensor_scale * unit;
-  return tensor_scale > 0.0f && factor <= FLT_MAX ? factor : NAN;
+  return nvfp4_tensor_scale_ok(tensor_scale) ? tensor_scale * unit : NAN;
 }
 
 /// The block scale from the block's amax (>= 0, or NaN) and the tensor scale.
 SLIMSERVE_HOST_DEVICE SLIMSERVE_FORCEINLINE constexpr fp8_e4m3 nvfp4_block_scale(
     float amax, float tensor_scale) {
-  const bool scale_ok = tensor_scale > 0.0f && tensor_scale <= FLT_MAX;
-  if (!scale_ok || amax != amax) return fp8_e4m3{nvfp4_nan_scale_code};
+  if (!nvfp4_tensor_scale_ok(tensor_scale) || amax != amax) return fp8_e4m3{nvfp4_nan_scale_code};
   return from_float<fp8_e4m3>(amax / (6.0f * tensor_scale));
 }
 

@@ -86,7 +86,8 @@ __global__ void dequantize_pages_kernel(const DequantizeParams p) {
   const std::int64_t listed = blockIdx.x;
   const std::int32_t page = p.page_ids[listed];
   const bool page_valid = page >= 0 && page < p.num_pages;
-  const float tensor_scale = *(is_v ? p.v_scale : p.k_scale);  // an NVFP4 view is per_tensor
+  // An NVFP4 view is per_tensor; a scale outside the format's domain gives NaN, as every reader.
+  const float tensor_scale = nvfp4_checked_tensor_scale(*(is_v ? p.v_scale : p.k_scale));
 
   const std::int32_t count = p.page_size * p.num_kv_heads * blocks;
   for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < count; i += static_cast<std::int32_t>(blockDim.x)) {

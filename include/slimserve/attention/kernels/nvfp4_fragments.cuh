@@ -153,6 +153,7 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void nvfp4_widen8_token_pairs(std::uint32
 
 /// The factor of every product of widened fragments: 2^14 (see above).
 inline constexpr float nvfp4_fragment_unit = 16384.0f;
+static_assert(nvfp4_fragment_unit <= nvfp4_max_reader_unit, "the tensor-scale domain (formats/nvfp4.hpp) must cover this unit");
 
 /// Two f16x2 scale operands from four E4M3 codes (bytes 0..1 -> operand 0, 2..3 -> operand 1):
 /// exact (E4M3 is a subset of fp16); a NaN code stays NaN.

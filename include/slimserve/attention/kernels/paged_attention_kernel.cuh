@@ -381,14 +381,11 @@ SLIMSERVE_ATTENTION_UNROLL
   float k_static = p.scale_mode == KvScaleMode::per_tensor ? *p.k_scale : 1.0f;
   float v_static = p.scale_mode == KvScaleMode::per_tensor ? *p.v_scale : 1.0f;
   if constexpr (block_scaled) {
-    // Products of widened NVFP4 fragments carry 2^-14 (nvfp4_fragment_unit). A tensor scale that is not finite
-    // and > 0 gives NaN scores and outputs, as the append makes such a cache's blocks NaN: a
-    // bad device-held scale is visible, never a silent rescale.
-    auto unit = [](float tensor_scale) {
-      return tensor_scale > 0.0f && tensor_scale <= FLT_MAX ? tensor_scale * nvfp4_fragment_unit : NAN;
-    };
-    k_static = unit(k_static);
-    v_static = unit(v_static);
+    // Products of widened NVFP4 fragments carry 2^-14 (nvfp4_fragment_unit). A tensor scale outside
+    // the format's domain gives NaN scores and outputs, as the append makes such a cache's blocks
+    // NaN: a bad device-held scale is visible, never a silent rescale.
+    k_static = nvfp4_checked_tensor_scale(k_static, nvfp4_fragment_unit);
+    v_static = nvfp4_checked_tensor_scale(v_static, nvfp4_fragment_unit);
   }
   // NVFP4 chunk tiles: 1 / v_static split into V * 2^-k (exact) and P * 2^k / v_static (chunk_kv.cuh).
   [[maybe_unused]] float chunk_v_shift = 1.0f, chunk_p_factor = 1.0f;
