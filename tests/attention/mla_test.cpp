@@ -6,6 +6,7 @@
 // gather; preflight errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -918,6 +919,62 @@ TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales
           CHECK(lse_not_marked == 0);
         }
       }
+    }
+  }
+}
+
+TEST_CASE("mla decode, NVFP4: a NaN block scale in a live record makes exactly its readers' rows NaN") {
+  // The append stores a NaN input as its block's E4M3 NaN scale (0x7F). The latent is both K
+  // and V, so every row that reads the record (position 0 of a request: all its rows, and a
+  // shared prefix's other requests) is NaN in every element, its lse NaN unsplit and -inf split
+  // (the merge marks a NaN partial), never an empty row (0, lse -inf); every other row is
+  // unchanged, bit for bit. Both kernels.
+  auto rng = slimserve_test::make_rng(2620);
+  const DecodeFixture clean({KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 4, 32, 3}, rng);
+  DecodeFixture poisoned = clean;
+  const int page = clean.table.pages_of(1)[0];
+  poisoned.cache.record(page, 0)[latent_dim / 2 + 5] = nvfp4_nan_scale_code;
+  const std::size_t heads = static_cast<std::size_t>(clean.c.heads);
+  std::vector<bool> nan_row(static_cast<std::size_t>(clean.qo_indptr.back()) * heads, false);
+  for (std::size_t b = 0; b < clean.c.batch; ++b) {
+    const auto pages = clean.table.pages_of(b);
+    if (std::find(pages.begin(), pages.end(), page) == pages.end()) continue;  // slot 0 of a listed page is live
+    for (auto row = static_cast<std::size_t>(clean.qo_indptr[b]) * heads; row < static_cast<std::size_t>(clean.qo_indptr[b + 1]) * heads; ++row) {
+      nan_row[row] = true;
+    }
+  }
+  const float sm_scale = 1.0f / std::sqrt(192.0f);
+  for (const bool wgmma : {false, true}) {
+    for (const bool split : {false, true}) {
+      INFO((wgmma ? "wgmma" : "mma.sync") << (split ? " split" : " unsplit"));
+      RunOptions opt;
+      opt.split = split;
+      opt.wgmma = wgmma;
+      MlaDecodePlan plan;
+      const auto [base_o, base_lse] = run_decode_case(clean, opt, sm_scale);
+      const auto [o, lse] = run_decode_case(poisoned, opt, sm_scale, &plan);
+      CHECK((plan.warps_m == 4) == wgmma);
+      std::size_t wrong_nan = 0, wrong_lse = 0, wrong_other = 0, nan_rows = 0;
+      for (std::size_t row = 0; row < nan_row.size(); ++row) {
+        nan_rows += nan_row[row];
+        for (std::size_t e = row * latent_dim; e < (row + 1) * latent_dim; ++e) {
+          if (nan_row[row]) {
+            wrong_nan += !std::isnan(o[e]);
+          } else {
+            wrong_other += std::memcmp(&o[e], &base_o[e], sizeof(float)) != 0;
+          }
+        }
+        if (nan_row[row]) {
+          wrong_lse += split ? !(lse[row] == -INFINITY) : !std::isnan(lse[row]);
+        } else {
+          wrong_other += std::memcmp(&lse[row], &base_lse[row], sizeof(float)) != 0;
+        }
+      }
+      CHECK(nan_rows >= 4 * heads);
+      CHECK(nan_rows < nan_row.size());
+      CHECK(wrong_nan == 0);
+      CHECK(wrong_lse == 0);
+      CHECK(wrong_other == 0);
     }
   }
 }

@@ -441,7 +441,9 @@ TEST_CASE("NVFP4 dequantize_pages: a tensor scale outside the format's domain gi
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : image) b = static_cast<unsigned char>(byte(rng));
   for (std::size_t v = 0; v < image.size() / vb; ++v) {
-    for (std::size_t s = head_dim / 2; s < vb; ++s) image[v * vb + s] &= 0x3F;  // finite E4M3 scales
+    for (std::size_t s = head_dim / 2; s < vb; ++s) {
+      image[v * vb + s] = static_cast<unsigned char>(image[v * vb + s] & 0x3Fu);  // finite E4M3 scales
+    }
   }
   for (const float bad : {nvfp4_above_domain_scale, std::numeric_limits<float>::max(), -0.5f, 0.0f}) {
     INFO("tensor scale " << bad);

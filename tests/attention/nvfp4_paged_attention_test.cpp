@@ -8,6 +8,7 @@
 // NVFP4 pages: fused_prefill_nvfp4_test.cpp).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -54,37 +55,7 @@ struct Fixture {
         cache(cc.layout, table.num_pages, cc.page_size, cc.num_kv_heads, cc.head_dim) {
     // Realistic rows (outlier channels), tensor scales from their amax: the largest block
     // scale lands near E4M3's 448; a page shared by two requests is written once.
-    struct Row { int page, slot, head; std::vector<float> k, v; };
-    std::vector<Row> rows;
-    std::vector<bool> seen(static_cast<std::size_t>(table.num_pages * c.page_size), false);
-    float k_amax = 0.0f, v_amax = 0.0f;
-    for (std::size_t b = 0; b < c.kv_lengths.size(); ++b) {
-      const auto pages = table.pages_of(b);
-      for (std::int64_t p = 0; p < c.kv_lengths[b]; ++p) {
-        const int page = pages[static_cast<std::size_t>(p / c.page_size)];
-        const int slot = static_cast<int>(p % c.page_size);
-        const auto owned = static_cast<std::size_t>(page * c.page_size + slot);
-        if (seen[owned]) continue;
-        seen[owned] = true;
-        for (int h = 0; h < c.num_kv_heads; ++h) {
-          Row r{page, slot, h, std::vector<float>(static_cast<std::size_t>(c.head_dim)),
-                std::vector<float>(static_cast<std::size_t>(c.head_dim))};
-          realistic_row(rng, c.head_dim, r.k.data(), 1.0f);
-          realistic_row(rng, c.head_dim, r.v.data(), 0.5f);
-          for (int d = 0; d < c.head_dim; ++d) {
-            k_amax = std::max(k_amax, std::fabs(r.k[static_cast<std::size_t>(d)]));
-            v_amax = std::max(v_amax, std::fabs(r.v[static_cast<std::size_t>(d)]));
-          }
-          rows.push_back(std::move(r));
-        }
-      }
-    }
-    cache.k_scale = k_amax / 2688.0f;
-    cache.v_scale = v_amax / 2688.0f;
-    for (const Row& r : rows) {
-      cache.store(false, r.page, r.slot, r.head, r.k.data());
-      cache.store(true, r.page, r.slot, r.head, r.v.data());
-    }
+    cache.fill(table, c.kv_lengths, rng);
     for (auto len : c.qo_lengths) qo_indptr.push_back(qo_indptr.back() + len);
     Activations q = random_activations(rng, c.q_dtype, tokens() * static_cast<std::size_t>(heads() * c.head_dim));
     q_bits = std::move(q.bits);
@@ -325,6 +296,71 @@ TEST_CASE("paged attention over NVFP4 pages: an invalid device-held tensor scale
     std::size_t not_nan = 0;  // NaN, not merely non-finite: the documented rule
     for (float x : out.o) not_nan += !std::isnan(x);
     CHECK(not_nan == 0);
+  }
+}
+
+TEST_CASE("paged attention over NVFP4 pages: a NaN block scale in a live token is NaN exactly where it is read",
+          "[attention][paged][nvfp4]") {
+  // The append stores a NaN input as its block's E4M3 NaN scale (0x7F), as FP8 keeps a NaN a
+  // NaN. Position 0 of a request is seen by every query row of the requests listing its page.
+  // A NaN K block there makes those rows of that KV head's query group NaN, and their lse NaN
+  // (unsplit) or -inf (split: the merge marks a NaN partial), never an empty row (0, -inf);
+  // a NaN V block makes NaN only the 16 output elements of that block. Everything else is
+  // unchanged, bit for bit (same plan, same order of sums), split and unsplit.
+  auto rng = slimserve_test::make_rng(2535);
+  const Fixture clean(Case{KvLayout::nhd, 128, 2, 4, 16, bf, {33, 5, 300}, {3, 1, 2}}, rng);
+  struct Poison { bool is_v; std::size_t request; int kv_head, block; };
+  const Poison poisons[] = {{false, 1, 0, 2}, {true, 2, 1, 7}};
+  Fixture poisoned = clean;
+  const std::size_t heads = static_cast<std::size_t>(clean.heads());
+  const auto d = static_cast<std::size_t>(clean.c.head_dim);
+  std::vector<bool> nan_element(clean.tokens() * heads * d, false), nan_row(clean.tokens() * heads, false);
+  for (const Poison& x : poisons) {
+    const int page = clean.table.pages_of(x.request)[0];
+    auto& image = x.is_v ? poisoned.cache.v : poisoned.cache.k;
+    image[poisoned.cache.vector_at(page, 0, x.kv_head) + d / 2 + static_cast<std::size_t>(x.block)] = nvfp4_nan_scale_code;
+    for (std::size_t b = 0; b < clean.c.kv_lengths.size(); ++b) {
+      const auto pages = clean.table.pages_of(b);
+      if (std::find(pages.begin(), pages.end(), page) == pages.end()) continue;  // slot 0 of a listed page is live
+      for (auto t = static_cast<std::size_t>(clean.qo_indptr[b]); t < static_cast<std::size_t>(clean.qo_indptr[b + 1]); ++t) {
+        for (int g = 0; g < clean.c.group; ++g) {
+          const std::size_t row = t * heads + static_cast<std::size_t>(x.kv_head * clean.c.group + g);
+          nan_row[row] = nan_row[row] || !x.is_v;
+          const std::size_t first = x.is_v ? static_cast<std::size_t>(x.block) * 16 : 0, count = x.is_v ? 16 : d;
+          for (std::size_t e = first; e < first + count; ++e) nan_element[row * d + e] = true;
+        }
+      }
+    }
+  }
+  for (const bool split : {false, true}) {
+    INFO((split ? "split" : "unsplit"));
+    RunConfig rc;
+    rc.allow_split = split;
+    rc.num_sms = 4096;  // a wide device: chunks of 128, the 300-token request splits
+    const Output base = run(clean, rc);
+    const Output out = run(poisoned, rc);
+    REQUIRE(out.status.ok());
+    CHECK(out.plan.split_kv == split);
+    std::size_t wrong_nan = 0, wrong_lse = 0, wrong_other = 0, nan_elements = 0;
+    for (std::size_t e = 0; e < nan_element.size(); ++e) {
+      nan_elements += nan_element[e];
+      if (nan_element[e]) {
+        wrong_nan += !std::isnan(out.o[e]);
+      } else {
+        wrong_other += std::memcmp(&out.o[e], &base.o[e], sizeof(float)) != 0;
+      }
+    }
+    for (std::size_t row = 0; row < nan_row.size(); ++row) {
+      if (nan_row[row]) {
+        wrong_lse += split ? !(out.lse[row] == -INFINITY) : !std::isnan(out.lse[row]);
+      } else {
+        wrong_other += std::memcmp(&out.lse[row], &base.lse[row], sizeof(float)) != 0;
+      }
+    }
+    CHECK(nan_elements >= 2 * 16 * static_cast<std::size_t>(clean.c.group));
+    CHECK(wrong_nan == 0);
+    CHECK(wrong_lse == 0);
+    CHECK(wrong_other == 0);
   }
 }
 

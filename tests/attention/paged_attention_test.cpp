@@ -7,6 +7,7 @@
 // (bit-identical), block-table preflight.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -995,6 +996,65 @@ TEST_CASE("paged attention (wgmma): ragged prefill chunks over cached prefixes, 
     INFO("dtype " << to_string(c.dtype) << " D " << c.head_dim << " group " << c.group);
     Fixture f(c, rng);
     check_wgmma(f);
+  }
+}
+
+TEST_CASE("paged attention: a NaN key in a live token makes exactly its readers' rows NaN, on every kernel",
+          "[attention][paged][wgmma]") {
+  // FP8 keeps a NaN input a NaN (0x7F). Position 0 of a request is seen by all its query rows
+  // (and a shared prefix's other requests): their rows in that KV head's query group must be
+  // NaN in every element with lse NaN unsplit and -inf split (the merge marks a NaN partial),
+  // never an empty row (0, lse -inf) nor, split, a NaN row with a finite lse. Every other row
+  // is unchanged, bit for bit. mma.sync, and both wgmma prefill kernels.
+  auto rng = slimserve_test::make_rng(1104);
+  const Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, {40, 17 + 3, 150}, {8, 17, 70}}, rng);
+  HostCache poisoned = f.cache;
+  const int page = f.table.pages_of(1)[0], kv_head = 1;
+  poisoned.set_bits(poisoned.k, poisoned.offset(page, 0, kv_head, 37), 0x7F);
+  const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads()), d = static_cast<std::size_t>(f.c.head_dim);
+  std::vector<bool> nan_row(static_cast<std::size_t>(f.qo_indptr.back()) * heads, false);
+  for (std::size_t b = 0; b < f.c.kv_lengths.size(); ++b) {
+    const auto pages = f.table.pages_of(b);
+    if (std::find(pages.begin(), pages.end(), page) == pages.end()) continue;  // slot 0 of a listed page is live
+    for (auto t = static_cast<std::size_t>(f.qo_indptr[b]); t < static_cast<std::size_t>(f.qo_indptr[b + 1]); ++t) {
+      for (int g = 0; g < f.c.group; ++g) nan_row[t * heads + static_cast<std::size_t>(kv_head * f.c.group + g)] = true;
+    }
+  }
+  for (const int kernel : {0, 1, 2}) {  // mma.sync, ping-pong, one warpgroup
+    for (const bool split : {false, true}) {
+      INFO("kernel " << kernel << (split ? " split" : " unsplit"));
+      RunConfig rc;
+      rc.allow_split = split;
+      rc.num_sms = split ? 4096 : 132;  // a wide device: chunks of 128
+      rc.warpgroup_mma = kernel != 0;
+      rc.wgmma_kernel = kernel == 2 ? PrefillWgmmaKernel::one_warpgroup : PrefillWgmmaKernel::ping_pong;
+      const Output base = run(f, {}, rc);
+      rc.cache_override = &poisoned;
+      const Output out = run(f, {}, rc);
+      CHECK(out.ran_wgmma == (kernel != 0));
+      CHECK(out.plan.split_kv == split);
+      std::size_t wrong_nan = 0, wrong_lse = 0, wrong_other = 0, nan_rows = 0;
+      for (std::size_t row = 0; row < nan_row.size(); ++row) {
+        nan_rows += nan_row[row];
+        for (std::size_t e = row * d; e < (row + 1) * d; ++e) {
+          if (nan_row[row]) {
+            wrong_nan += !std::isnan(out.o[e]);
+          } else {
+            wrong_other += out.o_bits[e] != base.o_bits[e];
+          }
+        }
+        if (nan_row[row]) {
+          wrong_lse += split ? !(out.lse[row] == -INFINITY) : !std::isnan(out.lse[row]);
+        } else {
+          wrong_other += std::memcmp(&out.lse[row], &base.lse[row], sizeof(float)) != 0;
+        }
+      }
+      CHECK(nan_rows >= 17 * static_cast<std::size_t>(f.c.group));
+      CHECK(nan_rows < nan_row.size());
+      CHECK(wrong_nan == 0);
+      CHECK(wrong_lse == 0);
+      CHECK(wrong_other == 0);
+    }
   }
 }
 

@@ -555,7 +555,7 @@ SLIMSERVE_ATTENTION_UNROLL
     const int r = wm * 16 + g + 8 * half;
     const std::int64_t packed = tile_row0 + r;
     const float sum = smem.row_sum[r];
-    const bool empty = !(sum > 0.0f);
+    const bool empty = sum == 0.0f;  // a NaN sum (a NaN key read) is not empty: NaN row and lse
     const float norm = invalid_scale ? NAN : (empty ? 0.0f : out_scale / sum);
     if (p.split_kv) {
       float* po = p.partial_o + partial_row(r) * mla_latent_dim;

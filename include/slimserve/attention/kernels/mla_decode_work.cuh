@@ -159,7 +159,7 @@ SLIMSERVE_DEVICE inline void mla_write_row_lse(const MlaDecodeParams& p, const M
                                                float run_sum) {
   const std::int64_t packed = w.tile_row0 + r;
   const bool valid = packed < w.valid_rows;
-  const bool empty = !(run_sum > 0.0f);
+  const bool empty = run_sum == 0.0f;  // NaN (a NaN key read) is not empty: the lse is NaN
   // A NaN run_max (the running max never is: fmaxf keeps the other operand) is the kernel's
   // mark of an invalid tensor scale: the lse is NaN too.
   const float lse = run_max != run_max ? NAN : empty ? -INFINITY : (run_max + log2f(run_sum)) * paged_ln_2;

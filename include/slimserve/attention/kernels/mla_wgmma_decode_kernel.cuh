@@ -651,7 +651,7 @@ SLIMSERVE_ATTENTION_UNROLL
     if (wg == 0 && t == 0) {
       mla_write_row_lse(p, work, r, invalid_scale ? NAN : run_max[half], invalid_scale ? NAN : sum);
     }
-    const bool empty = !(sum > 0.0f);
+    const bool empty = sum == 0.0f;  // a NaN sum (a NaN key read) is not empty: NaN row and lse
     const float norm = invalid_scale ? NAN : (empty ? 0.0f : out_scale / sum);
     if (!p.split_kv && packed >= valid_rows) continue;
     float* po = p.split_kv ? p.partial_o + work.partial_row(r) * mla_latent_dim : nullptr;

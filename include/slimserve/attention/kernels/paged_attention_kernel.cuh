@@ -836,7 +836,7 @@ SLIMSERVE_ATTENTION_UNROLL
       if (rotates_values(p.rotation)) hadamard_rotate<HeadDim>(out);
       if (skipped) continue;
     }
-    const bool empty = !(sum > 0.0f);
+    const bool empty = sum == 0.0f;  // a NaN sum (a NaN key read) is not empty: NaN row and lse
     float norm = empty ? 0.0f : out_scale / sum;
     float lse = empty ? -INFINITY : (top + log2f(sum)) * paged_ln_2;
     if constexpr (block_scaled) {

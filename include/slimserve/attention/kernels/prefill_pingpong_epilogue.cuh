@@ -92,7 +92,7 @@ SLIMSERVE_ATTENTION_UNROLL
     } else {
       sum = 0.0f;
     }
-    const bool empty = !(sum > 0.0f);
+    const bool empty = sum == 0.0f;  // a NaN sum (a NaN key read) is not empty: NaN row and lse
     const float norm = empty ? 0.0f : weight * out_scale / sum;
     const float lse = empty ? -INFINITY : (top + log2f(sum)) * paged_ln_2;
     if (p.split_kv) {
