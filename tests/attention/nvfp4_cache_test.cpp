@@ -156,6 +156,24 @@ struct Fixture {
   std::vector<unsigned char> k_pages, v_pages;  // poisoned images
 };
 
+/// A packed NVFP4 cache view over device K/V pages and their two device tensor scales.
+PagedKVCacheView nvfp4_view(void* k_pages, void* v_pages, const float* scales, std::int32_t num_pages,
+                            std::int32_t page_size, std::int32_t heads, std::int32_t head_dim, KvLayout layout) {
+  PagedKVCacheView cache;
+  cache.k_pages = k_pages;
+  cache.v_pages = v_pages;
+  cache.k_scale = scales;
+  cache.v_scale = scales + 1;
+  cache.num_pages = num_pages;
+  cache.page_size = page_size;
+  cache.num_kv_heads = heads;
+  cache.head_dim = head_dim;
+  cache.dtype = KvDtype::nvfp4;
+  cache.layout = layout;
+  cache.scale_mode = KvScaleMode::per_tensor;
+  return cache;
+}
+
 }  // namespace
 
 TEST_CASE("NVFP4 append: codes and block scales equal the scalar rule's, neighbours untouched",
@@ -374,18 +392,7 @@ TEST_CASE("NVFP4 dequantize_pages: every element is the FP64 decode of the store
       const std::size_t out_count = listed.size() * static_cast<std::size_t>(page_size) * heads * head_dim;
       auto k_out = upload(std::vector<std::uint16_t>(out_count, 0x7F7Fu));
       auto v_out = upload(std::vector<std::uint16_t>(out_count, 0x7F7Fu));
-      PagedKVCacheView cache;
-      cache.k_pages = k_dev.data();
-      cache.v_pages = v_dev.data();
-      cache.k_scale = scales.data();
-      cache.v_scale = scales.data() + 1;
-      cache.num_pages = num_pages;
-      cache.page_size = page_size;
-      cache.num_kv_heads = heads;
-      cache.head_dim = head_dim;
-      cache.dtype = KvDtype::nvfp4;
-      cache.layout = layout;
-      cache.scale_mode = KvScaleMode::per_tensor;
+      const PagedKVCacheView cache = nvfp4_view(k_dev.data(), v_dev.data(), scales.data(), num_pages, page_size, heads, head_dim, layout);
       REQUIRE(dequantize_pages(cache, ids.data(), static_cast<std::int32_t>(listed.size()),
                                reinterpret_cast<bf16*>(k_out.data()), reinterpret_cast<bf16*>(v_out.data()), nullptr)
                   .ok());
@@ -455,18 +462,7 @@ TEST_CASE("NVFP4 dequantize_pages: a tensor scale outside the format's domain gi
     const std::size_t out_count = listed.size() * static_cast<std::size_t>(page_size) * heads * head_dim;
     auto k_out = upload(std::vector<std::uint16_t>(out_count, 0x3F80u));  // poisoned with 1.0
     auto v_out = upload(std::vector<std::uint16_t>(out_count, 0x7FC1u));  // poisoned with NaN
-    PagedKVCacheView cache;
-    cache.k_pages = k_dev.data();
-    cache.v_pages = v_dev.data();
-    cache.k_scale = scales.data();
-    cache.v_scale = scales.data() + 1;
-    cache.num_pages = num_pages;
-    cache.page_size = page_size;
-    cache.num_kv_heads = heads;
-    cache.head_dim = head_dim;
-    cache.dtype = KvDtype::nvfp4;
-    cache.layout = KvLayout::nhd;
-    cache.scale_mode = KvScaleMode::per_tensor;
+    const PagedKVCacheView cache = nvfp4_view(k_dev.data(), v_dev.data(), scales.data(), num_pages, page_size, heads, head_dim, KvLayout::nhd);
     REQUIRE(dequantize_pages(cache, ids.data(), static_cast<std::int32_t>(listed.size()),
                              reinterpret_cast<bf16*>(k_out.data()), reinterpret_cast<bf16*>(v_out.data()), nullptr)
                 .ok());
