@@ -7,6 +7,7 @@
 // Every element against an FP64 product of the already-quantized inputs.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "slimserve/arch/fp8_convert.cuh"
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
+#include "slimserve/attention/kernels/mla_wgmma_decode_kernel.cuh"
 #include "slimserve/formats/float_formats.hpp"
 #include "slimserve/runtime/launch.hpp"
 #include "slimserve/runtime/memory.hpp"
@@ -270,4 +272,58 @@ TEST_CASE("WgmmaTile128B offsets are the canonical 128B layout", "[attention][ml
       }
     }
   }
+}
+
+TEST_CASE("MLA on wgmma, NVFP4 widening: every chunk once, every quarter-warp access on 8 bank groups",
+          "[attention][mla][wgmma]") {
+  // The thread map of the widening step (MlaWgmmaTile::widen_token / widen_chunk) and the raw
+  // stage's chunk placement (raw_chunk), checked as addresses: a 16-byte shared access serves
+  // 8 lanes at a time, conflict-free only when their 16-byte bank groups (address / 16 mod 8)
+  // differ. The 4-byte block-scale loads: lanes on different words must use different banks.
+  using Tile = slimserve::attention::kernels::MlaWgmmaTile<slimserve::nvfp4>;
+  using Latent = Tile::LatentTile;
+  constexpr int warps = Tile::threads / 32, chunks = Tile::code_bytes / 16;
+  // The producer's placement is a permutation of each token's raw row.
+  for (int token = 0; token < Tile::tile_tokens; ++token) {
+    std::vector<int> seen(chunks, 0);
+    for (int c = 0; c < chunks; ++c) ++seen[static_cast<std::size_t>(Tile::raw_chunk(token, c))];
+    CHECK(std::count(seen.begin(), seen.end(), 1) == chunks);
+  }
+  std::vector<int> widened(static_cast<std::size_t>(Tile::tile_tokens * chunks), 0);
+  int load_conflicts = 0, store_conflicts = 0, scale_conflicts = 0;
+  for (int warp = 0; warp < warps; ++warp) {
+    for (int unit = 0; unit < Tile::widen_units; ++unit) {
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        std::vector<int> load_groups, scale_words;
+        std::vector<std::vector<int>> store_groups(4);
+        for (int lane = 8 * quarter; lane < 8 * quarter + 8; ++lane) {
+          const int token = Tile::widen_token(warp, lane, unit), c = Tile::widen_chunk(lane, unit);
+          REQUIRE((token >= 0 && token < Tile::tile_tokens && c >= 0 && c < chunks));
+          ++widened[static_cast<std::size_t>(token * chunks + c)];
+          load_groups.push_back((token * Tile::code_bytes + 16 * Tile::raw_chunk(token, c)) / 16 % 8);
+          for (int word = 0; word < 4; ++word) {
+            store_groups[static_cast<std::size_t>(word)].push_back(
+                static_cast<int>(Latent::chunk_offset(token, 4 * c + word) / 16 % 8));
+          }
+          scale_words.push_back((token * Tile::token_scale_bytes + 2 * c) / 4);
+        }
+        auto distinct = [](std::vector<int> v) {
+          std::sort(v.begin(), v.end());
+          return static_cast<int>(std::unique(v.begin(), v.end()) - v.begin());
+        };
+        load_conflicts += distinct(load_groups) != 8;
+        for (const auto& g : store_groups) store_conflicts += distinct(g) != 8;
+        std::vector<int> words = scale_words;
+        std::sort(words.begin(), words.end());
+        words.erase(std::unique(words.begin(), words.end()), words.end());
+        std::vector<int> banks;
+        for (int w : words) banks.push_back(w % 32);
+        scale_conflicts += distinct(banks) != static_cast<int>(words.size());
+      }
+    }
+  }
+  CHECK(std::count(widened.begin(), widened.end(), 1) == static_cast<long>(widened.size()));
+  CHECK(load_conflicts == 0);
+  CHECK(store_conflicts == 0);
+  CHECK(scale_conflicts == 0);
 }

@@ -87,6 +87,23 @@ struct MlaWgmmaTile {
   static constexpr int token_scale_bytes =
       fp8 ? groups * 4 : (block_scaled ? mla_latent_dim / nvfp4_block_elements : 0);
   static_assert(groups == 4 && threads_per_token == 4 && warpgroup_tokens == 32 && o_k_steps == 2);
+  /// Where 16-byte chunk `chunk` of `token`'s raw codes sits in its raw row. NVFP4: at
+  /// chunk ^ 2 (token % 4), because each quarter-warp of the widening reads chunks 2 b, 2 b + 1
+  /// of 4 consecutive tokens (see there): the XOR gives its 8 lanes 8 different 16-byte bank
+  /// groups. FP8: in place (a quarter-warp reads 8 consecutive chunks of one token).
+  SLIMSERVE_HOST_DEVICE static constexpr int raw_chunk(int token, int chunk) {
+    return block_scaled ? chunk ^ (2 * (token % 4)) : chunk;
+  }
+  /// NVFP4 widening: the token and the 32-code chunk that lane `lane` of warp `warp` widens in
+  /// unit `unit` (0..3). Lane i of quarter-warp q: token 4 (warp + 8 (unit / 2)) + i / 2, chunk
+  /// 2 (q + 4 (unit % 2)) + i % 2 (why: the widening step in the kernel).
+  static constexpr int widen_units = 4;
+  SLIMSERVE_HOST_DEVICE static constexpr int widen_token(int warp, int lane, int unit) {
+    return 4 * (warp + (threads / 32) * (unit / 2)) + (lane % 8) / 2;
+  }
+  SLIMSERVE_HOST_DEVICE static constexpr int widen_chunk(int lane, int unit) {
+    return 2 * (lane / 8 + 4 * (unit % 2)) + lane % 2;
+  }
 
   // Shared memory, carved by byte offsets (the tiles need 1024-byte alignment, more than a
   // struct can ask of the dynamic shared memory base).
@@ -259,12 +276,19 @@ SLIMSERVE_ATTENTION_UNROLL
         mla_token_record(p, work, work.kv_begin + static_cast<std::int64_t>(i) * Tile::tile_tokens + producer_token, ok);
     constexpr int tpt = Tile::threads_per_token;
     if constexpr (widened) {
-      unsigned char* raw = smem + Tile::raw_offset + producer_token * Tile::code_bytes + 16 * producer_sub;
+      unsigned char* raw = smem + Tile::raw_offset + producer_token * Tile::code_bytes;
       constexpr int code_chunks = Tile::code_bytes / 16;  // FP8 32: 8 per thread; NVFP4 16: 4
       static_assert(code_chunks % tpt == 0 && (mla_rope_dim / 8) % tpt == 0);
+      // NVFP4: Tile::raw_chunk(token, sub + 4 k) is raw_chunk(token, sub) + 4 k for even k and
+      // raw_chunk(token, sub + 4) + 4 (k - 1) for odd k (the XOR reaches bits 1-2 only): two
+      // bases. FP8: in place, one base.
+      const int placed[2] = {Tile::raw_chunk(producer_token, producer_sub),
+                             block_scaled ? Tile::raw_chunk(producer_token, producer_sub + tpt) : producer_sub};
 SLIMSERVE_ATTENTION_UNROLL
       for (int k = 0; k < code_chunks / tpt; ++k) {
-        arch::cp_async_16_zfill(raw + 16 * tpt * k, record + 16 * (producer_sub + tpt * k), ok);
+        const int chunk = producer_sub + tpt * k;
+        const int at = block_scaled ? placed[k % 2] + tpt * (k - k % 2) : placed[0] + tpt * k;
+        arch::cp_async_16_zfill(raw + 16 * at, record + 16 * chunk, ok);
       }
       // Rope chunks sub and sub + 4 (8 BF16 values each) straight into the stage's rope tile.
       unsigned char* rope = smem + Tile::rope_offset + stage * RopeTile::bytes;
@@ -323,27 +347,43 @@ SLIMSERVE_ATTENTION_UNROLL
       //    e2m1 x block scale x 2^-14, exactly (fp16 subnormals included, nvfp4_fragments.cuh),
       //    in the parity order of `mla_latent_column`; the tensor scale x 2^14 is static_scale,
       //    applied to the latent part of S and to the output in FP32.
-      //    Unit `unit` of warp w is token w + 8 (lane / 16) + 16 unit, its lane the 32-code
-      //    chunk c = lane % 16 (blocks 2c, 2c + 1; fp16 chunks 4c .. 4c + 3 of the row): every
-      //    address is a per-thread base plus a constant.
+      //    A thread widens 32-code chunks c (blocks 2c, 2c + 1; fp16 chunks 4c .. 4c + 3 of the
+      //    row). Lane i of quarter-warp q of warp w, in unit u, takes token
+      //    4 (w + 8 (u / 2)) + i / 2 and chunk 2 (q + 4 (u % 2)) + i % 2: a quarter-warp (the
+      //    lanes one 16-byte shared access serves together) spans 4 tokens and 2 chunks, so
+      //    its stores land on 8 different bank groups of the swizzled tile (row % 8 differs),
+      //    where 8 chunks of one token hit 2 (4-way conflicts); its raw loads do too through
+      //    Tile::raw_chunk. Every address is a per-thread base plus a constant.
       const unsigned char* raw = smem + Tile::raw_offset;
       const unsigned char* block_scales = smem + Tile::scales_offset;
       unsigned char* tile = smem + Tile::latent_offset;
-      constexpr int code_chunks = Tile::code_bytes / 16;                      // 16 chunks of 32 codes per token
-      constexpr int tokens_per_pass = Tile::threads / code_chunks;            // 16
-      constexpr int units = Tile::tile_tokens / tokens_per_pass;              // 4
-      static_assert(code_chunks == 16 && units == 4 && Tile::token_scale_bytes == 2 * code_chunks);
+      constexpr int code_chunks = Tile::code_bytes / 16;  // 16 chunks of 32 codes per token
+      static_assert(code_chunks == 16 && Tile::tile_tokens == 4 * (Tile::threads / 32) * (Tile::widen_units / 2) &&
+                        Tile::token_scale_bytes == 2 * code_chunks,
+                    "each (token, chunk) exactly once: 4 tokens x 2 chunks per quarter-warp");
       const int warp = tid / 32;
-      const int c = lane % code_chunks;
-      const int first_token = warp + (Tile::threads / 32) * (lane / code_chunks);
+      // Unit u moves unit 0's token by 32 (u / 2) and its chunk by 8 (u % 2), chunk0 < 8: the
+      // raw chunk (an XOR of bits 1-2) moves by 8 too, the tile's by a whole column block x 4
+      // and by 4 row groups. So every address is one of the bases below plus a constant.
+      const int widen_token0 = Tile::widen_token(warp, lane, 0);
+      const int widen_chunk0 = Tile::widen_chunk(lane, 0);
+      static_assert(Tile::widen_units == 4);
+      const unsigned char* raw_base = raw + widen_token0 * Tile::code_bytes + 16 * Tile::raw_chunk(widen_token0, widen_chunk0);
+      const unsigned char* scale_base = block_scales + widen_token0 * Tile::token_scale_bytes + 2 * widen_chunk0;
+      std::uint32_t store_base[4];
 SLIMSERVE_ATTENTION_UNROLL
-      for (int unit = 0; unit < units; ++unit) {
-        const int token = first_token + tokens_per_pass * unit;
-        const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
+      for (int word = 0; word < 4; ++word) store_base[word] = LatentTile::chunk_offset(widen_token0, 4 * widen_chunk0 + word);
+SLIMSERVE_ATTENTION_UNROLL
+      for (int unit = 0; unit < Tile::widen_units; ++unit) {
+        constexpr int token_step = 32, chunk_step = 8;
+        const int token_shift = token_step * (unit / 2), chunk_shift = chunk_step * (unit % 2);
+        const Vec16 codes = load16(raw_base + token_shift * Tile::code_bytes + 16 * chunk_shift);
         std::uint16_t scale_pair = 0;  // blocks 2c (low byte) and 2c + 1
-        std::memcpy(&scale_pair, block_scales + token * Tile::token_scale_bytes + 2 * c, sizeof(scale_pair));
+        std::memcpy(&scale_pair, scale_base + token_shift * Tile::token_scale_bytes + 2 * chunk_shift, sizeof(scale_pair));
+        // chunk_offset(widen_token0 + token_shift, 4 (widen_chunk0 + chunk_shift) + word), as a constant step:
+        const std::uint32_t tile_shift = LatentTile::chunk_offset(token_shift, 4 * chunk_shift);
         nvfp4_widen32_parity(codes, scale_pair, [&](int word, const Vec16& wide) {  // values 32 c + 8 word ..
-          store16(tile + LatentTile::chunk_offset(token, 4 * c + word), wide);
+          store16(tile + store_base[word] + tile_shift, wide);
         });
       }
       arch::fence_proxy_async_shared();  // also covers the rope tile this thread cp.async'd
