@@ -50,3 +50,30 @@ def test_plugin_tensor_scale_agrees_without_vllm():
         got = support.nvfp4_tensor_scale(torch.tensor(scale, dtype=torch.float32))
         assert got.shape == (1,) and got.dtype == torch.float32
         assert float(got[0]) == pytest.approx(np.float32(ss.nvfp4_tensor_scale(scale)), rel=1e-7)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "nvfp4"])
+def test_plugin_kernel_scales_refuse_what_the_kernels_cannot_read(kv_dtype):
+    """The plugin's check of a layer's scales (support.kernel_kv_scales): what the kernels
+    read, or ValueError naming the scale, before any cache is made."""
+    torch = pytest.importorskip("torch")
+    from slimserve.vllm import support
+    good = torch.tensor(0.75, dtype=torch.float64)
+    k, v = support.kernel_kv_scales(good, torch.tensor([2.0]), kv_dtype)
+    divisor = 6.0 if kv_dtype == "nvfp4" else 1.0
+    assert k.shape == v.shape == (1,) and k.dtype == v.dtype == torch.float32
+    assert float(k[0]) == np.float32(0.75 / divisor) and float(v[0]) == np.float32(2.0 / divisor)
+    for bad in (0.0, -1.0, math.inf, math.nan, 1e39):  # 1e39 is inf as float32
+        for pair in ((bad, 1.0), (1.0, bad)):
+            with pytest.raises(ValueError, match="finite and positive"):
+                support.kernel_kv_scales(torch.tensor(pair[0], dtype=torch.float64),
+                                         torch.tensor(pair[1], dtype=torch.float64), kv_dtype)
+    # Twice and half the vLLM scale whose sixth is the largest NVFP4 tensor scale.
+    above, below = 12.0 * support.NVFP4_MAX_TENSOR_SCALE, 3.0 * support.NVFP4_MAX_TENSOR_SCALE
+    if kv_dtype == "nvfp4":
+        k, _ = support.kernel_kv_scales(torch.tensor(below), good, kv_dtype)
+        assert float(k[0]) <= support.NVFP4_MAX_TENSOR_SCALE
+        with pytest.raises(ValueError, match="v_scale gives an nvfp4 tensor scale"):
+            support.kernel_kv_scales(good, torch.tensor(above), kv_dtype)
+    else:
+        support.kernel_kv_scales(torch.tensor(above), good, kv_dtype)  # FP8 readers take any finite scale

@@ -1005,19 +1005,26 @@ TEST_CASE("paged attention: a NaN key in a live token makes exactly its readers'
   // (and a shared prefix's other requests): their rows in that KV head's query group must be
   // NaN in every element with lse NaN unsplit and -inf split (the merge marks a NaN partial),
   // never an empty row (0, lse -inf) nor, split, a NaN row with a finite lse. Every other row
-  // is unchanged, bit for bit. mma.sync, and both wgmma prefill kernels.
+  // is unchanged, bit for bit. mma.sync, and both wgmma prefill kernels. Request 3 is a fresh
+  // 130-token prefill: its row 0 sees only the NaN key (every score NaN, so the running max
+  // stays -inf), and split, its first chunk's partial for that row holds nothing else.
   auto rng = slimserve_test::make_rng(1104);
-  const Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, {40, 17 + 3, 150}, {8, 17, 70}}, rng);
+  const Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, {40, 17 + 3, 150, 130},
+                   {8, 17, 70, 130}},
+                  rng);
   HostCache poisoned = f.cache;
-  const int page = f.table.pages_of(1)[0], kv_head = 1;
-  poisoned.set_bits(poisoned.k, poisoned.offset(page, 0, kv_head, 37), 0x7F);
   const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads()), d = static_cast<std::size_t>(f.c.head_dim);
   std::vector<bool> nan_row(static_cast<std::size_t>(f.qo_indptr.back()) * heads, false);
-  for (std::size_t b = 0; b < f.c.kv_lengths.size(); ++b) {
-    const auto pages = f.table.pages_of(b);
-    if (std::find(pages.begin(), pages.end(), page) == pages.end()) continue;  // slot 0 of a listed page is live
-    for (auto t = static_cast<std::size_t>(f.qo_indptr[b]); t < static_cast<std::size_t>(f.qo_indptr[b + 1]); ++t) {
-      for (int g = 0; g < f.c.group; ++g) nan_row[t * heads + static_cast<std::size_t>(kv_head * f.c.group + g)] = true;
+  struct Poison { std::size_t request; int kv_head; };
+  for (const Poison x : {Poison{1, 1}, Poison{3, 0}}) {
+    const int page = f.table.pages_of(x.request)[0];
+    poisoned.set_bits(poisoned.k, poisoned.offset(page, 0, x.kv_head, 37), 0x7F);
+    for (std::size_t b = 0; b < f.c.kv_lengths.size(); ++b) {
+      const auto pages = f.table.pages_of(b);
+      if (std::find(pages.begin(), pages.end(), page) == pages.end()) continue;  // slot 0 of a listed page is live
+      for (auto t = static_cast<std::size_t>(f.qo_indptr[b]); t < static_cast<std::size_t>(f.qo_indptr[b + 1]); ++t) {
+        for (int g = 0; g < f.c.group; ++g) nan_row[t * heads + static_cast<std::size_t>(x.kv_head * f.c.group + g)] = true;
+      }
     }
   }
   for (const int kernel : {0, 1, 2}) {  // mma.sync, ping-pong, one warpgroup
@@ -1049,7 +1056,7 @@ TEST_CASE("paged attention: a NaN key in a live token makes exactly its readers'
           wrong_other += std::memcmp(&out.lse[row], &base.lse[row], sizeof(float)) != 0;
         }
       }
-      CHECK(nan_rows >= 17 * static_cast<std::size_t>(f.c.group));
+      CHECK(nan_rows >= (17 + 130) * static_cast<std::size_t>(f.c.group));
       CHECK(nan_rows < nan_row.size());
       CHECK(wrong_nan == 0);
       CHECK(wrong_lse == 0);

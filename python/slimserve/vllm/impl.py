@@ -72,15 +72,8 @@ class SlimserveAttentionImpl(AttentionImpl):
         if c is None or c.data_ptr != kv_cache.data_ptr() or c.tensor.shape != kv_cache.shape:
             kv_dtype = activation if self.kv_dtype == "auto" else self.kv_dtype
             k_scale = v_scale = None
-            if kv_dtype.startswith("fp8") or kv_dtype == "nvfp4":
-                k_scale = layer._k_scale.reshape(1).to(torch.float32)
-                v_scale = layer._v_scale.reshape(1).to(torch.float32)
-                if not (torch.isfinite(k_scale).all() and torch.isfinite(v_scale).all()
-                        and k_scale.item() > 0 and v_scale.item() > 0):  # once, at the first step
-                    raise ValueError(f"slimserve vLLM backend: KV scales {k_scale.item()}, {v_scale.item()} "
-                                     "must be finite and positive")
-                if kv_dtype == "nvfp4":  # vLLM's scales keep their FP8 range (support.nvfp4_tensor_scale)
-                    k_scale, v_scale = support.nvfp4_tensor_scale(k_scale), support.nvfp4_tensor_scale(v_scale)
+            if kv_dtype.startswith("fp8") or kv_dtype == "nvfp4":  # checked once, at the first step
+                k_scale, v_scale = support.kernel_kv_scales(layer._k_scale, layer._v_scale, kv_dtype)
             c = self._cache = LayerCache(kv_cache, kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
             stats.note_cache(kv_cache)
         return c

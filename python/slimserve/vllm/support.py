@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from slimserve import _NVFP4_E2M1_MAX  # the scalar arithmetic, tested without vLLM
+from slimserve import _NVFP4_MAX_TENSOR_SCALE as NVFP4_MAX_TENSOR_SCALE  # FLT_MAX / 2^14
 
 # slimserve's paged attention (docs/attention.md): head_dim and page sizes it dispatches.
 HEAD_SIZES = (64, 96, 128, 192, 256)
@@ -37,6 +38,26 @@ def nvfp4_tensor_scale(vllm_scale: torch.Tensor) -> torch.Tensor:
     scale), so the tensor scale is scale / 6. With vLLM's default 1.0, block scales are E4M3
     normals for every block whose largest magnitude is at least 2^-6."""
     return (vllm_scale.reshape(1).to(torch.float32) / _NVFP4_E2M1_MAX).contiguous()
+
+
+def kernel_kv_scales(k_scale: torch.Tensor, v_scale: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-tensor scales slimserve's kernels read, from a layer's vLLM k_scale / v_scale
+    (FP8 meaning): float32 tensors of one element, divided by 6 for NVFP4
+    (nvfp4_tensor_scale). Refuses, with ValueError, a scale that is not finite and positive as
+    float32, and for NVFP4 one above the format's largest tensor scale (the kernels would read
+    every row of that cache as NaN)."""
+    k32, v32 = k_scale.reshape(1).to(torch.float32), v_scale.reshape(1).to(torch.float32)
+    if not (torch.isfinite(k32).all() and torch.isfinite(v32).all() and k32.item() > 0 and v32.item() > 0):
+        raise ValueError(f"slimserve vLLM backend: KV scales k_scale={k32.item()}, v_scale={v32.item()} "
+                         "must be finite and positive")
+    if kv_dtype != "nvfp4":
+        return k32, v32
+    k4, v4 = nvfp4_tensor_scale(k32), nvfp4_tensor_scale(v32)
+    for name, scale in (("k_scale", k4), ("v_scale", v4)):
+        if scale.item() > NVFP4_MAX_TENSOR_SCALE:
+            raise ValueError(f"slimserve vLLM backend: {name} gives an nvfp4 tensor scale {scale.item():.6g}, "
+                             f"above the format's largest ({NVFP4_MAX_TENSOR_SCALE:.6g})")
+    return k4, v4
 
 
 def check_layer(*, num_heads: int, num_kv_heads: int, head_size: int, kv_cache_dtype: str,

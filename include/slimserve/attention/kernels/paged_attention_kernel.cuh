@@ -816,17 +816,17 @@ SLIMSERVE_ATTENTION_UNROLL
     // Sinks count once: here when unsplit, in the merge when split.
     const float sink = (!p.split_kv && p.sinks != nullptr) ? p.sinks[head] * paged_log2_e : -INFINITY;
     const float top = fmaxf(m, sink);
-    float sum = 0.0f;
+    // top is -inf for a row that saw nothing, and for one whose every score was NaN (the
+    // running max drops them): base 0 then gives weight 0, and 0 x a NaN sum keeps it NaN.
+    const float base = top == -INFINITY ? 0.0f : top;
+    float sum = exp2f(sink - base);
     float out[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (top != -INFINITY) {
-      sum = exp2f(sink - top);
-      for (int w = 0; w < warps_n; ++w) {
-        const int pr = w * p.cta_rows + r;
-        const float weight = exp2f(epi.m[pr] - top);  // 0 for a part that saw nothing
-        sum += weight * epi.l[pr];
+    for (int w = 0; w < warps_n; ++w) {
+      const int pr = w * p.cta_rows + r;
+      const float weight = exp2f(epi.m[pr] - base);  // 0 for a part that saw nothing
+      sum += weight * epi.l[pr];
 SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 8; ++e) out[e] = fmaf(weight, epi.o[pr * HeadDim + d0 + e], out[e]);
-      }
+      for (int e = 0; e < 8; ++e) out[e] = fmaf(weight, epi.o[pr * HeadDim + d0 + e], out[e]);
     }
     if constexpr (Rotated) {
       // V was stored rotated: rotate the row back (8 consecutive d a thread, hadamard.cuh's

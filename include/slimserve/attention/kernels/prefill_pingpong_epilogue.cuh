@@ -85,13 +85,11 @@ SLIMSERVE_ATTENTION_UNROLL
     const float sink = (!p.split_kv && p.sinks != nullptr && packed < valid_rows) ? p.sinks[head] * paged_log2_e : -INFINITY;
     const float m = state.row_max[half];
     const float top = fmaxf(m, sink);
-    float weight = 0.0f;
-    if (top != -INFINITY) {
-      weight = exp2f(m - top);  // 0 for a row that saw nothing
-      sum = sum * weight + exp2f(sink - top);
-    } else {
-      sum = 0.0f;
-    }
+    // top is -inf for a row that saw nothing, and for one whose every score was NaN (the
+    // running max drops them): base 0 then gives weight 0, and sum x 0 keeps a NaN sum NaN.
+    const float base = top == -INFINITY ? 0.0f : top;
+    const float weight = exp2f(m - base);
+    sum = sum * weight + exp2f(sink - base);
     const bool empty = sum == 0.0f;  // a NaN sum (a NaN key read) is not empty: NaN row and lse
     const float norm = empty ? 0.0f : weight * out_scale / sum;
     const float lse = empty ? -INFINITY : (top + log2f(sum)) * paged_ln_2;
