@@ -274,56 +274,82 @@ TEST_CASE("WgmmaTile128B offsets are the canonical 128B layout", "[attention][ml
   }
 }
 
-TEST_CASE("MLA on wgmma, NVFP4 widening: every chunk once, every quarter-warp access on 8 bank groups",
-          "[attention][mla][wgmma]") {
-  // The thread map of the widening step (MlaWgmmaTile::widen_token / widen_chunk) and the raw
-  // stage's chunk placement (raw_chunk), checked as addresses: a 16-byte shared access serves
-  // 8 lanes at a time, conflict-free only when their 16-byte bank groups (address / 16 mod 8)
-  // differ. The 4-byte block-scale loads: lanes on different words must use different banks.
-  using Tile = slimserve::attention::kernels::MlaWgmmaTile<slimserve::nvfp4>;
-  using Latent = Tile::LatentTile;
-  constexpr int warps = Tile::threads / 32, chunks = Tile::code_bytes / 16;
-  // The producer's placement is a permutation of each token's raw row.
-  for (int token = 0; token < Tile::tile_tokens; ++token) {
-    std::vector<int> seen(chunks, 0);
-    for (int c = 0; c < chunks; ++c) ++seen[static_cast<std::size_t>(Tile::raw_chunk(token, c))];
-    CHECK(std::count(seen.begin(), seen.end(), 1) == chunks);
-  }
-  std::vector<int> widened(static_cast<std::size_t>(Tile::tile_tokens * chunks), 0);
+namespace {
+
+/// How many quarter-warp accesses of the widening step (MlaWgmmaTile::widen_token /
+/// widen_chunk, raw_chunk) reach fewer than 8 bank groups (or, for NVFP4's 4-byte block-scale
+/// loads, put two words on one bank); and whether every (token, chunk) is widened once. A
+/// 16-byte shared access serves 8 lanes at a time, conflict-free only when their 16-byte bank
+/// groups (address / 16 mod 8) differ.
+struct WidenAccesses {
+  bool each_chunk_once = false;
   int load_conflicts = 0, store_conflicts = 0, scale_conflicts = 0;
+};
+
+int distinct(std::vector<int> v) {
+  std::sort(v.begin(), v.end());
+  return static_cast<int>(std::unique(v.begin(), v.end()) - v.begin());
+}
+
+template <class KvT>
+WidenAccesses widen_accesses() {
+  using Tile = slimserve::attention::kernels::MlaWgmmaTile<KvT>;
+  using Latent = typename Tile::LatentTile;
+  constexpr bool nvfp4 = Tile::block_scaled;
+  constexpr int warps = Tile::threads / 32, chunks = Tile::code_bytes / 16;
+  constexpr int fp16_chunks = nvfp4 ? 4 : 2;  // 16-byte fp16 chunks one raw chunk becomes
+  std::vector<int> widened(static_cast<std::size_t>(Tile::tile_tokens * chunks), 0);
+  WidenAccesses a;
   for (int warp = 0; warp < warps; ++warp) {
     for (int unit = 0; unit < Tile::widen_units; ++unit) {
       for (int quarter = 0; quarter < 4; ++quarter) {
         std::vector<int> load_groups, scale_words;
-        std::vector<std::vector<int>> store_groups(4);
+        std::vector<std::vector<int>> store_groups(fp16_chunks);
         for (int lane = 8 * quarter; lane < 8 * quarter + 8; ++lane) {
           const int token = Tile::widen_token(warp, lane, unit), c = Tile::widen_chunk(lane, unit);
           REQUIRE((token >= 0 && token < Tile::tile_tokens && c >= 0 && c < chunks));
           ++widened[static_cast<std::size_t>(token * chunks + c)];
           load_groups.push_back((token * Tile::code_bytes + 16 * Tile::raw_chunk(token, c)) / 16 % 8);
-          for (int word = 0; word < 4; ++word) {
+          for (int word = 0; word < fp16_chunks; ++word) {
             store_groups[static_cast<std::size_t>(word)].push_back(
-                static_cast<int>(Latent::chunk_offset(token, 4 * c + word) / 16 % 8));
+                static_cast<int>(Latent::chunk_offset(token, fp16_chunks * c + word) / 16 % 8));
           }
-          scale_words.push_back((token * Tile::token_scale_bytes + 2 * c) / 4);
+          if (nvfp4) scale_words.push_back((token * Tile::token_scale_bytes + 2 * c) / 4);
         }
-        auto distinct = [](std::vector<int> v) {
-          std::sort(v.begin(), v.end());
-          return static_cast<int>(std::unique(v.begin(), v.end()) - v.begin());
-        };
-        load_conflicts += distinct(load_groups) != 8;
-        for (const auto& g : store_groups) store_conflicts += distinct(g) != 8;
+        a.load_conflicts += distinct(load_groups) != 8;
+        for (const auto& g : store_groups) a.store_conflicts += distinct(g) != 8;
         std::vector<int> words = scale_words;
         std::sort(words.begin(), words.end());
         words.erase(std::unique(words.begin(), words.end()), words.end());
         std::vector<int> banks;
         for (int w : words) banks.push_back(w % 32);
-        scale_conflicts += distinct(banks) != static_cast<int>(words.size());
+        a.scale_conflicts += distinct(banks) != static_cast<int>(words.size());
       }
     }
   }
-  CHECK(std::count(widened.begin(), widened.end(), 1) == static_cast<long>(widened.size()));
-  CHECK(load_conflicts == 0);
-  CHECK(store_conflicts == 0);
-  CHECK(scale_conflicts == 0);
+  a.each_chunk_once = std::count(widened.begin(), widened.end(), 1) == static_cast<long>(widened.size());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("MLA on wgmma, the widening: every chunk once, every quarter-warp access on 8 bank groups",
+          "[attention][mla][wgmma]") {
+  // NVFP4: the producer's raw placement is a permutation of each token's raw row.
+  using Nvfp4Tile = slimserve::attention::kernels::MlaWgmmaTile<slimserve::nvfp4>;
+  constexpr int nvfp4_chunks = Nvfp4Tile::code_bytes / 16;
+  for (int token = 0; token < Nvfp4Tile::tile_tokens; ++token) {
+    std::vector<int> seen(nvfp4_chunks, 0);
+    for (int c = 0; c < nvfp4_chunks; ++c) ++seen[static_cast<std::size_t>(Nvfp4Tile::raw_chunk(token, c))];
+    CHECK(std::count(seen.begin(), seen.end(), 1) == nvfp4_chunks);
+  }
+  const auto check = [](const WidenAccesses& a) {
+    CHECK(a.each_chunk_once);
+    CHECK(a.load_conflicts == 0);
+    CHECK(a.store_conflicts == 0);
+    CHECK(a.scale_conflicts == 0);
+  };
+  SECTION("nvfp4") { check(widen_accesses<slimserve::nvfp4>()); }
+  SECTION("fp8_e4m3") { check(widen_accesses<slimserve::fp8_e4m3>()); }
+  SECTION("fp8_e5m2") { check(widen_accesses<slimserve::fp8_e5m2>()); }
 }

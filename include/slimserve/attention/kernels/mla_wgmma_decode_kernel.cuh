@@ -90,19 +90,27 @@ struct MlaWgmmaTile {
   /// Where 16-byte chunk `chunk` of `token`'s raw codes sits in its raw row. NVFP4: at
   /// chunk ^ 2 (token % 4), because each quarter-warp of the widening reads chunks 2 b, 2 b + 1
   /// of 4 consecutive tokens (see there): the XOR gives its 8 lanes 8 different 16-byte bank
-  /// groups. FP8: in place (a quarter-warp reads 8 consecutive chunks of one token).
+  /// groups. FP8: in place (a quarter-warp reads chunk positions 8 q .. 8 q + 7, 4 of each of
+  /// two tokens: rows are 512 bytes, so the position alone sets the bank group).
   SLIMSERVE_HOST_DEVICE static constexpr int raw_chunk(int token, int chunk) {
     return block_scaled ? chunk ^ (2 * (token % 4)) : chunk;
   }
-  /// NVFP4 widening: the token and the 32-code chunk that lane `lane` of warp `warp` widens in
-  /// unit `unit` (0..3). Lane i of quarter-warp q: token 4 (warp + 8 (unit / 2)) + i / 2, chunk
-  /// 2 (q + 4 (unit % 2)) + i % 2 (why: the widening step in the kernel).
-  static constexpr int widen_units = 4;
+  /// The widening's thread map: the token and the 16-byte raw chunk (FP8 16 codes, NVFP4 32)
+  /// that lane `lane` of warp `warp` widens in unit `unit` (0 .. widen_units - 1), each
+  /// (token, chunk) once. A quarter-warp (the 8 lanes one 16-byte shared access serves
+  /// together) must reach 8 different 16-byte bank groups when it loads raw chunks and when it
+  /// stores the fp16 chunks into the swizzled tile (why each map: the widening step in the
+  /// kernel).
+  /// FP8: lane i of quarter-warp q, chunk 8 q + i, of token 2 w + 16 (u / 2) + (i / 4 xor u % 2).
+  /// NVFP4: lane i of quarter-warp q, token 4 (w + 8 (u / 2)) + i / 2, chunk
+  /// 2 (q + 4 (u % 2)) + i % 2.
+  static constexpr int widen_units = block_scaled ? 4 : 8;
   SLIMSERVE_HOST_DEVICE static constexpr int widen_token(int warp, int lane, int unit) {
-    return 4 * (warp + (threads / 32) * (unit / 2)) + (lane % 8) / 2;
+    return block_scaled ? 4 * (warp + (threads / 32) * (unit / 2)) + (lane % 8) / 2
+                        : 2 * warp + 16 * (unit / 2) + (((lane / 4) % 2) ^ (unit % 2));
   }
   SLIMSERVE_HOST_DEVICE static constexpr int widen_chunk(int lane, int unit) {
-    return 2 * (lane / 8 + 4 * (unit % 2)) + lane % 2;
+    return block_scaled ? 2 * (lane / 8 + 4 * (unit % 2)) + lane % 2 : lane;
   }
 
   // Shared memory, carved by byte offsets (the tiles need 1024-byte alignment, more than a
@@ -401,45 +409,61 @@ SLIMSERVE_ATTENTION_UNROLL
       //    2^-36, where the latent is negligible); a clamped token carries m_g up to 146 (a group
       //    scale up to 2^7 x 146 ~ 1.9e4, i.e. |latent| up to 8.3e6, before code x m_g would
       //    pass fp16's 65504). One S chain for the latent, one P copy for all groups.
-      //    Unit `unit` of warp w is token w + 8 unit, its lane the 16-code chunk `lane` (scale
-      //    group lane / 8): a warp-uniform token. Each lane first derives one (unit, group)
-      //    factor — lane 8 g + unit — then fetches its own.
+      //    Lane i of quarter-warp q of warp w, in unit u, widens the 16-code chunk c = 8 q + i
+      //    (fp16 chunks 2c, 2c + 1; scale group q) of token 2 w + 16 (u / 2) + e, e = i / 4 xor
+      //    u % 2 (Tile::widen_token): a quarter-warp spans two tokens of different parity, 4
+      //    chunks each, so its stores land on 8 different bank groups of the swizzled tile
+      //    (the even chunks 2c of one token reach only 4: 2-way conflicts), and its raw loads,
+      //    8 consecutive chunk positions, on 8 too. Every address is one of two per-thread
+      //    bases (e's two values) plus a constant.
       const unsigned char* raw = smem + Tile::raw_offset;
       unsigned char* tile = smem + Tile::latent_offset;
       constexpr int code_chunks = Tile::code_bytes / 16;  // 32 chunks of 16 codes per token
-      constexpr int units = Tile::tile_tokens * code_chunks / Tile::threads;  // 8
+      constexpr int units = Tile::widen_units;  // 8
       constexpr int warps = Tile::threads / 32;
       static_assert(code_chunks == 32 && units == 8 && Tile::groups == 4 && code_chunks / Tile::groups == 8 &&
-                        units * Tile::groups == 32,
-                    "one warp per token and unit, lane = chunk, group = lane / 8");
+                        Tile::tile_tokens == 2 * warps * (units / 2),
+                    "each (token, chunk) once: two tokens x 4 chunks per quarter-warp, group = lane / 8");
       const int warp = tid / 32;
-      std::uint32_t group_factor = 0;  // f16x2 (m, m) for (unit lane % 4, group (lane / 4) % 4)
+      // A warp's 8 tokens by slot j: token 2 w + 16 (j / 2) + j % 2. Lane 8 g + j derives the
+      // factor of (slot j, group g); the widening fetches it by slot within its 8-lane segment.
+      std::uint32_t group_factor = 0;  // f16x2 (m, m)
       {
-        const int prep_token = warp + warps * (lane % units);
-        const int prep_group = (lane / units) % Tile::groups;
+        const int slot = lane % 8;
+        const int prep_token = 2 * warp + 16 * (slot / 2) + slot % 2;
+        const int prep_group = lane / 8;
         const float scale = group_scales ? tile_scales[prep_token * Tile::groups + prep_group] : static_scale;
-        float token_max = fmaxf(scale, __shfl_xor_sync(0xffffffffu, scale, units));
-        token_max = fmaxf(token_max, __shfl_xor_sync(0xffffffffu, token_max, 2 * units));
+        float token_max = fmaxf(scale, __shfl_xor_sync(0xffffffffu, scale, 8));
+        token_max = fmaxf(token_max, __shfl_xor_sync(0xffffffffu, token_max, 16));
         // 2^e from the exponent field, clamped as above.
         const ClampedPowerOfTwo<mla_min_token_exponent, mla_max_token_exponent> e(token_max);
         const float power = e.power;
         const float m = scale * e.inverse;
         group_factor = pack_pair<fp16>(m, m);
-        if (lane < units) {  // group 0's lane of each unit: the token's factors for S and P
+        if (lane < 8) {  // group 0's lane of each slot: the token's factors for S and P
           float* factors = reinterpret_cast<float*>(smem + Tile::token_factor_offset) + prep_token * Tile::token_factors;
           factors[0] = power;
           factors[1] = power * per_token_p_headroom;
         }
       }
+      // Unit u: token widen_token(w, lane, u % 2) + 16 (u / 2), 16 rows on (the swizzle, row % 8,
+      // unchanged): bases for u % 2, constant steps for u / 2.
+      const int parity = (lane / 4) % 2;  // e for even units; odd units take 1 - parity
+      const unsigned char* raw_base[2];
+      std::uint32_t store_base[2][2];
+SLIMSERVE_ATTENTION_UNROLL
+      for (int s = 0; s < 2; ++s) {
+        const int token = Tile::widen_token(warp, lane, s), c = Tile::widen_chunk(lane, s);
+        raw_base[s] = raw + token * Tile::code_bytes + 16 * c;
+        store_base[s][0] = LatentTile::chunk_offset(token, 2 * c);
+        store_base[s][1] = LatentTile::chunk_offset(token, 2 * c + 1);
+      }
 SLIMSERVE_ATTENTION_UNROLL
       for (int unit = 0; unit < units; ++unit) {
-        const int token = warp + warps * unit;
-        const int c = lane;
-        // Lane unit + 8 (lane / 8): `unit` within the lane's segment of 8 (a constant lane
-        // index: no per-unit address add).
-        static_assert(units == 8);
-        const std::uint32_t factor = __shfl_sync(0xffffffffu, group_factor, unit, units);
-        const Vec16 codes = load16(raw + token * Tile::code_bytes + 16 * c);
+        constexpr int token_step = 16;
+        const int s = unit % 2, token_shift = token_step * (unit / 2);
+        const std::uint32_t factor = __shfl_sync(0xffffffffu, group_factor, 2 * (unit / 2) + (parity ^ s), 8);
+        const Vec16 codes = load16(raw_base[s] + token_shift * Tile::code_bytes);
         Vec16 wide[2];
 SLIMSERVE_ATTENTION_UNROLL
         for (int k = 0; k < 4; ++k) {
@@ -456,8 +480,10 @@ SLIMSERVE_ATTENTION_UNROLL
             wide[k / 2].word[2 * (k % 2) + half] = arch::mul_rn_f16x2(pair[half], factor);
           }
         }
-        store16(tile + LatentTile::chunk_offset(token, 2 * c), wide[0]);
-        store16(tile + LatentTile::chunk_offset(token, 2 * c + 1), wide[1]);
+        // chunk_offset(token + token_shift, ..) - chunk_offset(token, ..): whole rows.
+        const std::uint32_t tile_shift = LatentTile::chunk_offset(token_shift, 0);
+        store16(tile + store_base[s][0] + tile_shift, wide[0]);
+        store16(tile + store_base[s][1] + tile_shift, wide[1]);
       }
       arch::fence_proxy_async_shared();  // also covers the rope tile this thread cp.async'd
       __syncthreads();
