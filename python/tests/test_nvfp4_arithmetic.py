@@ -64,8 +64,8 @@ def test_plugin_kernel_scales_refuse_what_the_kernels_cannot_read(kv_dtype):
     assert k.shape == v.shape == (1,) and k.dtype == v.dtype == torch.float32
     assert float(k[0]) == np.float32(0.75 / divisor) and float(v[0]) == np.float32(2.0 / divisor)
     for bad in (0.0, -1.0, math.inf, math.nan, 1e39):  # 1e39 is inf as float32
-        for pair in ((bad, 1.0), (1.0, bad)):
-            with pytest.raises(ValueError, match="finite and positive"):
+        for which, pair in (("k", (bad, 1.0)), ("v", (1.0, bad))):
+            with pytest.raises(ValueError, match=f"vLLM {which}_scale must be finite and > 0 as a float32"):
                 support.kernel_kv_scales(torch.tensor(pair[0], dtype=torch.float64),
                                          torch.tensor(pair[1], dtype=torch.float64), kv_dtype)
     # Twice and half the vLLM scale whose sixth is the largest NVFP4 tensor scale.
@@ -73,7 +73,9 @@ def test_plugin_kernel_scales_refuse_what_the_kernels_cannot_read(kv_dtype):
     if kv_dtype == "nvfp4":
         k, _ = support.kernel_kv_scales(torch.tensor(below), good, kv_dtype)
         assert float(k[0]) <= support.NVFP4_MAX_TENSOR_SCALE
-        with pytest.raises(ValueError, match="v_scale gives an nvfp4 tensor scale"):
+        with pytest.raises(ValueError, match=r"nvfp4 tensor scale \(vLLM v_scale / 6\) .* above"):
             support.kernel_kv_scales(good, torch.tensor(above), kv_dtype)
     else:
-        support.kernel_kv_scales(torch.tensor(above), good, kv_dtype)  # FP8 readers take any finite scale
+        # FP8 readers take any finite scale, unchanged
+        k, v = support.kernel_kv_scales(torch.tensor(above), good, kv_dtype)
+        assert float(k[0]) == np.float32(above) and float(v[0]) == np.float32(0.75)

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from slimserve import _NVFP4_E2M1_MAX  # the scalar arithmetic, tested without vLLM
+from slimserve import _check_scale_value  # the one scale check of every host-given scale
 from slimserve import _NVFP4_MAX_TENSOR_SCALE as NVFP4_MAX_TENSOR_SCALE  # FLT_MAX / 2^14
 
 # slimserve's paged attention (docs/attention.md): head_dim and page sizes it dispatches.
@@ -43,20 +44,17 @@ def nvfp4_tensor_scale(vllm_scale: torch.Tensor) -> torch.Tensor:
 def kernel_kv_scales(k_scale: torch.Tensor, v_scale: torch.Tensor, kv_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-tensor scales slimserve's kernels read, from a layer's vLLM k_scale / v_scale
     (FP8 meaning): float32 tensors of one element, divided by 6 for NVFP4
-    (nvfp4_tensor_scale). Refuses, with ValueError, a scale that is not finite and positive as
-    float32, and for NVFP4 one above the format's largest tensor scale (the kernels would read
-    every row of that cache as NaN)."""
+    (nvfp4_tensor_scale). Each is refused, with ValueError naming it, by the same check as the
+    host-given scales of slimserve's own API (not finite and positive as float32; for NVFP4 a
+    tensor scale above the format's largest, which the kernels would read as NaN rows)."""
     k32, v32 = k_scale.reshape(1).to(torch.float32), v_scale.reshape(1).to(torch.float32)
-    if not (torch.isfinite(k32).all() and torch.isfinite(v32).all() and k32.item() > 0 and v32.item() > 0):
-        raise ValueError(f"slimserve vLLM backend: KV scales k_scale={k32.item()}, v_scale={v32.item()} "
-                         "must be finite and positive")
+    for name, scale in (("k_scale", k32), ("v_scale", v32)):
+        _check_scale_value(scale.item(), f"vLLM {name}")
     if kv_dtype != "nvfp4":
         return k32, v32
     k4, v4 = nvfp4_tensor_scale(k32), nvfp4_tensor_scale(v32)
     for name, scale in (("k_scale", k4), ("v_scale", v4)):
-        if scale.item() > NVFP4_MAX_TENSOR_SCALE:
-            raise ValueError(f"slimserve vLLM backend: {name} gives an nvfp4 tensor scale {scale.item():.6g}, "
-                             f"above the format's largest ({NVFP4_MAX_TENSOR_SCALE:.6g})")
+        _check_scale_value(scale.item(), f"nvfp4 tensor scale (vLLM {name} / 6)", kv_dtype)
     return k4, v4
 
 
