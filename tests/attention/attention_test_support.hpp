@@ -449,4 +449,36 @@ inline double tensor_core_tolerance(ActivationDtype out, KvDtype cache, double r
   return out_rel * std::fabs(ref) + (2.0 * p_rel + 2e-5) * v_max + 1e-6;
 }
 
+/// What a NaN-poisoning test counts against a clean run of the same inputs: elements of a row
+/// that must be NaN but are not, lse values that break the NaN rule (a split run's partial rows
+/// carry lse -inf, a merged row lse NaN), and any element or lse of every other row that is not
+/// bit-identical to the clean run. Rows are [rows, head_dim]; `nan_row` marks the rows that read
+/// a NaN.
+struct NanRowTally {
+  std::size_t wrong_nan = 0, wrong_lse = 0, wrong_other = 0, nan_rows = 0;
+};
+
+inline NanRowTally tally_nan_rows(const std::vector<bool>& nan_row, std::size_t head_dim, bool split,
+                                  std::span<const float> o, std::span<const float> lse,
+                                  std::span<const float> clean_o, std::span<const float> clean_lse) {
+  const auto differs = [](float a, float b) { return std::memcmp(&a, &b, sizeof(float)) != 0; };
+  NanRowTally t;
+  for (std::size_t row = 0; row < nan_row.size(); ++row) {
+    t.nan_rows += nan_row[row];
+    for (std::size_t e = row * head_dim; e < (row + 1) * head_dim; ++e) {
+      if (nan_row[row]) {
+        t.wrong_nan += !std::isnan(o[e]);
+      } else {
+        t.wrong_other += differs(o[e], clean_o[e]);
+      }
+    }
+    if (nan_row[row]) {
+      t.wrong_lse += split ? !(lse[row] == -INFINITY) : !std::isnan(lse[row]);
+    } else {
+      t.wrong_other += differs(lse[row], clean_lse[row]);
+    }
+  }
+  return t;
+}
+
 }  // namespace attn_test

@@ -4,9 +4,11 @@
 // NVFP4 pages (FP64 reference decoded from the stored codes, invalid tensor scales).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <vector>
@@ -251,6 +253,51 @@ TEST_CASE("decode: aborted requests read no page and are marked", "[attention][d
     const DecodeOutput out = run(f, allow_split, &status, &poisoned);
     CHECK(out.split == allow_split);
     check_against_reference(f, out, ref, &aborted);
+  }
+}
+
+TEST_CASE("decode: a NaN key in a live token makes exactly its readers' rows NaN", "[attention][decode]") {
+  // The CUDA-core kernel's side of docs/attention.md "NaN in the cache": FP8 keeps a NaN input
+  // a NaN (0x7F). Key element 37 of slot 0 of request 1's first page (KV head 1) and of request
+  // 0's only page (KV head 0; request 0 has two tokens and two query tokens, so its first row
+  // sees token 0 alone: every score NaN, the running max stays -inf) is NaN: the rows of that KV head's query group in every request
+  // listing the page are NaN in every element, lse NaN unsplit and -inf split (the merge marks
+  // a NaN partial), never an empty row (0, lse -inf). Every other row is unchanged, bit for bit.
+  auto rng = slimserve_test::make_rng(407);
+  const DecodeCase c{KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16,
+                     ActivationDtype::bf16, 2, {2, 17, 700, 40}};
+  const DecodeFixture f(c, rng);
+  HostCache poisoned = f.cache;
+  const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads());
+  const std::size_t rows_per_request = static_cast<std::size_t>(c.query_tokens) * heads;
+  std::vector<bool> nan_row(f.out_rows(), false);
+  struct Poison { std::size_t request; int kv_head; };
+  for (const Poison x : {Poison{0, 0}, Poison{1, 1}}) {
+    const int page = f.table.pages_of(x.request)[0];
+    poisoned.set_bits(poisoned.k, poisoned.offset(page, 0, x.kv_head, 37), 0x7F);
+    for (std::size_t b = 0; b < c.lengths.size(); ++b) {
+      const auto pages = f.table.pages_of(b);
+      if (std::find(pages.begin(), pages.end(), page) == pages.end()) continue;  // slot 0 of a listed page is live
+      for (int t = 0; t < c.query_tokens; ++t) {
+        for (int g = 0; g < c.group; ++g) {
+          nan_row[b * rows_per_request + static_cast<std::size_t>(t) * heads + static_cast<std::size_t>(x.kv_head * c.group + g)] = true;
+        }
+      }
+    }
+  }
+  const std::size_t d = static_cast<std::size_t>(c.head_dim);
+  for (const bool allow_split : {false, true}) {
+    INFO((allow_split ? "split" : "unsplit"));
+    const DecodeOutput base = run(f, allow_split, nullptr);
+    const DecodeOutput out = run(f, allow_split, nullptr, &poisoned);
+    CHECK(out.split == allow_split);
+    const auto [wrong_nan, wrong_lse, wrong_other, nan_rows] =
+        tally_nan_rows(nan_row, d, allow_split, out.o, out.lse, base.o, base.lse);
+    CHECK(nan_rows >= 2 * static_cast<std::size_t>(c.query_tokens * c.group));
+    CHECK(nan_rows < nan_row.size());
+    CHECK(wrong_nan == 0);
+    CHECK(wrong_lse == 0);
+    CHECK(wrong_other == 0);
   }
 }
 

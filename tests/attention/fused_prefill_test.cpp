@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -369,6 +370,47 @@ TEST_CASE("fused prefill: strided K/V inputs (a fused QKV projection's columns)"
   REQUIRE(fused.status.ok());
   check_cache_equal(fused, separate);
   check_outputs(f, fused, ref);
+}
+
+TEST_CASE("fused prefill: a NaN key, cached or in the chunk's inputs, makes exactly its readers' rows NaN",
+          "[attention][fused]") {
+  // docs/attention.md "NaN in the cache" on the fused kernel. Request 0's cached position 0
+  // (KV head 1) holds an FP8 NaN code (0x7F); request 1 has no prefix and its first chunk
+  // token's K input (KV head 0) is a BF16 NaN, so its first row sees that NaN key alone (every
+  // score NaN: the running max stays -inf). Every row of those KV heads' query groups in those
+  // requests is NaN in every element, lse NaN unsplit and -inf split; every other row is bit
+  // for bit the clean run's.
+  auto rng = slimserve_test::make_rng(1105);
+  const Fixture clean({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, {40, 0}, {17, 130}},
+                      rng);
+  Fixture poisoned = clean;
+  const int page = clean.table.pages_of(0)[0];
+  poisoned.cache.set_bits(poisoned.cache.k, poisoned.cache.offset(page, 0, 1, 37), 0x7F);
+  const std::size_t d = static_cast<std::size_t>(clean.c.head_dim);
+  const std::size_t kv_heads = static_cast<std::size_t>(clean.c.num_kv_heads);
+  const auto first_token = static_cast<std::size_t>(clean.qo_indptr[1]);
+  poisoned.k_bits[(first_token * kv_heads + 0) * d + 37] = 0x7FC0;  // BF16 quiet NaN
+  const std::size_t heads = static_cast<std::size_t>(clean.num_qo_heads());
+  std::vector<bool> nan_row(clean.tokens() * heads, false);
+  for (std::size_t b = 0; b < 2; ++b) {
+    const int kv_head = b == 0 ? 1 : 0;
+    for (auto t = static_cast<std::size_t>(clean.qo_indptr[b]); t < static_cast<std::size_t>(clean.qo_indptr[b + 1]); ++t) {
+      for (int g = 0; g < clean.c.group; ++g) nan_row[t * heads + static_cast<std::size_t>(kv_head * clean.c.group + g)] = true;
+    }
+  }
+  for (const bool split : {false, true}) {
+    INFO((split ? "split" : "unsplit"));
+    const Output base = run(clean, RunConfig{true, split});
+    const Output out = run(poisoned, RunConfig{true, split});
+    REQUIRE(base.status.ok());
+    REQUIRE(out.status.ok());
+    CHECK(out.plan.split_kv == split);
+    const auto [wrong_nan, wrong_lse, wrong_other, nan_rows] = tally_nan_rows(nan_row, d, split, out.o, out.lse, base.o, base.lse);
+    CHECK(nan_rows > 0);
+    CHECK(wrong_nan == 0);
+    CHECK(wrong_lse == 0);
+    CHECK(wrong_other == 0);
+  }
 }
 
 TEST_CASE("fused prefill: aborted requests write nothing and read nothing", "[attention][fused]") {

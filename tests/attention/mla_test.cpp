@@ -923,12 +923,14 @@ TEST_CASE("mla decode, NVFP4 block scales at the extremes, invalid tensor scales
   }
 }
 
-TEST_CASE("mla decode, NVFP4: a NaN block scale in a live record makes exactly its readers' rows NaN") {
+TEST_CASE("mla decode, NVFP4: a NaN block scale in a live record, or a NaN query element, makes exactly its readers' rows NaN") {
   // The append stores a NaN input as its block's E4M3 NaN scale (0x7F). The latent is both K
   // and V, so every row that reads the record (position 0 of a request: all its rows, and a
   // shared prefix's other requests) is NaN in every element, its lse NaN unsplit and -inf split
   // (the merge marks a NaN partial), never an empty row (0, lse -inf); every other row is
-  // unchanged, bit for bit. Both kernels.
+  // unchanged, bit for bit. Both kernels. One more row has a NaN query element in its latent
+  // part (BF16 queries into NVFP4's fp16 MMA: the conversion's clamp must keep it NaN, not
+  // saturate it to -65504): that row alone is NaN.
   auto rng = slimserve_test::make_rng(2620);
   const DecodeFixture clean({KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 4, 32, 3}, rng);
   DecodeFixture poisoned = clean;
@@ -943,6 +945,16 @@ TEST_CASE("mla decode, NVFP4: a NaN block scale in a live record makes exactly i
       nan_row[row] = true;
     }
   }
+  std::size_t query_row = nan_row.size();
+  for (std::size_t row = 0; row < nan_row.size(); ++row) {
+    if (!nan_row[row] && row % heads == 7) {
+      query_row = row;
+      break;
+    }
+  }
+  REQUIRE(query_row < nan_row.size());
+  poisoned.q_bits[query_row * qk_dim + 100] = 0x7FC0;  // BF16 quiet NaN, latent column 100
+  nan_row[query_row] = true;
   const float sm_scale = 1.0f / std::sqrt(192.0f);
   for (const bool wgmma : {false, true}) {
     for (const bool split : {false, true}) {

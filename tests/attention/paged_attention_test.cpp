@@ -999,7 +999,7 @@ TEST_CASE("paged attention (wgmma): ragged prefill chunks over cached prefixes, 
   }
 }
 
-TEST_CASE("paged attention: a NaN key in a live token makes exactly its readers' rows NaN, on every kernel",
+TEST_CASE("paged attention: a NaN key in a live token, or a NaN query element, makes exactly its readers' rows NaN, on every kernel",
           "[attention][paged][wgmma]") {
   // FP8 keeps a NaN input a NaN (0x7F). Position 0 of a request is seen by all its query rows
   // (and a shared prefix's other requests): their rows in that KV head's query group must be
@@ -1007,7 +1007,9 @@ TEST_CASE("paged attention: a NaN key in a live token makes exactly its readers'
   // never an empty row (0, lse -inf) nor, split, a NaN row with a finite lse. Every other row
   // is unchanged, bit for bit. mma.sync, and both wgmma prefill kernels. Request 3 is a fresh
   // 130-token prefill: its row 0 sees only the NaN key (every score NaN, so the running max
-  // stays -inf), and split, its first chunk's partial for that row holds nothing else.
+  // stays -inf), and split, its first chunk's partial for that row holds nothing else. One
+  // more row has a NaN query element (BF16 queries into the FP8 cache's fp16 MMA: the
+  // conversion's clamp must keep it NaN, not saturate it to -65504): that row alone is NaN.
   auto rng = slimserve_test::make_rng(1104);
   const Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, {40, 17 + 3, 150, 130},
                    {8, 17, 70, 130}},
@@ -1027,6 +1029,17 @@ TEST_CASE("paged attention: a NaN key in a live token makes exactly its readers'
       }
     }
   }
+  Fixture nan_query = f;
+  std::size_t query_row = nan_row.size();
+  for (auto row = static_cast<std::size_t>(f.qo_indptr[2]) * heads + 5; row < nan_row.size(); ++row) {
+    if (!nan_row[row]) {
+      query_row = row;
+      break;
+    }
+  }
+  REQUIRE(query_row < nan_row.size());
+  nan_query.q_bits[query_row * d + 77] = 0x7FC0;  // BF16 quiet NaN
+  nan_row[query_row] = true;
   for (const int kernel : {0, 1, 2}) {  // mma.sync, ping-pong, one warpgroup
     for (const bool split : {false, true}) {
       INFO("kernel " << kernel << (split ? " split" : " unsplit"));
@@ -1037,25 +1050,11 @@ TEST_CASE("paged attention: a NaN key in a live token makes exactly its readers'
       rc.wgmma_kernel = kernel == 2 ? PrefillWgmmaKernel::one_warpgroup : PrefillWgmmaKernel::ping_pong;
       const Output base = run(f, {}, rc);
       rc.cache_override = &poisoned;
-      const Output out = run(f, {}, rc);
+      const Output out = run(nan_query, {}, rc);
       CHECK(out.ran_wgmma == (kernel != 0));
       CHECK(out.plan.split_kv == split);
-      std::size_t wrong_nan = 0, wrong_lse = 0, wrong_other = 0, nan_rows = 0;
-      for (std::size_t row = 0; row < nan_row.size(); ++row) {
-        nan_rows += nan_row[row];
-        for (std::size_t e = row * d; e < (row + 1) * d; ++e) {
-          if (nan_row[row]) {
-            wrong_nan += !std::isnan(out.o[e]);
-          } else {
-            wrong_other += out.o_bits[e] != base.o_bits[e];
-          }
-        }
-        if (nan_row[row]) {
-          wrong_lse += split ? !(out.lse[row] == -INFINITY) : !std::isnan(out.lse[row]);
-        } else {
-          wrong_other += std::memcmp(&out.lse[row], &base.lse[row], sizeof(float)) != 0;
-        }
-      }
+      const auto [wrong_nan, wrong_lse, wrong_other, nan_rows] =
+          tally_nan_rows(nan_row, d, split, out.o, out.lse, base.o, base.lse);
       CHECK(nan_rows >= (17 + 130) * static_cast<std::size_t>(f.c.group));
       CHECK(nan_rows < nan_row.size());
       CHECK(wrong_nan == 0);

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "slimserve/arch/float_minmax.cuh"
 #include "slimserve/attention/kernels/kv_store.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/nvfp4_fragments.cuh"
@@ -92,8 +93,8 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int w = 0; w < 4; ++w) {
         const int j0 = 8 * half + 2 * w;
-        out[half].word[w] = pack_pair<fp16>(fminf(fmaxf(x[fp8_order_source<IsV>(j0)], -limit), limit),
-                                            fminf(fmaxf(x[fp8_order_source<IsV>(j0 + 1)], -limit), limit));
+        out[half].word[w] = pack_pair<fp16>(arch::clamp_keep_nan(x[fp8_order_source<IsV>(j0)], limit),
+                                            arch::clamp_keep_nan(x[fp8_order_source<IsV>(j0 + 1)], limit));
       }
     }
   }
@@ -140,8 +141,8 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int w = 0; w < 4; ++w) {
         const int j0 = 8 * c + 2 * w;
-        out[c].word[w] = pack_pair<fp16>(fminf(fmaxf(x[nvfp4_order_source<IsV>(j0)], -limit), limit),
-                                         fminf(fmaxf(x[nvfp4_order_source<IsV>(j0 + 1)], -limit), limit));
+        out[c].word[w] = pack_pair<fp16>(arch::clamp_keep_nan(x[nvfp4_order_source<IsV>(j0)], limit),
+                                         arch::clamp_keep_nan(x[nvfp4_order_source<IsV>(j0 + 1)], limit));
       }
     }
   }

@@ -52,6 +52,7 @@
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/arch/f16x2_math.cuh"
+#include "slimserve/arch/float_minmax.cuh"
 #include "slimserve/attention/kernels/mla_decode_work.cuh"
 #include "slimserve/attention/kernels/mla_latent_rounding.hpp"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
@@ -217,7 +218,7 @@ SLIMSERVE_ATTENTION_UNROLL
             // mla_latent_column: the widened NVFP4 rows' parity order (the other types: itself)
             float x = activation_to_float<QT>(q, base + mla_latent_column<KvT>(16 * (8 * wn + s) + q_fragment_column<false>(t, e)));
             if constexpr (!std::is_same_v<QT, MmaT>) {
-              x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+              x = arch::clamp_keep_nan(x, format_traits<MmaT>::max_finite);
             }
             v[e] = x;
           }

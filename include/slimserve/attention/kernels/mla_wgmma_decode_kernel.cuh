@@ -41,6 +41,7 @@
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/arch/f16x2_math.cuh"
+#include "slimserve/arch/float_minmax.cuh"
 #include "slimserve/arch/fp8x4_convert.cuh"
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
@@ -231,7 +232,7 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 8; ++e) {
             const float x = to_float(bf16::from_bits(static_cast<std::uint16_t>(raw.word[e / 2] >> (16 * (e % 2)))));
-            v[e] = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+            v[e] = arch::clamp_keep_nan(x, format_traits<MmaT>::max_finite);
           }
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {

@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "slimserve/arch/cp_async.cuh"
+#include "slimserve/arch/float_minmax.cuh"
 #include "slimserve/attention/kernels/chunk_kv.cuh"
 #include "slimserve/attention/kernels/fragment_rotate.cuh"
 #include "slimserve/attention/kernels/merge_kernel.cuh"
@@ -335,7 +336,7 @@ SLIMSERVE_ATTENTION_UNROLL
       if constexpr (!std::is_same_v<QT, MmaT>) {
 SLIMSERVE_ATTENTION_UNROLL
         for (int e = 0; e < 4; ++e) {
-          v[e] = fminf(fmaxf(v[e], -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+          v[e] = arch::clamp_keep_nan(v[e], format_traits<MmaT>::max_finite);
         }
       }
       q_frag[s][half] = pack_pair<MmaT>(v[0], v[1]);      // a[0] (row g), a[1] (row g + 8)

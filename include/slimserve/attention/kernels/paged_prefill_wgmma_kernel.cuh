@@ -36,6 +36,7 @@
 #include <type_traits>
 
 #include "slimserve/arch/cp_async.cuh"
+#include "slimserve/arch/float_minmax.cuh"
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
@@ -209,7 +210,7 @@ SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 2; ++e) {
             float x = activation_to_float<QT>(q, row_base[half] + 16 * s + 8 * (r / 2) + 2 * t + e);
             if constexpr (!std::is_same_v<QT, MmaT>) {
-              x = fminf(fmaxf(x, -format_traits<MmaT>::max_finite), format_traits<MmaT>::max_finite);
+              x = arch::clamp_keep_nan(x, format_traits<MmaT>::max_finite);
             }
             v[e] = x;
           }
