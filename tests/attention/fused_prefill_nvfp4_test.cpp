@@ -11,7 +11,8 @@
 // head_dim 64/128/192/256, GQA 8/4/1, NHD and HND, chunks of 1, page-1, page, page+1 and long
 // on prefixes that end mid-page (and none), shuffled pages with holes, poisoned outputs, split
 // and unsplit plans; an invalid device-held tensor scale gives NaN and the append's NaN
-// blocks; bad arguments are refused before launch, naming the argument, nothing written.
+// blocks; a NaN chunk input stays NaN in exactly its readers' outputs; bad arguments are
+// refused before launch, naming the argument, nothing written.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -401,6 +402,64 @@ TEST_CASE("fused prefill over NVFP4 pages: an invalid device-held tensor scale g
       }
       CHECK(seen == static_cast<std::size_t>(17 + 3));
       CHECK(wrong == 0);
+    }
+  }
+}
+
+TEST_CASE("fused prefill over NVFP4 pages: a NaN in the chunk's K or V input stays NaN in exactly its readers' outputs",
+          "[attention][fused][nvfp4]") {
+  // The chunk attends to its own inputs, staged as fp16 operands: the staging saturates to the
+  // fp16 range but keeps NaN (docs/attention.md "NaN in the cache"). Request 1 has no prefix;
+  // its first chunk token's input for KV head 0, element 37, is a BF16 NaN, so every row of that
+  // head's query group in request 1 reads it (causal: each row sees token 0).
+  //   - In K: those rows are NaN in every element, lse NaN unsplit and -inf split.
+  //   - In V: only their column 37 is NaN; their other elements and lse are the clean run's.
+  // Every other row is bit for bit the clean run's.
+  auto rng = slimserve_test::make_rng(1114);
+  const Fixture clean({KvLayout::nhd, 128, 2, 4, 16, bf, {40, 0}, {17, 130}}, rng);
+  const std::size_t d = static_cast<std::size_t>(clean.c.head_dim);
+  const std::size_t heads = static_cast<std::size_t>(clean.heads());
+  const auto first_token = static_cast<std::size_t>(clean.qo_indptr[1]);
+  constexpr std::size_t nan_element = 37;
+  std::vector<bool> reader(clean.tokens() * heads, false);
+  for (std::size_t t = first_token; t < clean.tokens(); ++t) {
+    for (int g = 0; g < clean.c.group; ++g) reader[t * heads + static_cast<std::size_t>(g)] = true;  // KV head 0
+  }
+  const auto differs = [](float a, float b) { return std::memcmp(&a, &b, sizeof(float)) != 0; };
+  for (const bool in_v : {false, true}) {
+    Fixture poisoned = clean;
+    (in_v ? poisoned.v_bits : poisoned.k_bits)[clean.input_at(first_token, 0, 0) + nan_element] = 0x7FC0;
+    for (const bool split : {false, true}) {
+      INFO((in_v ? "V" : "K") << (split ? ", split" : ", unsplit"));
+      const Output base = run(clean, RunConfig{true, split});
+      const Output out = run(poisoned, RunConfig{true, split});
+      REQUIRE(base.status.ok());
+      REQUIRE(out.status.ok());
+      CHECK(out.plan.split_kv == split);
+      if (!in_v) {
+        const auto [wrong_nan, wrong_lse, wrong_other, nan_rows] =
+            tally_nan_rows(reader, d, split, out.o, out.lse, base.o, base.lse);
+        CHECK(nan_rows == static_cast<std::size_t>(130 * clean.c.group));
+        CHECK(nan_rows < reader.size());
+        CHECK(wrong_nan == 0);
+        CHECK(wrong_lse == 0);
+        CHECK(wrong_other == 0);
+        continue;
+      }
+      std::size_t wrong_nan = 0, wrong_other = 0;
+      for (std::size_t row = 0; row < reader.size(); ++row) {
+        for (std::size_t e = 0; e < d; ++e) {
+          const std::size_t at = row * d + e;
+          if (reader[row] && e == nan_element) {
+            wrong_nan += !std::isnan(out.o[at]);
+          } else {
+            wrong_other += differs(out.o[at], base.o[at]);
+          }
+        }
+        wrong_other += differs(out.lse[row], base.lse[row]);
+      }
+      CHECK(wrong_nan == 0);
+      CHECK(wrong_other == 0);
     }
   }
 }

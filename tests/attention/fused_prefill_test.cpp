@@ -407,6 +407,7 @@ TEST_CASE("fused prefill: a NaN key, cached or in the chunk's inputs, makes exac
     CHECK(out.plan.split_kv == split);
     const auto [wrong_nan, wrong_lse, wrong_other, nan_rows] = tally_nan_rows(nan_row, d, split, out.o, out.lse, base.o, base.lse);
     CHECK(nan_rows > 0);
+    CHECK(nan_rows < nan_row.size());
     CHECK(wrong_nan == 0);
     CHECK(wrong_lse == 0);
     CHECK(wrong_other == 0);

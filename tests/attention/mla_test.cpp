@@ -966,22 +966,8 @@ TEST_CASE("mla decode, NVFP4: a NaN block scale in a live record, or a NaN query
       const auto [base_o, base_lse] = run_decode_case(clean, opt, sm_scale);
       const auto [o, lse] = run_decode_case(poisoned, opt, sm_scale, &plan);
       CHECK((plan.warps_m == 4) == wgmma);
-      std::size_t wrong_nan = 0, wrong_lse = 0, wrong_other = 0, nan_rows = 0;
-      for (std::size_t row = 0; row < nan_row.size(); ++row) {
-        nan_rows += nan_row[row];
-        for (std::size_t e = row * latent_dim; e < (row + 1) * latent_dim; ++e) {
-          if (nan_row[row]) {
-            wrong_nan += !std::isnan(o[e]);
-          } else {
-            wrong_other += std::memcmp(&o[e], &base_o[e], sizeof(float)) != 0;
-          }
-        }
-        if (nan_row[row]) {
-          wrong_lse += split ? !(lse[row] == -INFINITY) : !std::isnan(lse[row]);
-        } else {
-          wrong_other += std::memcmp(&lse[row], &base_lse[row], sizeof(float)) != 0;
-        }
-      }
+      const auto [wrong_nan, wrong_lse, wrong_other, nan_rows] =
+          tally_nan_rows(nan_row, static_cast<std::size_t>(latent_dim), split, o, lse, base_o, base_lse);
       CHECK(nan_rows >= 4 * heads);
       CHECK(nan_rows < nan_row.size());
       CHECK(wrong_nan == 0);

@@ -31,7 +31,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "slimserve/arch/float_minmax.cuh"
+#include "slimserve/arch/satfinite_pack.cuh"
 #include "slimserve/attention/kernels/kv_store.cuh"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/nvfp4_fragments.cuh"
@@ -87,14 +87,13 @@ SLIMSERVE_ATTENTION_UNROLL
       x[e] = lo[e];
       x[8 + e] = hi[e];
     }
-    constexpr float limit = format_traits<fp16>::max_finite;  // as the queries: saturate
+    // as the queries: saturated to the fp16 range, NaN kept (one cvt.rn.satfinite per pair)
 SLIMSERVE_ATTENTION_UNROLL
     for (int half = 0; half < 2; ++half) {
 SLIMSERVE_ATTENTION_UNROLL
       for (int w = 0; w < 4; ++w) {
         const int j0 = 8 * half + 2 * w;
-        out[half].word[w] = pack_pair<fp16>(arch::clamp_keep_nan(x[fp8_order_source<IsV>(j0)], limit),
-                                            arch::clamp_keep_nan(x[fp8_order_source<IsV>(j0 + 1)], limit));
+        out[half].word[w] = arch::pack_satfinite<fp16>(x[fp8_order_source<IsV>(j0)], x[fp8_order_source<IsV>(j0 + 1)]);
       }
     }
   }
@@ -135,14 +134,12 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
       for (int e = 0; e < 8; ++e) x[8 * c + e] = part[e] * scale;
     }
-    constexpr float limit = format_traits<fp16>::max_finite;
 SLIMSERVE_ATTENTION_UNROLL
     for (int c = 0; c < 4; ++c) {
 SLIMSERVE_ATTENTION_UNROLL
       for (int w = 0; w < 4; ++w) {
         const int j0 = 8 * c + 2 * w;
-        out[c].word[w] = pack_pair<fp16>(arch::clamp_keep_nan(x[nvfp4_order_source<IsV>(j0)], limit),
-                                         arch::clamp_keep_nan(x[nvfp4_order_source<IsV>(j0 + 1)], limit));
+        out[c].word[w] = arch::pack_satfinite<fp16>(x[nvfp4_order_source<IsV>(j0)], x[nvfp4_order_source<IsV>(j0 + 1)]);
       }
     }
   }

@@ -52,7 +52,7 @@
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/arch/f16x2_math.cuh"
-#include "slimserve/arch/float_minmax.cuh"
+#include "slimserve/arch/satfinite_pack.cuh"
 #include "slimserve/attention/kernels/mla_decode_work.cuh"
 #include "slimserve/attention/kernels/mla_latent_rounding.hpp"
 #include "slimserve/attention/kernels/mma_fragments.cuh"
@@ -216,15 +216,17 @@ SLIMSERVE_ATTENTION_UNROLL
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {
             // mla_latent_column: the widened NVFP4 rows' parity order (the other types: itself)
-            float x = activation_to_float<QT>(q, base + mla_latent_column<KvT>(16 * (8 * wn + s) + q_fragment_column<false>(t, e)));
-            if constexpr (!std::is_same_v<QT, MmaT>) {
-              x = arch::clamp_keep_nan(x, format_traits<MmaT>::max_finite);
-            }
-            v[e] = x;
+            v[e] = activation_to_float<QT>(q, base + mla_latent_column<KvT>(16 * (8 * wn + s) + q_fragment_column<false>(t, e)));
           }
         }
-        q_latent[s][half] = pack_pair<MmaT>(v[0], v[1]);
-        q_latent[s][2 + half] = pack_pair<MmaT>(v[2], v[3]);
+        if constexpr (!std::is_same_v<QT, MmaT>) {
+          // into fp16 operands: saturated to the fp16 range, NaN kept (cvt.rn.satfinite)
+          q_latent[s][half] = arch::pack_satfinite<MmaT>(v[0], v[1]);
+          q_latent[s][2 + half] = arch::pack_satfinite<MmaT>(v[2], v[3]);
+        } else {
+          q_latent[s][half] = pack_pair<MmaT>(v[0], v[1]);
+          q_latent[s][2 + half] = pack_pair<MmaT>(v[2], v[3]);
+        }
       }
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (valid) {

@@ -41,7 +41,7 @@
 
 #include "slimserve/arch/cp_async.cuh"
 #include "slimserve/arch/f16x2_math.cuh"
-#include "slimserve/arch/float_minmax.cuh"
+#include "slimserve/arch/satfinite_pack.cuh"
 #include "slimserve/arch/fp8x4_convert.cuh"
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
@@ -224,20 +224,20 @@ SLIMSERVE_ATTENTION_UNROLL
         const std::int64_t base = (work.first_token + packed / p.num_heads) * p.q_token_stride +
                                   (packed % p.num_heads) * p.q_head_stride + 8 * chunk;
         const Vec16 raw = load16(q + base);  // 8 bf16 (q rows and strides are 16-byte aligned)
-        float v[8];
         if (std::is_same_v<MmaT, bf16> || chunk >= mla_latent_dim / 8) {
           // BF16 as it is (the rope part always: FP8 caches keep a BF16 rope, a BF16 chain).
           std::memcpy(words, raw.word, sizeof words);
         } else {
+          float v[8];
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 8; ++e) {
-            const float x = to_float(bf16::from_bits(static_cast<std::uint16_t>(raw.word[e / 2] >> (16 * (e % 2)))));
-            v[e] = arch::clamp_keep_nan(x, format_traits<MmaT>::max_finite);
+            v[e] = to_float(bf16::from_bits(static_cast<std::uint16_t>(raw.word[e / 2] >> (16 * (e % 2)))));
           }
 SLIMSERVE_ATTENTION_UNROLL
           for (int e = 0; e < 4; ++e) {
-            // the chunk's positions 2e, 2e + 1 (mla_latent_column: NVFP4's parity order)
-            words[e] = pack_pair<MmaT>(v[mla_latent_column<KvT>(2 * e)], v[mla_latent_column<KvT>(2 * e + 1)]);
+            // the chunk's positions 2e, 2e + 1 (mla_latent_column: NVFP4's parity order), into
+            // fp16 operands: saturated to the fp16 range, NaN kept (cvt.rn.satfinite)
+            words[e] = arch::pack_satfinite<MmaT>(v[mla_latent_column<KvT>(2 * e)], v[mla_latent_column<KvT>(2 * e + 1)]);
           }
         }
       }

@@ -35,7 +35,7 @@
 #include <type_traits>
 
 #include "slimserve/arch/cp_async.cuh"
-#include "slimserve/arch/float_minmax.cuh"
+#include "slimserve/arch/satfinite_pack.cuh"
 #include "slimserve/attention/kernels/chunk_kv.cuh"
 #include "slimserve/attention/kernels/fragment_rotate.cuh"
 #include "slimserve/attention/kernels/merge_kernel.cuh"
@@ -332,15 +332,16 @@ SLIMSERVE_ATTENTION_UNROLL
         }
       }
     };
+    // A BF16 query into fp16 operands saturates to the fp16 range with NaN kept NaN (one
+    // cvt.rn.satfinite per pair).
     auto pack_q = [&](int s, int half, float (&v)[4]) {
       if constexpr (!std::is_same_v<QT, MmaT>) {
-SLIMSERVE_ATTENTION_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          v[e] = arch::clamp_keep_nan(v[e], format_traits<MmaT>::max_finite);
-        }
+        q_frag[s][half] = arch::pack_satfinite<MmaT>(v[0], v[1]);
+        q_frag[s][2 + half] = arch::pack_satfinite<MmaT>(v[2], v[3]);
+      } else {
+        q_frag[s][half] = pack_pair<MmaT>(v[0], v[1]);      // a[0] (row g), a[1] (row g + 8)
+        q_frag[s][2 + half] = pack_pair<MmaT>(v[2], v[3]);  // a[2], a[3]
       }
-      q_frag[s][half] = pack_pair<MmaT>(v[0], v[1]);      // a[0] (row g), a[1] (row g + 8)
-      q_frag[s][2 + half] = pack_pair<MmaT>(v[2], v[3]);  // a[2], a[3]
     };
     if constexpr (Rotated) {
       // Each row's D values in FP32 across its quad, rotated like the stored keys, then

@@ -36,13 +36,13 @@
 #include <type_traits>
 
 #include "slimserve/arch/cp_async.cuh"
-#include "slimserve/arch/float_minmax.cuh"
 #include "slimserve/arch/named_barrier.cuh"
 #include "slimserve/arch/wgmma.cuh"
 #include "slimserve/arch/wgmma_tile.cuh"
 #include "slimserve/attention/kernels/paged_attention_kernel.cuh"
 #include "slimserve/attention/kernels/paged_prefill_wgmma_kernel.cuh"
 #include "slimserve/attention/kernels/prefill_pingpong_epilogue.cuh"
+#include "slimserve/attention/kernels/prefill_q_fragments.cuh"
 #include "slimserve/attention/kernels/prefill_tile_softmax.cuh"
 #include "slimserve/runtime/shared_memory.cuh"
 
@@ -316,25 +316,7 @@ SLIMSERVE_ATTENTION_UNROLL
       const std::int64_t head = static_cast<std::int64_t>(kv_head) * p.group_size + packed % p.group_size;
       row_base[half] = rows.row_valid[half] ? token * p.q_token_stride + head * p.q_head_stride : 0;
     }
-SLIMSERVE_ATTENTION_UNROLL
-    for (int s = 0; s < Tile::k_steps; ++s) {
-SLIMSERVE_ATTENTION_UNROLL
-      for (int r = 0; r < 4; ++r) {
-        const int half = r % 2;
-        float v[2] = {0.0f, 0.0f};
-        if (rows.row_valid[half]) {
-SLIMSERVE_ATTENTION_UNROLL
-          for (int e = 0; e < 2; ++e) {
-            float x = activation_to_float<QT>(q, row_base[half] + 16 * s + 8 * (r / 2) + 2 * t + e);
-            if constexpr (!std::is_same_v<QT, MmaT>) {
-              x = arch::clamp_keep_nan(x, format_traits<MmaT>::max_finite);
-            }
-            v[e] = x;
-          }
-        }
-        q_frag[s][r] = pack_pair<MmaT>(v[0], v[1]);
-      }
-    }
+    load_prefill_q_fragments<QT, MmaT>(q, row_base, rows.row_valid, t, q_frag);
   }
 
   const float k_static = p.scale_mode == KvScaleMode::per_tensor ? *p.k_scale : 1.0f;

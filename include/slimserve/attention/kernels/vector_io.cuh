@@ -63,6 +63,17 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store8(void* address, const Vec8& v)
 #endif
 }
 
+/// One 4-byte load (a packed pair of 16-bit values); `address` must be 4-byte aligned.
+SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE std::uint32_t load4(const void* address) {
+#if defined(__CUDACC__)
+  return *static_cast<const std::uint32_t*>(address);
+#else
+  std::uint32_t word;
+  std::memcpy(&word, address, sizeof(word));
+  return word;
+#endif
+}
+
 /// One 4-byte store (a packed pair of 16-bit values); `address` must be 4-byte aligned.
 SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void store4(void* address, std::uint32_t word) {
 #if defined(__CUDACC__)
