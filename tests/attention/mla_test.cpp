@@ -929,8 +929,8 @@ TEST_CASE("mla decode, NVFP4: a NaN block scale in a live record, or a NaN query
   // shared prefix's other requests) is NaN in every element, its lse NaN unsplit and -inf split
   // (the merge marks a NaN partial), never an empty row (0, lse -inf); every other row is
   // unchanged, bit for bit. Both kernels. One more row has a NaN query element in its latent
-  // part (BF16 queries into NVFP4's fp16 MMA: the conversion's clamp must keep it NaN, not
-  // saturate it to -65504): that row alone is NaN.
+  // part (BF16 queries into NVFP4's fp16 MMA: the saturating conversion must keep it NaN,
+  // not turn it into -65504): that row alone is NaN.
   auto rng = slimserve_test::make_rng(2620);
   const DecodeFixture clean({KvDtype::nvfp4, MlaScaleMode::per_tensor, 16, 4, 32, 3}, rng);
   DecodeFixture poisoned = clean;

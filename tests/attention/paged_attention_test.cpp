@@ -1009,7 +1009,7 @@ TEST_CASE("paged attention: a NaN key in a live token, or a NaN query element, m
   // 130-token prefill: its row 0 sees only the NaN key (every score NaN, so the running max
   // stays -inf), and split, its first chunk's partial for that row holds nothing else. One
   // more row has a NaN query element (BF16 queries into the FP8 cache's fp16 MMA: the
-  // conversion's clamp must keep it NaN, not saturate it to -65504): that row alone is NaN.
+  // saturating conversion must keep it NaN, not turn it into -65504): that row alone is NaN.
   auto rng = slimserve_test::make_rng(1104);
   const Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, {40, 17 + 3, 150, 130},
                    {8, 17, 70, 130}},
@@ -1060,6 +1060,43 @@ TEST_CASE("paged attention: a NaN key in a live token, or a NaN query element, m
       CHECK(wrong_nan == 0);
       CHECK(wrong_lse == 0);
       CHECK(wrong_other == 0);
+    }
+  }
+}
+
+TEST_CASE("paged attention: BF16 query elements beyond fp16's range saturate to +-65504 in the FP8 cache's fp16 operands, on every kernel",
+          "[attention][paged][wgmma]") {
+  // The conversion into the fp16 MMA operand (cvt.rn.satfinite) turns +1e6, +65536 and -inf
+  // into +65504, +65504 and -65504 (a plain round-to-nearest would make them infinite and the
+  // rows NaN). The reference reads exactly those saturated values, so each row with them must
+  // match it as every other row does. Such a query dominates its scores: its rows attend to
+  // nearly one key each.
+  auto rng = slimserve_test::make_rng(1106);
+  Fixture f({KvDtype::fp8_e4m3, KvLayout::nhd, KvScaleMode::per_tensor, 128, 2, 4, 16, bf, {40, 17 + 3, 150}, {8, 17, 70}},
+            rng);
+  const std::size_t heads = static_cast<std::size_t>(f.num_qo_heads()), d = static_cast<std::size_t>(f.c.head_dim);
+  struct Big { std::size_t column; std::uint16_t bits; float saturated; };
+  const Big big[] = {{5, 0x4974, 65504.0f}, {77, 0xFF80, -65504.0f}, {100, 0x4780, 65504.0f}};  // 999424, -inf, 65536
+  for (const std::size_t row : {static_cast<std::size_t>(f.qo_indptr[1]) * heads + 3,
+                                static_cast<std::size_t>(f.qo_indptr[2] + 69) * heads + 6}) {
+    for (const Big& x : big) {
+      f.q_bits[row * d + x.column] = x.bits;
+      f.q_values[row * d + x.column] = x.saturated;
+    }
+  }
+  const Reference ref = reference(f, {});
+  for (const int kernel : {0, 1, 2}) {  // mma.sync, ping-pong, one warpgroup
+    for (const bool split : {false, true}) {
+      INFO("kernel " << kernel << (split ? " split" : " unsplit"));
+      RunConfig rc;
+      rc.allow_split = split;
+      rc.num_sms = split ? 4096 : 132;
+      rc.warpgroup_mma = kernel != 0;
+      rc.wgmma_kernel = kernel == 2 ? PrefillWgmmaKernel::one_warpgroup : PrefillWgmmaKernel::ping_pong;
+      const Output out = run(f, {}, rc);
+      CHECK(out.ran_wgmma == (kernel != 0));
+      CHECK(out.plan.split_kv == split);
+      check(f, out, ref);
     }
   }
 }

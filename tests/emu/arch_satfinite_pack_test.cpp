@@ -84,7 +84,10 @@ TEST_CASE("cvt.rn.satfinite f16x2 / bf16x2: nearest even, saturated to the finit
       65504.0f, -65504.0f, 65519.99f, 65520.0f, -65520.0f, 65536.0f,   // fp16's largest and its boundary
       bf16_max, -bf16_max, std::bit_cast<float>(0x7F7F7FFFu), std::bit_cast<float>(0x7F7F8000u),  // bf16's
       std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::ldexp(3.0f, -25), std::ldexp(1.5f, -24),  // fp16 subnormal ties
-      std::ldexp(1.0f, -14), 1.0f, -1.0f, 3.5f, 1.0f + std::ldexp(1.0f, -11), 1.0f + std::ldexp(3.0f, -11)};
+      std::ldexp(1.0f, -14), 1.0f, -1.0f, 3.5f, 1.0f + std::ldexp(1.0f, -11), 1.0f + std::ldexp(3.0f, -11),
+      // FP32 subnormals that bf16 keeps (0x00010000, 0x00400000) and its ties (to 0 and to 0x0002)
+      std::bit_cast<float>(0x00010000u), std::bit_cast<float>(0x00400000u), std::bit_cast<float>(0x80400000u),
+      std::bit_cast<float>(0x00008000u), std::bit_cast<float>(0x00018000u), std::bit_cast<float>(0x00018001u)};
   std::uniform_int_distribution<std::uint32_t> any_finite(0, 0x7F7FFFFFu), sign(0, 1);
   for (int i = 0; i < 200; ++i) values.push_back(std::bit_cast<float>(any_finite(rng) | sign(rng) << 31));
   std::normal_distribution<float> normal(0.0f, 4e4f);  // around fp16's limit

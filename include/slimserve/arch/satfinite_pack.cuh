@@ -13,13 +13,16 @@
 /// Packing follows the registers: `lo` in bits 0..15, `hi` in bits 16..31 (PTX takes the
 /// high half's source first).
 
-#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "slimserve/config.hpp"
 #include "slimserve/formats/float_formats.hpp"
 #include "slimserve/runtime/platform.hpp"
+
+#if !defined(__CUDACC__)
+#include <cmath>
+#endif
 
 SLIMSERVE_NAMESPACE_BEGIN
 namespace arch {
@@ -30,12 +33,16 @@ template <class T>
 __device__ __forceinline__ std::uint32_t pack_satfinite(float lo, float hi) {
   static_assert(std::is_same_v<T, fp16> || std::is_same_v<T, bf16>, "fp16x2 or bf16x2");
   std::uint32_t d = 0;
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (std::is_same_v<T, fp16>) {
     asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
   } else {
     asm("cvt.rn.satfinite.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
   }
+#elif defined(__CUDA_ARCH__)
+  (void)lo;
+  (void)hi;
+  __trap();  // needs sm_80 or newer
 #endif
   return d;
 }
@@ -45,7 +52,7 @@ __device__ __forceinline__ std::uint32_t pack_satfinite(float lo, float hi) {
 namespace detail {
 /// One element: the format's canonical NaN (0x7FFF) for NaN, else clamped and rounded.
 template <class T>
-std::uint16_t satfinite_bits(float x) {
+inline std::uint16_t satfinite_bits(float x) {
   if (std::isnan(x)) return 0x7FFF;
   constexpr float limit = format_traits<T>::max_finite;
   return from_float<T>(x > limit ? limit : (x < -limit ? -limit : x)).bits;
@@ -53,7 +60,7 @@ std::uint16_t satfinite_bits(float x) {
 }  // namespace detail
 
 template <class T>
-std::uint32_t pack_satfinite(float lo, float hi) {
+inline std::uint32_t pack_satfinite(float lo, float hi) {
   static_assert(std::is_same_v<T, fp16> || std::is_same_v<T, bf16>, "fp16x2 or bf16x2");
   return static_cast<std::uint32_t>(detail::satfinite_bits<T>(lo)) |
          static_cast<std::uint32_t>(detail::satfinite_bits<T>(hi)) << 16;

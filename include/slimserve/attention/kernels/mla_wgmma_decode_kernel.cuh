@@ -29,7 +29,7 @@
 ///      with P from registers (the S accumulator layout is the A fragment layout: wgmma RS),
 ///      the other warpgroup's two k steps from the P tile it wrote (wgmma SS); latent MN-major,
 ///      the same bytes as in step 1.
-/// Numerics: 16-bit inputs of mma_input_t<KvT> (fp16 for FP8, with Q clamped to its range),
+/// Numerics: 16-bit inputs of mma_input_t<KvT> (fp16 for FP8 and NVFP4, with Q saturated to its range, NaN kept),
 /// FP32 accumulation. FP8 unlike the mma.sync kernel: the latent reaches the mma dequantized to
 /// fp16 (within 2^-10 of code x scale, relative; see step 0), and P carries 2^e x 2^8.
 /// NVFP4 as the mma.sync kernel: an exact widening, P in fp16 as it is.
@@ -210,8 +210,8 @@ SLIMSERVE_ATTENTION_UNROLL
   const std::int64_t tile_row0 = work.tile_row0;
   const std::int64_t valid_rows = work.valid_rows;
 
-  // Q tile [64 rows][576] in the mma input type (FP8 caches: the latent part fp16, clamped to
-  // its range; the rope part BF16).
+  // Q tile [64 rows][576] in the mma input type (FP8 and NVFP4 caches: the latent part fp16,
+  // saturated to its range with NaN kept; the rope part BF16).
   {
     const bf16* q = static_cast<const bf16*>(p.q);
     constexpr int chunks = Tile::dims / 8;

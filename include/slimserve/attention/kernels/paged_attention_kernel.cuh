@@ -305,8 +305,9 @@ SLIMSERVE_DEVICE SLIMSERVE_FORCEINLINE void paged_attention_body(const PagedAtte
   }
   const bool all_pages_ok = __syncthreads_or(bad_page) == 0;
 
-  // Q fragments of this warp's 16 rows, converted to the mma type (exact for bf16 -> fp16 in
-  // the fp16 range; larger magnitudes saturate).
+  // Q fragments of this warp's 16 rows, converted to the mma type: bf16 -> fp16 rounds to
+  // nearest even (exact for normal fp16 values), larger magnitudes saturate to +-65504 and NaN
+  // stays NaN.
   std::uint32_t q_frag[Tile::k_steps][4];
   std::int64_t query_position[2];
   bool row_valid[2];
@@ -332,10 +333,11 @@ SLIMSERVE_ATTENTION_UNROLL
         }
       }
     };
-    // A BF16 query into fp16 operands saturates to the fp16 range with NaN kept NaN (one
+    // A BF16 query into fp16 operands, or a rotated row (whose elements may grow by up to
+    // sqrt(HeadDim)), saturates to the operand's range with NaN kept NaN (one
     // cvt.rn.satfinite per pair).
     auto pack_q = [&](int s, int half, float (&v)[4]) {
-      if constexpr (!std::is_same_v<QT, MmaT>) {
+      if constexpr (!std::is_same_v<QT, MmaT> || Rotated) {
         q_frag[s][half] = arch::pack_satfinite<MmaT>(v[0], v[1]);
         q_frag[s][2 + half] = arch::pack_satfinite<MmaT>(v[2], v[3]);
       } else {

@@ -27,7 +27,7 @@
 /// makes in-flight accumulators NaN), so a CTA alternates tensor and softmax work; the second
 /// CTA of the SM (2 per SM: ~100 KB of shared memory each) overlaps them.
 /// Numerics: the mma.sync kernel's (mma_input_t<KvT>: the cache type, fp16 for FP8 with Q
-/// clamped to its range; per-tensor k_scale folded into the score scale, v_scale into the
+/// saturated to its range, NaN kept; per-tensor k_scale folded into the score scale, v_scale into the
 /// output), so both kernels share the tests' tolerances.
 
 #include <cmath>

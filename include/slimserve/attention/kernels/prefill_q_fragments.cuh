@@ -13,7 +13,6 @@
 #include <type_traits>
 
 #include "slimserve/arch/satfinite_pack.cuh"
-#include "slimserve/attention/kernels/mma_fragments.cuh"
 #include "slimserve/attention/kernels/vector_io.cuh"
 #include "slimserve/formats/packed.hpp"
 
