@@ -6,9 +6,10 @@
 /// beyond the format's largest finite magnitude (infinities included) gives that magnitude
 /// with its sign. This is what a wider value needs on its way into a narrower MMA operand (a
 /// BF16 query or K/V input into fp16): an out-of-range element saturates, a NaN one reaches
-/// the output as NaN. Rounding first and clamping first give the same result (the values
-/// between the largest finite one and the next power of two round down to it), so the
-/// emulation clamps and then converts.
+/// the output as NaN. The ISA saturates on the input's magnitude, so the emulation clamps
+/// and then converts. That equals rounding and then turning an overflow into the largest
+/// finite value: inputs just above it round down to it, and those from the next rounding
+/// boundary on round to infinity, which saturation maps back.
 ///
 /// Packing follows the registers: `lo` in bits 0..15, `hi` in bits 16..31 (PTX takes the
 /// high half's source first).
